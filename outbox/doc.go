@@ -1,0 +1,5 @@
+// Package outbox owns the outbox row: the Message producers write inside their
+// own transactions (Write), the Event the relay decodes from the WAL, and the
+// mapping from our field names to the columns of an existing outbox table. It
+// knows nothing about sagas or replication.
+package outbox

@@ -1,0 +1,178 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTable is the outbox table `relay migrate` creates.
+const DefaultTable = "outbox"
+
+// NilTenant is the tenant of an event whose outbox table has no tenant column
+// (or whose row left it NULL). Such an event is never an error.
+var NilTenant = uuid.Nil
+
+// Message is one outbox row as a producer writes it.
+type Message struct {
+	// ID identifies the event; a zero ID is replaced by a new random UUID.
+	ID            uuid.UUID
+	TenantID      uuid.UUID // uuid.Nil writes NULL
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	// Payload is the event body. A json.RawMessage or []byte is written as
+	// is (it must be valid JSON); anything else is marshalled.
+	Payload       any
+	Headers       map[string]string
+	CorrelationID uuid.UUID // uuid.Nil writes NULL
+	CausationID   uuid.UUID // uuid.Nil writes NULL
+}
+
+// Write inserts msgs into the default outbox table inside tx, in one round
+// trip however many messages there are. It fills in the IDs of messages that
+// had none.
+func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	return WriteTable(ctx, tx, DefaultTable, msgs...)
+}
+
+// WriteTable is Write for an outbox table with our default columns under
+// another name (schema-qualified allowed).
+func WriteTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if tx == nil {
+		return errors.New("outbox: Write needs the caller's transaction (got nil)")
+	}
+	ident, err := ParseTableName(table)
+	if err != nil {
+		return err
+	}
+	n := len(msgs)
+	ids := make([]uuid.UUID, n)
+	tenants := make([]*uuid.UUID, n)
+	aggTypes := make([]*string, n)
+	aggIDs := make([]*string, n)
+	types := make([]string, n)
+	payloads := make([]string, n)
+	headers := make([]string, n)
+	corrs := make([]*uuid.UUID, n)
+	causes := make([]*uuid.UUID, n)
+	for i := range msgs {
+		m := &msgs[i]
+		if m.EventType == "" {
+			return fmt.Errorf("outbox: message %d has no EventType", i)
+		}
+		if m.ID == uuid.Nil {
+			m.ID = uuid.New()
+		}
+		ids[i] = m.ID
+		tenants[i] = nullUUID(m.TenantID)
+		aggTypes[i] = nullString(m.AggregateType)
+		aggIDs[i] = nullString(m.AggregateID)
+		types[i] = m.EventType
+		p, err := encodePayload(m.Payload)
+		if err != nil {
+			return fmt.Errorf("outbox: message %d (%s): %w", i, m.EventType, err)
+		}
+		payloads[i] = p
+		h := []byte("{}")
+		if len(m.Headers) > 0 {
+			if h, err = json.Marshal(m.Headers); err != nil {
+				return fmt.Errorf("outbox: message %d headers: %w", i, err)
+			}
+		}
+		headers[i] = string(h)
+		corrs[i] = nullUUID(m.CorrelationID)
+		causes[i] = nullUUID(m.CausationID)
+	}
+	// One statement for any number of rows: arrays in, unnest out.
+	_, err = tx.Exec(ctx, `INSERT INTO `+ident.Quoted()+` (id, tenant_id, aggregate_type, aggregate_id, event_type, payload, headers, correlation_id, causation_id)
+		SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[], $8::uuid[], $9::uuid[])`,
+		ids, tenants, aggTypes, aggIDs, types, payloads, headers, corrs, causes)
+	if err != nil {
+		return fmt.Errorf("outbox: insert into %s: %w", ident.Quoted(), err)
+	}
+	return nil
+}
+
+func encodePayload(p any) (string, error) {
+	switch v := p.(type) {
+	case nil:
+		return "{}", nil
+	case json.RawMessage:
+		if !json.Valid(v) {
+			return "", errors.New("payload is not valid JSON")
+		}
+		return string(v), nil
+	case []byte:
+		if !json.Valid(v) {
+			return "", errors.New("payload is not valid JSON")
+		}
+		return string(v), nil
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return "", fmt.Errorf("marshal payload: %w", err)
+		}
+		return string(b), nil
+	}
+}
+
+func nullUUID(u uuid.UUID) *uuid.UUID {
+	if u == uuid.Nil {
+		return nil
+	}
+	return &u
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Event is one committed outbox row as the relay decoded it from the WAL.
+type Event struct {
+	// ID is the row's id. A text id that is not a UUID is mapped to a
+	// name-based UUID (SHA-1, namespace EventIDNamespace) so that it can key
+	// saga_instances.trigger_event_id; RawID keeps the original.
+	ID            uuid.UUID
+	RawID         string
+	TenantID      uuid.UUID // NilTenant when absent
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       json.RawMessage
+	Headers       json.RawMessage
+	CorrelationID uuid.NullUUID
+	CausationID   uuid.NullUUID
+	CreatedAt     time.Time
+	// LSN is the commit LSN of the source transaction.
+	LSN uint64
+	// Raw is the row as decoded, column name → text value, kept for dead
+	// letters.
+	Raw map[string]any
+	// Poison, when not empty, says why this row cannot be used (a payload
+	// that is not JSON, an id that is missing): the correlator parks it.
+	Poison string
+}
+
+// EventIDNamespace is the namespace of name-based UUIDs made from text ids.
+var EventIDNamespace = uuid.MustParse("6f1d3a52-8c0e-4b7a-9a51-3e2f0c6b9d41")
+
+// EventIDFromText maps an outbox id held as text to the event's UUID: the
+// UUID itself when the text is one, else a name-based UUID.
+func EventIDFromText(s string) uuid.UUID {
+	if u, err := uuid.Parse(s); err == nil {
+		return u
+	}
+	return uuid.NewSHA1(EventIDNamespace, []byte(s))
+}

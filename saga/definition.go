@@ -1,0 +1,93 @@
+package saga
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Definition is one version of a saga, declared in code. Instances are pinned
+// to the (Name, Version) that started them.
+type Definition struct {
+	Name    string
+	Version int
+	// Triggers lists the events that start an instance.
+	Triggers []Trigger
+	// Deadline, when positive, sets timeout_at = start + Deadline: past it no
+	// forward step runs, the done steps are compensated and the instance ends
+	// TIMED_OUT.
+	Deadline time.Duration
+	// Steps run in order, one transaction each.
+	Steps []Step
+	// DecodeState checks that a trigger's payload is a usable initial state
+	// (it decodes into the saga's state type, required fields are there). An
+	// error parks the event as a dead letter. Nil accepts any JSON object.
+	DecodeState func(payload json.RawMessage) error
+}
+
+// Trigger matches events that start a saga. Empty AggregateType and a nil
+// TenantID match any.
+type Trigger struct {
+	EventType     string
+	AggregateType string
+	TenantID      uuid.UUID
+}
+
+// Key identifies a definition.
+type Key struct {
+	Name    string
+	Version int
+}
+
+func (k Key) String() string { return fmt.Sprintf("%s@v%d", k.Name, k.Version) }
+
+// Key returns the definition's identity.
+func (d Definition) Key() Key { return Key{Name: d.Name, Version: d.Version} }
+
+// StepNames lists the step names in order.
+func (d Definition) StepNames() []string {
+	names := make([]string, len(d.Steps))
+	for i, s := range d.Steps {
+		names[i] = s.Name
+	}
+	return names
+}
+
+func (d Definition) validate() error {
+	if d.Name == "" {
+		return Errorf(ErrInvalid, "definition: Name is empty")
+	}
+	if d.Version <= 0 {
+		return Errorf(ErrInvalid, "definition %s: Version must be positive, got %d", d.Name, d.Version)
+	}
+	if len(d.Triggers) == 0 {
+		return Errorf(ErrInvalid, "definition %s: Triggers is empty: a saga needs at least one trigger event type", d.Key())
+	}
+	for i, tr := range d.Triggers {
+		if tr.EventType == "" {
+			return Errorf(ErrInvalid, "definition %s: Triggers[%d].EventType is empty", d.Key(), i)
+		}
+	}
+	if d.Deadline < 0 {
+		return Errorf(ErrInvalid, "definition %s: Deadline must not be negative", d.Key())
+	}
+	if len(d.Steps) == 0 {
+		return Errorf(ErrInvalid, "definition %s: Steps is empty", d.Key())
+	}
+	seen := map[string]bool{}
+	for i, s := range d.Steps {
+		if s.Name == "" {
+			return Errorf(ErrInvalid, "definition %s: Steps[%d].Name is empty", d.Key(), i)
+		}
+		if seen[s.Name] {
+			return Errorf(ErrInvalid, "definition %s: step name %q appears twice", d.Key(), s.Name)
+		}
+		seen[s.Name] = true
+		if err := s.validate(); err != nil {
+			return Errorf(ErrInvalid, "definition %s: Steps[%d] (%s): %v", d.Key(), i, s.Name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Instance is the projection of one saga instance: the saga_instances row.
+type Instance struct {
+	ID             uuid.UUID
+	TenantID       uuid.UUID
+	WorkspaceID    uuid.NullUUID
+	SagaName       string
+	SagaVersion    int
+	Status         Status
+	CurrentStep    int
+	TriggerEventID uuid.UUID
+	CorrelationID  uuid.NullUUID
+	// Context is the saga's JSON state, passed from step to step.
+	Context        json.RawMessage
+	Attempt        int
+	NextAttemptAt  time.Time
+	TimeoutAt      *time.Time
+	LastError      string
+	LeaseID        uuid.NullUUID
+	LeaseExpiresAt *time.Time
+	// Version is the version of the newest journal event of this instance
+	// (0 when it has none).
+	Version int64
+	// AwaitingCorrelationID is set while the current step waits for a reply.
+	AwaitingCorrelationID uuid.NullUUID
+	AwaitingUntil         *time.Time
+	// Reply is the payload of a reply delivered to the waiting step and not
+	// yet consumed by the runner.
+	Reply              json.RawMessage
+	CompensationReason string
+	CreatedAt          time.Time
+	UpdatedAt          time.Time
+	CompletedAt        *time.Time
+}
+
+// StepRecord is one saga_steps row: how a step of an instance went.
+type StepRecord struct {
+	Sequence             int
+	Name                 string
+	Status               StepStatus
+	Attempts             int
+	CompensationAttempts int
+	Output               json.RawMessage
+	LastError            string
+	StartedAt            *time.Time
+	CompletedAt          *time.Time
+	CompensatedAt        *time.Time
+}
+
+// EventKind names a journal event. Each kind has one effect on the projection,
+// applied by Advance, the same in every Journal implementation.
+type EventKind string
+
+const (
+	// EventStepCompleted: step Step committed; CurrentStep moves past it,
+	// State becomes the instance context, Attempt resets.
+	EventStepCompleted EventKind = "step_completed"
+	// EventStepFailed: an attempt of step Step failed with Error; it is
+	// retried RetryIn from now. The step may have acted (a timeout).
+	EventStepFailed EventKind = "step_failed"
+	// EventStepAwaiting: step Step acted (emitted a command) and waits for a
+	// reply correlated by CorrelationID for at most AwaitFor.
+	EventStepAwaiting EventKind = "step_awaiting"
+	// EventReplyReceived: written by the correlator (not fenced: it revokes
+	// the lease) when a reply reaches a waiting step.
+	EventReplyReceived EventKind = "reply_received"
+	// EventCompensationStarted: RUNNING -> COMPENSATING, starting at step
+	// Step (the newest step that completed or may have acted), for Reason.
+	EventCompensationStarted EventKind = "compensation_started"
+	// EventStepCompensated: step Step's compensation committed; CurrentStep
+	// moves to the step below.
+	EventStepCompensated EventKind = "step_compensated"
+	// EventCompensationSkipped: step Step has nothing to undo (no Compensate,
+	// or it never ran); its status is left as it is.
+	EventCompensationSkipped EventKind = "compensation_skipped"
+	// EventCompensationFailed: an attempt of step Step's compensation failed
+	// with Error; it is retried RetryIn from now.
+	EventCompensationFailed EventKind = "compensation_failed"
+	// EventRetryRequested: a person asked to resume the instance (Reason,
+	// Actor). Not fenced: it revokes any lease.
+	EventRetryRequested EventKind = "retry_requested"
+	// EventCancelRequested: a person asked a RUNNING instance to compensate.
+	EventCancelRequested EventKind = "cancel_requested"
+	// Terminal events, appended by MarkTerminal.
+	EventCompleted   EventKind = "completed"
+	EventCompensated EventKind = "compensated"
+	EventFailed      EventKind = "failed"
+	EventTimedOut    EventKind = "timed_out"
+)
+
+// Event is one journal entry as a writer submits it.
+type Event struct {
+	Kind EventKind `json:"kind"`
+	// Step is the index of the step concerned (0-based); -1 when none.
+	Step     int    `json:"step"`
+	StepName string `json:"step_name,omitempty"`
+	// State replaces the instance context when set.
+	State json.RawMessage `json:"state,omitempty"`
+	// Output is stored as the step's output (saga_steps.output).
+	Output        json.RawMessage `json:"output,omitempty"`
+	Error         string          `json:"error,omitempty"`
+	RetryIn       time.Duration   `json:"retry_in,omitempty"`
+	CorrelationID uuid.UUID       `json:"correlation_id,omitzero"`
+	AwaitFor      time.Duration   `json:"await_for,omitempty"`
+	Reason        string          `json:"reason,omitempty"`
+	Actor         string          `json:"actor,omitempty"`
+}
+
+// RecordedEvent is an event as the journal stored it.
+type RecordedEvent struct {
+	InstanceID uuid.UUID
+	Version    int64
+	GlobalSeq  int64
+	Event
+	CreatedAt time.Time
+}
+
+// Journal stores saga instances as an append-only event log plus a mutable
+// projection, with lease fencing. Every fenced write matches (id, lease_id,
+// lease_expires_at >= now) on the journal's one clock; a stale writer changes
+// nothing and gets ErrLeaseLost (Append) or false (Heartbeat, MarkTerminal).
+//
+// The PostgreSQL implementation joins the caller's transaction when the
+// context carries one (ContextWithTx), so that a step's writes, its outbox
+// rows and its journal entry commit together.
+type Journal interface {
+	// Enqueue inserts a RUNNING instance with no events. A duplicate id is
+	// ErrConflict.
+	Enqueue(ctx context.Context, inst Instance) error
+	// ClaimPending leases up to batchSize due instances (RUNNING or
+	// COMPENSATING, next_attempt_at <= now, no live lease), each under a
+	// fresh lease id returned in Instance.LeaseID.
+	ClaimPending(ctx context.Context, batchSize int, leaseDuration time.Duration) ([]Instance, error)
+	// Append validates ev against the projection (Advance), applies it and
+	// stores it; it returns the new version. Fenced by the lease.
+	Append(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event) (int64, error)
+	// Heartbeat extends a live lease to now + d. (false, nil) for a stale
+	// lease and for an unknown instance alike.
+	Heartbeat(ctx context.Context, instanceID, leaseID uuid.UUID, d time.Duration) (bool, error)
+	// MarkTerminal moves the instance to a terminal status, appends the
+	// matching terminal event and releases the lease, atomically. Fenced:
+	// (false, nil) for a stale lease or an unknown instance; ErrInvalid for a
+	// non-terminal status or an illegal transition.
+	MarkTerminal(ctx context.Context, instanceID, leaseID uuid.UUID, final Status, reason string) (bool, error)
+	// Get returns the projection. Unknown → ErrNotFound.
+	Get(ctx context.Context, instanceID uuid.UUID) (Instance, error)
+	// Steps returns the instance's step records ordered by sequence.
+	Steps(ctx context.Context, instanceID uuid.UUID) ([]StepRecord, error)
+	// Load returns the instance's history in version order: ErrNotFound for an
+	// unknown instance, an empty non-nil slice for one with no events.
+	Load(ctx context.Context, instanceID uuid.UUID) ([]RecordedEvent, error)
+	// LoadSince returns up to limit events with global_seq > after, in
+	// global_seq order, never skipping an event that commits late. limit <= 0
+	// or after < 0 → ErrInvalid; caught up → empty non-nil slice.
+	LoadSince(ctx context.Context, after int64, limit int) ([]RecordedEvent, error)
+	// HeadSeq returns the highest global_seq readable by LoadSince (0 when
+	// the journal is empty).
+	HeadSeq(ctx context.Context) (int64, error)
+}
+
+type txKey struct{}
+
+// ContextWithTx returns a context that carries tx: journal calls made with it
+// run inside tx instead of opening their own transaction.
+func ContextWithTx(ctx context.Context, tx pgx.Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFromContext returns the transaction carried by ctx, if any.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok && tx != nil
+}

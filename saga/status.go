@@ -1,0 +1,98 @@
+package saga
+
+// Status is where a saga instance stands. The values are the saga_status enum.
+type Status string
+
+const (
+	StatusRunning      Status = "RUNNING"
+	StatusCompleted    Status = "COMPLETED"
+	StatusCompensating Status = "COMPENSATING"
+	StatusCompensated  Status = "COMPENSATED"
+	StatusFailed       Status = "FAILED"
+	StatusTimedOut     Status = "TIMED_OUT"
+)
+
+// Terminal reports whether no further work happens on its own. FAILED is
+// terminal for the runner (a failed compensation waits for a person), but a
+// manual retry can move it back to COMPENSATING.
+func (s Status) Terminal() bool {
+	switch s {
+	case StatusCompleted, StatusCompensated, StatusFailed, StatusTimedOut:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is one of the known statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusRunning, StatusCompleted, StatusCompensating, StatusCompensated, StatusFailed, StatusTimedOut:
+		return true
+	}
+	return false
+}
+
+// StepStatus is where one step of an instance stands: the saga_step_status enum.
+type StepStatus string
+
+const (
+	StepPending     StepStatus = "PENDING"
+	StepRunning     StepStatus = "RUNNING"
+	StepCompleted   StepStatus = "COMPLETED"
+	StepFailed      StepStatus = "FAILED"
+	StepCompensated StepStatus = "COMPENSATED"
+	StepSkipped     StepStatus = "SKIPPED"
+)
+
+// Valid reports whether s is one of the known step statuses.
+func (s StepStatus) Valid() bool {
+	switch s {
+	case StepPending, StepRunning, StepCompleted, StepFailed, StepCompensated, StepSkipped:
+		return true
+	}
+	return false
+}
+
+var sagaTransitions = map[Status][]Status{
+	StatusRunning:      {StatusRunning, StatusCompleted, StatusCompensating},
+	StatusCompensating: {StatusCompensating, StatusCompensated, StatusFailed, StatusTimedOut},
+	// A person's retry resumes the compensation that failed.
+	StatusFailed: {StatusCompensating},
+}
+
+// CheckTransition is the one place that says which status changes are legal.
+// Both journals call it; an illegal change is an ErrInvalid error.
+func CheckTransition(from, to Status) error {
+	if !from.Valid() || !to.Valid() {
+		return Errorf(ErrInvalid, "unknown saga status in transition %q -> %q", from, to)
+	}
+	for _, ok := range sagaTransitions[from] {
+		if ok == to {
+			return nil
+		}
+	}
+	return Errorf(ErrInvalid, "saga status cannot go from %s to %s", from, to)
+}
+
+var stepTransitions = map[StepStatus][]StepStatus{
+	StepPending: {StepRunning, StepCompleted, StepFailed, StepSkipped},
+	// RUNNING -> RUNNING is a retry or a step waiting for its reply.
+	StepRunning: {StepRunning, StepCompleted, StepFailed, StepCompensated},
+	// A failed step may have acted (a timeout): it is compensated too. A
+	// manual retry re-runs it.
+	StepFailed:    {StepRunning, StepCompleted, StepFailed, StepCompensated},
+	StepCompleted: {StepCompensated},
+}
+
+// CheckStepTransition validates a step status change, like CheckTransition.
+func CheckStepTransition(from, to StepStatus) error {
+	if !from.Valid() || !to.Valid() {
+		return Errorf(ErrInvalid, "unknown step status in transition %q -> %q", from, to)
+	}
+	for _, ok := range stepTransitions[from] {
+		if ok == to {
+			return nil
+		}
+	}
+	return Errorf(ErrInvalid, "step status cannot go from %s to %s", from, to)
+}
