@@ -157,8 +157,8 @@ type Event struct {
 	CreatedAt     time.Time
 	// LSN is the commit LSN of the source transaction.
 	LSN uint64
-	// Raw is the row as decoded, column name → text value, kept for dead
-	// letters.
+	// Raw is the row as decoded, kept for dead letters: keyed by our field
+	// names (see Fields), values as the text PostgreSQL sent (nil for NULL).
 	Raw map[string]any
 	// Poison, when not empty, says why this row cannot be used (a payload
 	// that is not JSON, an id that is missing): the correlator parks it.

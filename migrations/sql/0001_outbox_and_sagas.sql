@@ -125,8 +125,8 @@ CREATE TABLE IF NOT EXISTS relay_checkpoints (
 -- goes on. retried_at is set when an operator re-drives one.
 CREATE TABLE IF NOT EXISTS relay_dead_letters (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    event_id    text,
-    event_type  text,
+    event_id    text NOT NULL DEFAULT '',
+    event_type  text NOT NULL DEFAULT '',
     lsn         pg_lsn NOT NULL,
     reason      text NOT NULL,
     raw         jsonb NOT NULL,
@@ -134,6 +134,9 @@ CREATE TABLE IF NOT EXISTS relay_dead_letters (
     retried_at  timestamptz,
     retry_count integer NOT NULL DEFAULT 0
 );
+-- A replayed part of a large transaction parks the same row again: the index
+-- makes that a no-op.
+CREATE UNIQUE INDEX IF NOT EXISTS relay_dead_letters_event_uq ON relay_dead_letters (lsn, event_id, event_type);
 CREATE INDEX IF NOT EXISTS relay_dead_letters_parked_idx ON relay_dead_letters (parked_at) WHERE retried_at IS NULL;
 
 -- The inbox makes a replayed reply a no-op: (consumer, event id) is delivered

@@ -1,0 +1,261 @@
+package correlator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/saga"
+)
+
+// WakeChannel is the LISTEN/NOTIFY channel on which the correlator tells
+// runners in other processes that instances became due.
+const WakeChannel = "compensa_runner_wake"
+
+// DefaultConsumer names this correlator in relay_inbox.
+const DefaultConsumer = "compensa.correlator"
+
+// Config configures a Correlator. Registry is required.
+type Config struct {
+	Registry *saga.Registry
+	// Consumer keys the reply inbox; replicas of one deployment share it.
+	Consumer string
+	// Wake is called after a commit that started instances or delivered
+	// replies (in-process runner wake-up). Optional.
+	Wake func()
+	// Notify also sends pg_notify(WakeChannel) in the batch's transaction,
+	// for runners in other processes. Default true; see DisableNotify.
+	DisableNotify bool
+	Logger        *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	out := *c
+	out.Consumer = cmp.Or(out.Consumer, DefaultConsumer)
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	if c.Registry == nil {
+		return errors.New("correlator: Config.Registry is nil: register saga definitions and pass the registry")
+	}
+	return nil
+}
+
+// Stats are the correlator's counters since start.
+type Stats struct {
+	EventsSeen       uint64
+	Batches          uint64
+	BatchesReplayed  uint64
+	SagasStarted     uint64
+	DuplicateStarts  uint64
+	RepliesDelivered uint64
+	LateReplies      uint64
+	EventsParked     uint64
+}
+
+// Correlator is the stream's Sink: see the package documentation.
+type Correlator struct {
+	pool   *pgxpool.Pool
+	cfg    Config
+	routes routes
+
+	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
+}
+
+var _ cdc.Sink = (*Correlator)(nil)
+
+// New returns a correlator writing through pool. The routes are built once
+// from the registry: register every definition before calling New.
+func New(pool *pgxpool.Pool, cfg *Config) (*Correlator, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry)}, nil
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Correlator) Stats() Stats {
+	return Stats{
+		EventsSeen: c.eventsSeen.Load(), Batches: c.batches.Load(), BatchesReplayed: c.replayed.Load(),
+		SagasStarted: c.started.Load(), DuplicateStarts: c.dupStarts.Load(),
+		RepliesDelivered: c.delivered.Load(), LateReplies: c.late.Load(), EventsParked: c.parked.Load(),
+	}
+}
+
+// LoadCheckpoint returns the end LSN recorded for slot, if any.
+func (c *Correlator) LoadCheckpoint(ctx context.Context, slot string) (pglogrepl.LSN, bool, error) {
+	return LoadCheckpoint(ctx, c.pool, slot)
+}
+
+// LoadCheckpoint reads relay_checkpoints for slot.
+func LoadCheckpoint(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, slot string) (pglogrepl.LSN, bool, error) {
+	var s string
+	err := q.QueryRow(ctx, `SELECT lsn::text FROM relay_checkpoints WHERE slot_name = $1`, slot).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("correlator: read checkpoint of slot %q: %w", slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		return 0, false, fmt.Errorf("correlator: checkpoint of slot %q: %w", slot, err)
+	}
+	return lsn, true, nil
+}
+
+// outcome is what one batch did.
+type outcome struct {
+	replayed                bool
+	started, dup            int
+	delivered, late, parked int
+}
+
+// HandleBatch commits the batch's effects and its checkpoint in one
+// transaction. A batch whose end LSN is not past the checkpoint was handled
+// before (a replay after a crash): it is skipped.
+func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
+	var p plan
+	for i := range b.Events {
+		p.add(c.routes, &b.Events[i])
+	}
+	out, err := c.commit(ctx, b, &p)
+	if err != nil {
+		return err
+	}
+	c.batches.Add(1)
+	if out.replayed {
+		c.replayed.Add(1)
+		c.cfg.Logger.Debug("replayed batch skipped", "slot", b.Slot, "lsn", b.EndLSN.String())
+		return nil
+	}
+	c.eventsSeen.Add(uint64(p.seen))
+	c.started.Add(uint64(out.started))
+	c.dupStarts.Add(uint64(out.dup))
+	c.delivered.Add(uint64(out.delivered))
+	c.late.Add(uint64(out.late))
+	c.parked.Add(uint64(out.parked))
+	if out.parked > 0 {
+		c.cfg.Logger.Warn("events parked as dead letters", "slot", b.Slot, "lsn", b.EndLSN.String(), "count", out.parked)
+	}
+	if (out.started > 0 || out.delivered > 0) && c.cfg.Wake != nil {
+		c.cfg.Wake()
+	}
+	return nil
+}
+
+func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome, error) {
+	var out outcome
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return out, fmt.Errorf("correlator: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	// The checkpoint goes first: it locks the slot's row, so two relays that
+	// both believe they lead cannot interleave batches, and it tells a replay
+	// apart (the row is not past EndLSN when we are behind it).
+	fresh, err := checkpoint(ctx, tx, b)
+	if err != nil {
+		return out, err
+	}
+	if !fresh {
+		out.replayed = true
+		return out, tx.Commit(ctx)
+	}
+	if !p.empty() {
+		if err := c.applyEffects(ctx, tx, b, p, &out); err != nil {
+			return out, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return out, fmt.Errorf("correlator: commit batch at %s: %w", b.EndLSN, err)
+	}
+	return out, nil
+}
+
+// checkpoint moves the slot's checkpoint to the batch's end LSN, or, for a
+// partial batch, only checks that the batch is not behind it. It reports
+// false for a batch already handled.
+func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, error) {
+	if b.Partial {
+		// Parts of a large transaction share its end LSN: they are fresh
+		// while the checkpoint is still below it.
+		var behind bool
+		err := tx.QueryRow(ctx, `SELECT lsn >= $2::pg_lsn FROM relay_checkpoints WHERE slot_name = $1 FOR UPDATE`,
+			b.Slot, b.EndLSN.String()).Scan(&behind)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return true, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("correlator: read checkpoint: %w", err)
+		}
+		return !behind, nil
+	}
+	tag, err := tx.Exec(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String())
+	if err != nil {
+		return false, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, out *outcome) error {
+	var batch pgx.Batch
+	var startQ, replyQ, deadQ *pgx.QueuedQuery
+	if len(p.startSaga) > 0 {
+		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline)
+	}
+	if len(p.replyEvent) > 0 {
+		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer)
+	}
+	if len(p.deadReason) > 0 {
+		deadQ = batch.Queue(sqlPark, p.deadEventID, p.deadEventType, p.deadLSN, p.deadReason, p.deadRaw)
+	}
+	if !c.cfg.DisableNotify && len(p.startSaga)+len(p.replyEvent) > 0 {
+		batch.Queue(`SELECT pg_notify($1, '')`, WakeChannel)
+	}
+	br := tx.SendBatch(ctx, &batch)
+	if startQ != nil {
+		var n int
+		if err := br.QueryRow().Scan(&n); err != nil {
+			br.Close()
+			return fmt.Errorf("correlator: start sagas at %s: %w", b.EndLSN, err)
+		}
+		out.started, out.dup = n, len(p.startSaga)-n
+	}
+	if replyQ != nil {
+		if err := br.QueryRow().Scan(&out.delivered, &out.late); err != nil {
+			br.Close()
+			return fmt.Errorf("correlator: deliver replies at %s: %w", b.EndLSN, err)
+		}
+	}
+	if deadQ != nil {
+		if err := br.QueryRow().Scan(&out.parked); err != nil {
+			br.Close()
+			return fmt.Errorf("correlator: park dead letters at %s: %w", b.EndLSN, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package correlator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/outbox"
+)
+
+// ErrDeadLetterNotFound is returned for an unknown dead-letter id.
+var ErrDeadLetterNotFound = errors.New("dead letter not found")
+
+// ErrStillPoison is returned by Retry when the event is still unusable.
+var ErrStillPoison = errors.New("event is still unusable")
+
+// DeadLetter is one parked event.
+type DeadLetter struct {
+	ID         int64           `json:"id"`
+	EventID    string          `json:"event_id"`
+	EventType  string          `json:"event_type"`
+	LSN        string          `json:"lsn"`
+	Reason     string          `json:"reason"`
+	Raw        json.RawMessage `json:"raw"`
+	ParkedAt   time.Time       `json:"parked_at"`
+	RetriedAt  *time.Time      `json:"retried_at,omitempty"`
+	RetryCount int             `json:"retry_count"`
+}
+
+// ListDeadLetters returns parked events, newest first. pending limits the list
+// to those not yet re-driven.
+func (c *Correlator) ListDeadLetters(ctx context.Context, pending bool, limit int) ([]DeadLetter, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := c.pool.Query(ctx, `
+		SELECT id, event_id, event_type, lsn::text, reason, raw, parked_at, retried_at, retry_count
+		FROM relay_dead_letters
+		WHERE NOT $1 OR retried_at IS NULL
+		ORDER BY id DESC LIMIT $2`, pending, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.ID, &d.EventID, &d.EventType, &d.LSN, &d.Reason, &d.Raw, &d.ParkedAt, &d.RetriedAt, &d.RetryCount)
+		return d, err
+	})
+}
+
+// RetryDeadLetter re-drives a parked event through routing and validation, as
+// if it had just been streamed: once the cause is fixed (a new saga version
+// that accepts the payload, say) it starts its sagas or is delivered as a
+// reply. A still unusable event stays parked (ErrStillPoison, with the new
+// reason) and its retry count goes up. Starting twice is impossible: the
+// unique index absorbs a retry of an event that did start.
+func (c *Correlator) RetryDeadLetter(ctx context.Context, id int64) (DeadLetter, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var d DeadLetter
+	err = tx.QueryRow(ctx, `
+		SELECT id, event_id, event_type, lsn::text, reason, raw, parked_at, retried_at, retry_count
+		FROM relay_dead_letters WHERE id = $1 FOR UPDATE`, id).
+		Scan(&d.ID, &d.EventID, &d.EventType, &d.LSN, &d.Reason, &d.Raw, &d.ParkedAt, &d.RetriedAt, &d.RetryCount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("%w: no dead letter with id %d (see `relay deadletters list`)", ErrDeadLetterNotFound, id)
+	}
+	if err != nil {
+		return d, err
+	}
+	ev, reason := eventFromRaw(d)
+	var p plan
+	if reason != "" {
+		ev.Poison = reason
+	}
+	p.add(c.routes, &ev)
+	if len(p.deadReason) > 0 {
+		reason := p.deadReason[0]
+		if _, err := tx.Exec(ctx, `UPDATE relay_dead_letters SET retry_count = retry_count + 1, reason = $2 WHERE id = $1`, id, reason); err != nil {
+			return d, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return d, err
+		}
+		d.RetryCount++
+		d.Reason = reason
+		return d, fmt.Errorf("%w: %s", ErrStillPoison, reason)
+	}
+	var out outcome
+	if !p.empty() {
+		if err := c.applyEffects(ctx, tx, cdc.Batch{}, &p, &out); err != nil {
+			return d, err
+		}
+	}
+	if err := tx.QueryRow(ctx, `UPDATE relay_dead_letters SET retried_at = now(), retry_count = retry_count + 1
+		WHERE id = $1 RETURNING retried_at, retry_count`, id).Scan(&d.RetriedAt, &d.RetryCount); err != nil {
+		return d, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return d, err
+	}
+	c.started.Add(uint64(out.started))
+	c.delivered.Add(uint64(out.delivered))
+	if out.started > 0 || out.delivered > 0 {
+		if c.cfg.Wake != nil {
+			c.cfg.Wake()
+		}
+	}
+	return d, nil
+}
+
+// eventFromRaw rebuilds an event from a parked raw row (keyed by our field
+// names). It returns a reason when the row itself cannot be read.
+func eventFromRaw(d DeadLetter) (outbox.Event, string) {
+	var raw map[string]any
+	if err := json.Unmarshal(d.Raw, &raw); err != nil {
+		return outbox.Event{}, "raw row is not a JSON object"
+	}
+	str := func(k string) string {
+		switch v := raw[k].(type) {
+		case string:
+			return v
+		case nil:
+			return ""
+		default:
+			b, _ := json.Marshal(v)
+			return string(b)
+		}
+	}
+	ev := outbox.Event{
+		RawID: str("id"), EventType: str("event_type"), AggregateType: str("aggregate_type"),
+		AggregateID: str("aggregate_id"), Raw: raw,
+	}
+	if ev.EventType == "" {
+		ev.EventType = d.EventType
+	}
+	if ev.RawID == "" {
+		ev.RawID = d.EventID
+	}
+	if ev.RawID != "" {
+		ev.ID = outbox.EventIDFromText(ev.RawID)
+	}
+	if t := str("tenant_id"); t != "" {
+		u, err := uuid.Parse(t)
+		if err != nil {
+			return ev, "tenant_id " + strconv.Quote(t) + " is not a UUID"
+		}
+		ev.TenantID = u
+	}
+	for _, f := range []struct {
+		key string
+		dst *uuid.NullUUID
+	}{{"correlation_id", &ev.CorrelationID}, {"causation_id", &ev.CausationID}} {
+		if s := str(f.key); s != "" {
+			u, err := uuid.Parse(s)
+			if err != nil {
+				return ev, f.key + " " + strconv.Quote(s) + " is not a UUID"
+			}
+			*f.dst = uuid.NullUUID{UUID: u, Valid: true}
+		}
+	}
+	switch v := raw["payload"].(type) {
+	case string:
+		ev.Payload = json.RawMessage(v)
+	case nil:
+	default:
+		ev.Payload, _ = json.Marshal(v)
+	}
+	switch v := raw["headers"].(type) {
+	case string:
+		ev.Headers = json.RawMessage(v)
+	case map[string]any:
+		ev.Headers, _ = json.Marshal(v)
+	}
+	return ev, ""
+}

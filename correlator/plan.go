@@ -1,0 +1,184 @@
+package correlator
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+// plan is what one batch asks of the database, as column arrays ready to be
+// unnested: one statement per kind of effect, whatever the batch size.
+type plan struct {
+	seen int
+
+	// starts
+	startTenant    []uuid.UUID
+	startWorkspace []*uuid.UUID
+	startSaga      []string
+	startVersion   []int32
+	startTrigger   []uuid.UUID
+	startCorr      []*uuid.UUID
+	startContext   []string
+	startDeadline  []int64 // microseconds; 0 = no deadline
+
+	// reply candidates: events with a correlation id that start nothing
+	replyEvent   []uuid.UUID
+	replyCorr    []uuid.UUID
+	replyPayload []string
+
+	// dead letters
+	deadEventID   []string
+	deadEventType []string
+	deadLSN       []string
+	deadReason    []string
+	deadRaw       []string
+}
+
+func (p *plan) empty() bool {
+	return len(p.startSaga) == 0 && len(p.replyEvent) == 0 && len(p.deadReason) == 0
+}
+
+// add routes one event into the plan.
+func (p *plan) add(r routes, ev *outbox.Event) {
+	p.seen++
+	if ev.Poison != "" {
+		p.park(ev, ev.Poison)
+		return
+	}
+	defs := r.match(ev)
+	if len(defs) == 0 && !ev.CorrelationID.Valid {
+		return // not ours: skipped without a statement
+	}
+	if err := usableJSON(ev.Payload); err != nil {
+		p.park(ev, "payload: "+err.Error())
+		return
+	}
+	if len(defs) == 0 {
+		p.replyEvent = append(p.replyEvent, ev.ID)
+		p.replyCorr = append(p.replyCorr, ev.CorrelationID.UUID)
+		p.replyPayload = append(p.replyPayload, string(ev.Payload))
+		return
+	}
+	if ev.ID == uuid.Nil {
+		p.park(ev, "event has no id: a trigger needs one to start its saga exactly once")
+		return
+	}
+	// Validate against every saga first so that a poison trigger starts none
+	// of them: parking is all or nothing per event.
+	for _, d := range defs {
+		if d.DecodeState != nil {
+			if err := d.DecodeState(ev.Payload); err != nil {
+				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
+				return
+			}
+		}
+	}
+	ws := workspaceOf(ev)
+	var corr *uuid.UUID
+	if ev.CorrelationID.Valid {
+		c := ev.CorrelationID.UUID
+		corr = &c
+	}
+	for _, d := range defs {
+		p.startTenant = append(p.startTenant, ev.TenantID)
+		p.startWorkspace = append(p.startWorkspace, ws)
+		p.startSaga = append(p.startSaga, d.Name)
+		p.startVersion = append(p.startVersion, int32(d.Version))
+		p.startTrigger = append(p.startTrigger, ev.ID)
+		p.startCorr = append(p.startCorr, corr)
+		p.startContext = append(p.startContext, string(ev.Payload))
+		p.startDeadline = append(p.startDeadline, d.Deadline.Microseconds())
+	}
+}
+
+func (p *plan) park(ev *outbox.Event, reason string) {
+	raw := ev.Raw
+	if raw == nil {
+		raw = map[string]any{
+			"id": ev.RawID, "event_type": ev.EventType, "aggregate_type": ev.AggregateType,
+			"aggregate_id": ev.AggregateID, "payload": string(ev.Payload),
+		}
+	}
+	b, err := json.Marshal(sanitizeForJSONB(raw))
+	if err != nil {
+		b = []byte(fmt.Sprintf(`{"unencodable": %q}`, err.Error()))
+	}
+	id := ev.RawID
+	if id == "" && ev.ID != uuid.Nil {
+		id = ev.ID.String()
+	}
+	p.deadEventID = append(p.deadEventID, stripNUL(id))
+	p.deadEventType = append(p.deadEventType, stripNUL(ev.EventType))
+	p.deadLSN = append(p.deadLSN, lsnString(ev.LSN))
+	p.deadReason = append(p.deadReason, stripNUL(reason))
+	p.deadRaw = append(p.deadRaw, string(b))
+}
+
+// usableJSON reports why a payload cannot become a saga's state or a reply:
+// it must be valid UTF-8 JSON that PostgreSQL's jsonb accepts (no \u0000).
+func usableJSON(p json.RawMessage) error {
+	if len(p) == 0 {
+		return fmt.Errorf("empty")
+	}
+	if !utf8.Valid(p) {
+		return fmt.Errorf("not valid UTF-8")
+	}
+	if !json.Valid(p) {
+		return fmt.Errorf("not valid JSON")
+	}
+	if bytes.Contains(p, []byte(`\u0000`)) {
+		return fmt.Errorf(`contains \u0000, which PostgreSQL's jsonb cannot store`)
+	}
+	return nil
+}
+
+// workspaceOf finds a workspace id in the payload or the headers.
+func workspaceOf(ev *outbox.Event) *uuid.UUID {
+	for _, src := range []json.RawMessage{ev.Payload, ev.Headers} {
+		if len(src) == 0 || src[0] != '{' {
+			continue
+		}
+		var probe struct {
+			WorkspaceID string `json:"workspace_id"`
+		}
+		if json.Unmarshal(src, &probe) == nil && probe.WorkspaceID != "" {
+			if u, err := uuid.Parse(probe.WorkspaceID); err == nil {
+				return &u
+			}
+		}
+	}
+	return nil
+}
+
+func lsnString(lsn uint64) string {
+	return fmt.Sprintf("%X/%X", uint32(lsn>>32), uint32(lsn))
+}
+
+// sanitizeForJSONB makes a raw row storable in jsonb: strings lose NUL
+// bytes and invalid UTF-8 is replaced, so that parking a poison row can never
+// fail the way the row itself did.
+func sanitizeForJSONB(raw map[string]any) map[string]any {
+	out := make(map[string]any, len(raw))
+	for k, v := range raw {
+		k = stripNUL(k)
+		switch t := v.(type) {
+		case string:
+			out[k] = stripNUL(t)
+		case []byte:
+			out[k] = stripNUL(string(t))
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func stripNUL(s string) string {
+	s = string(bytes.ToValidUTF8([]byte(s), []byte("\uFFFD")))
+	return string(bytes.ReplaceAll([]byte(s), []byte{0}, nil))
+}
