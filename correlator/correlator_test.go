@@ -51,7 +51,7 @@ func decodeBrief(p json.RawMessage) error {
 
 func def(name string, version int, deadline time.Duration, triggers ...string) saga.Definition {
 	d := saga.Definition{Name: name, Version: version, Deadline: deadline,
-		Steps: []saga.Step{{Name: "only"}}, DecodeState: decodeBrief}
+		Steps: []saga.Step{{Name: "only", Do: func(context.Context, *saga.StepTx) error { return nil }}}, DecodeState: decodeBrief}
 	for _, t := range triggers {
 		d.Triggers = append(d.Triggers, saga.Trigger{EventType: t})
 	}
