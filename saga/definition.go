@@ -86,7 +86,7 @@ func (d Definition) validate() error {
 		}
 		seen[s.Name] = true
 		if err := s.validate(); err != nil {
-			return Errorf(ErrInvalid, "definition %s: Steps[%d] (%s): %v", d.Key(), i, s.Name, err)
+			return Errorf(ErrInvalid, "definition %s: step %q: Steps[%d].%v", d.Key(), s.Name, i, err)
 		}
 	}
 	return nil
