@@ -1,0 +1,279 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Runner advances saga instances: it claims due instances in batches, runs
+// one step (or one compensation) per transaction fenced by the instance's
+// lease, schedules retries with capped backoff, compensates in reverse order
+// and ends instances in their terminal status. Several runners, in one
+// process or many, share the work through the journal's claim (FOR UPDATE
+// SKIP LOCKED) and never advance the same instance at once.
+type Runner struct {
+	journal  Journal
+	pool     *pgxpool.Pool
+	registry *Registry
+	cfg      *RunnerConfig
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+
+	// baseCtx carries Start's values and is never cancelled: leases and
+	// compensations live under it.
+	baseCtx context.Context
+	// hardCtx is cancelled by a hard stop: forward steps run under it.
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+	// stopping is closed when Stop begins: no new claim, no new step.
+	stopping chan struct{}
+	done     chan struct{}
+
+	wake  chan struct{}
+	freed chan struct{}
+	work  chan claim
+	busy  atomic.Int64
+	wg    sync.WaitGroup
+
+	stuckMu   sync.Mutex
+	stuckSeen map[stuckKey]struct{}
+}
+
+// NewRunner returns a runner over journal, running steps in transactions
+// from pool with the definitions of registry. A nil cfg takes every default.
+// journal must join the transaction carried by ContextWithTx (the PostgreSQL
+// journal does), or a step's writes and its journal entry would not commit
+// together.
+func NewRunner(journal Journal, pool *pgxpool.Pool, registry *Registry, cfg *RunnerConfig) (*Runner, error) {
+	if journal == nil {
+		return nil, Errorf(ErrInvalid, "NewRunner: journal is nil")
+	}
+	if pool == nil {
+		return nil, Errorf(ErrInvalid, "NewRunner: pool is nil: steps run in transactions from it")
+	}
+	if registry == nil {
+		return nil, Errorf(ErrInvalid, "NewRunner: registry is nil")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Runner{
+		journal:   journal,
+		pool:      pool,
+		registry:  registry,
+		cfg:       c,
+		log:       c.Logger,
+		wake:      make(chan struct{}, 1),
+		freed:     make(chan struct{}, 1),
+		work:      make(chan claim),
+		stuckSeen: map[stuckKey]struct{}{},
+	}, nil
+}
+
+// Config returns the configuration in use, defaults filled.
+func (r *Runner) Config() RunnerConfig { return *r.cfg }
+
+// Start starts the workers, the claim loop and (unless disabled) the LISTEN
+// connection, and returns once they run. ctx bounds the start-up only; its
+// values reach the steps, but its cancellation does not stop the runner:
+// Stop does, so that a signal context cancelled at shutdown does not turn a
+// graceful stop into a hard one.
+func (r *Runner) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return Errorf(ErrInvalid, "runner already started: a Runner runs once")
+	}
+	var listenConn *pgx.Conn
+	if !r.cfg.DisableListen {
+		conn, err := r.connectListener(ctx)
+		if err != nil {
+			return err
+		}
+		listenConn = conn
+	}
+	r.started = true
+	r.baseCtx = context.WithoutCancel(ctx)
+	r.hardCtx, r.hardCancel = context.WithCancel(r.baseCtx)
+	r.stopping = make(chan struct{})
+	r.done = make(chan struct{})
+
+	for range r.cfg.Workers {
+		r.wg.Add(1)
+		go r.worker()
+	}
+	r.wg.Add(1)
+	go r.dispatch()
+	if listenConn != nil {
+		r.wg.Add(1)
+		go r.listen(listenConn)
+	}
+	go func() {
+		r.wg.Wait()
+		r.hardCancel()
+		close(r.done)
+	}()
+	r.log.Info("saga runner started", "config", r.cfg.String())
+	return nil
+}
+
+// Stop stops the runner gracefully: no new claim and no new step; the steps
+// and compensations in flight finish their transaction, and the leases of the
+// instances this runner holds are released (or, with a journal that cannot
+// release, expire). When ctx ends first, forward steps are cancelled (their
+// transactions roll back, nothing is lost: the step runs again under the
+// next claim) while a compensation in flight still finishes its transaction,
+// bounded by its own timeout. Stop returns once every worker has returned;
+// the error is ctx's when it had to cancel. Calling it again waits again.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.started {
+		r.mu.Unlock()
+		return nil
+	}
+	if !r.stopped {
+		r.stopped = true
+		close(r.stopping)
+		r.log.Info("saga runner stopping")
+	}
+	r.mu.Unlock()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+	}
+	r.log.Warn("saga runner stop deadline passed: cancelling forward steps")
+	r.hardCancel()
+	<-r.done
+	return ctx.Err()
+}
+
+// Wake makes the runner claim now instead of at its next poll. It never
+// blocks; wake-ups coalesce.
+func (r *Runner) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Runner) isStopping() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// claim is an instance a claim query returned, with the local time the query
+// returned: with the lease's expiry it places the instance on the journal's
+// clock (see work.now).
+type claim struct {
+	inst Instance
+	at   time.Time
+}
+
+// dispatch claims due instances for idle workers, one query per batch.
+func (r *Runner) dispatch() {
+	defer r.wg.Done()
+	defer close(r.work)
+	idle := r.cfg.PollInterval
+	for {
+		if r.isStopping() {
+			return
+		}
+		free := r.cfg.Workers - int(r.busy.Load())
+		if free <= 0 {
+			select {
+			case <-r.stopping:
+				return
+			case <-r.freed:
+				continue
+			}
+		}
+		n := min(r.cfg.ClaimBatch, free)
+		began := time.Now()
+		ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.LeaseDuration)
+		insts, err := r.journal.ClaimPending(ctx, n, r.cfg.LeaseDuration)
+		cancel()
+		at := time.Now()
+		if err != nil {
+			r.log.Error("saga claim failed", "err", err)
+			idle = r.waitIdle(idle)
+			continue
+		}
+		if len(insts) > 0 && r.cfg.Hooks.OnClaim != nil {
+			r.cfg.Hooks.OnClaim(len(insts), at.Sub(began))
+		}
+		for _, inst := range insts {
+			r.busy.Add(1)
+			r.work <- claim{inst: inst, at: at}
+		}
+		switch {
+		case len(insts) == n:
+			// A full batch: more may be due. Claim again as soon as a
+			// worker is free.
+			idle = r.cfg.PollInterval
+		case len(insts) > 0:
+			idle = r.cfg.PollInterval
+			r.waitIdle(idle)
+		default:
+			idle = r.waitIdle(idle)
+		}
+	}
+}
+
+// waitIdle waits d (or a wake-up, or Stop) and returns the next idle wait:
+// doubled after a full wait, reset by a wake-up.
+func (r *Runner) waitIdle(d time.Duration) time.Duration {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.stopping:
+		return d
+	case <-r.wake:
+		return r.cfg.PollInterval
+	case <-t.C:
+		return min(2*d, r.cfg.MaxPollInterval)
+	}
+}
+
+func (r *Runner) worker() {
+	defer r.wg.Done()
+	for c := range r.work {
+		r.process(c)
+		r.busy.Add(-1)
+		select {
+		case r.freed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// execer is what NotifyRunners needs: a transaction, a connection or a pool.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// NotifyRunners wakes every runner listening on WakeChannel. Called inside a
+// transaction, the notification is delivered when it commits, so a runner
+// never claims before the instances it is woken for are visible.
+func NotifyRunners(ctx context.Context, db execer) error {
+	if _, err := db.Exec(ctx, `SELECT pg_notify($1, '')`, WakeChannel); err != nil {
+		return fmt.Errorf("saga: notify runners on %s: %w", WakeChannel, err)
+	}
+	return nil
+}

@@ -1,0 +1,892 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Compensation reasons the runner writes in compensation_started.
+const (
+	// ReasonDeadline: the saga's deadline passed; the instance ends
+	// TIMED_OUT once compensated.
+	ReasonDeadline = "deadline"
+	// reasonStepFailedPrefix starts the reason of a compensation that a
+	// step's failure started: "step <name> failed: <error>".
+	reasonStepFailedPrefix = "step "
+)
+
+// Values of Event.Reason on step_failed: the failed attempt may have acted
+// (it ran out of time, or it had sent a command), so the step is compensated
+// even though it never completed. A step whose Do returned an error did not
+// act: its transaction was rolled back.
+const (
+	FailureTimeout      = "timeout"
+	FailureReplyTimeout = "reply_timeout"
+	FailureReplyError   = "reply_error"
+)
+
+// mayHaveActed reports whether a step_failed reason marks a step that may
+// have acted.
+func mayHaveActed(reason string) bool {
+	switch reason {
+	case FailureTimeout, FailureReplyTimeout, FailureReplyError:
+		return true
+	}
+	return false
+}
+
+var (
+	errStepTimeout = errors.New("step timed out")
+	errHardStop    = errors.New("runner stopped: step cancelled")
+	errLeaseGone   = Errorf(ErrLeaseLost, "the instance's lease was lost: another worker may hold it")
+)
+
+// next says what a worker does after one unit of work on an instance.
+type next int
+
+const (
+	// nextContinue: more work is due now; keep the lease and go on.
+	nextContinue next = iota
+	// nextYield: the instance is scheduled for later; release the lease.
+	nextYield
+	// nextDone: terminal; MarkTerminal released the lease.
+	nextDone
+	// nextDrop: the lease is lost, or the outcome is unknown (a failed
+	// commit): touch nothing more.
+	nextDrop
+	// nextLeave: nothing can be done now (stuck, or woken early): keep the
+	// lease until it expires, so the instance is not claimed in a hot loop.
+	nextLeave
+)
+
+type stuckKey struct {
+	id     uuid.UUID
+	reason string
+}
+
+// work is one claimed instance in the hands of one worker.
+type work struct {
+	r    *Runner
+	def  Definition
+	inst Instance
+	// lease is the lease this claim holds.
+	lease uuid.UUID
+	// dbAt is the journal clock's time when the claim ran and localAt the
+	// local time the claim returned: now() extrapolates between them.
+	dbAt    time.Time
+	localAt time.Time
+	log     *slog.Logger
+}
+
+func (r *Runner) process(c claim) {
+	inst := c.inst
+	key := Key{Name: inst.SagaName, Version: inst.SagaVersion}
+	log := r.log.With("saga_id", inst.ID, "saga", key.String())
+	if !inst.LeaseID.Valid {
+		log.Error("saga claim returned an instance without a lease: skipped")
+		return
+	}
+	def, ok := r.registry.Lookup(inst.SagaName, inst.SagaVersion)
+	if !ok {
+		r.stuck(log, inst, fmt.Sprintf("definition %s is not registered in this process", key))
+		return
+	}
+	w := &work{r: r, def: def, inst: inst, lease: inst.LeaseID.UUID, localAt: c.at, log: log}
+	w.dbAt = c.at
+	if inst.LeaseExpiresAt != nil {
+		w.dbAt = inst.LeaseExpiresAt.Add(-r.cfg.LeaseDuration)
+	}
+
+	leaseCtx, lose := context.WithCancelCause(r.baseCtx)
+	defer lose(nil)
+	hbDone := make(chan struct{})
+	hbStopped := make(chan struct{})
+	go func() {
+		defer close(hbStopped)
+		w.heartbeat(leaseCtx, lose, hbDone)
+	}()
+	defer func() {
+		close(hbDone)
+		<-hbStopped
+	}()
+
+	for {
+		if r.isStopping() {
+			w.release(leaseCtx)
+			return
+		}
+		var n next
+		switch w.inst.Status {
+		case StatusRunning:
+			n = w.forward(leaseCtx)
+		case StatusCompensating:
+			n = w.compensate(leaseCtx)
+		default:
+			// Claimed in a status the runner does not advance (a journal
+			// that claims more than it should): leave it alone.
+			log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
+			n = nextYield
+		}
+		switch n {
+		case nextContinue:
+			continue
+		case nextYield:
+			w.release(leaseCtx)
+		}
+		return
+	}
+}
+
+// stuck reports an instance the runner cannot advance, once per reason per
+// process in the log, every time to the hook.
+func (r *Runner) stuck(log *slog.Logger, inst Instance, reason string) {
+	if h := r.cfg.Hooks.OnStuck; h != nil {
+		h(inst, reason)
+	}
+	k := stuckKey{id: inst.ID, reason: reason}
+	r.stuckMu.Lock()
+	_, seen := r.stuckSeen[k]
+	if !seen {
+		if len(r.stuckSeen) > 10000 {
+			clear(r.stuckSeen)
+		}
+		r.stuckSeen[k] = struct{}{}
+	}
+	r.stuckMu.Unlock()
+	if !seen {
+		log.Warn("saga instance stuck: left alone", "reason", reason)
+	}
+}
+
+// now is the journal's clock, extrapolated from the claim: the lease expiry
+// the journal stamped minus the lease duration is its time at the claim.
+// Deadlines and reply timeouts are judged on it, not on the local clock.
+func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
+
+// heartbeat extends the lease every third of its duration until done. A
+// refused heartbeat, or none accepted for a whole lease, loses the lease:
+// lose cancels every context of the instance's work.
+func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
+	d := w.r.cfg.LeaseDuration
+	t := time.NewTicker(d / 3)
+	defer t.Stop()
+	last := w.localAt
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		hctx, cancel := context.WithTimeout(ctx, d/3)
+		ok, err := w.r.journal.Heartbeat(hctx, w.inst.ID, w.lease, d)
+		cancel()
+		switch {
+		case err == nil && ok:
+			last = sent
+		case err == nil:
+			w.log.Warn("saga lease lost: heartbeat refused", "step", w.inst.CurrentStep)
+			lose(errLeaseGone)
+			return
+		default:
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("saga heartbeat failed", "err", err)
+			if time.Since(last) >= d {
+				lose(errLeaseGone)
+				return
+			}
+		}
+	}
+}
+
+// release gives the lease back so that the instance's next attempt, or
+// another runner, need not wait for it to expire. A journal with a Release
+// method is asked to release; any other gets a heartbeat of one microsecond,
+// which shortens the lease to "now" on its own clock within the Heartbeat
+// contract (a journal that only ever extends leaves it to expire).
+func (w *work) release(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.r.cfg.LeaseDuration/3)
+	defer cancel()
+	var err error
+	if rel, ok := w.r.journal.(leaseReleaser); ok {
+		_, err = rel.Release(rctx, w.inst.ID, w.lease)
+	} else {
+		_, err = w.r.journal.Heartbeat(rctx, w.inst.ID, w.lease, time.Microsecond)
+	}
+	if err != nil {
+		w.log.Warn("saga lease release failed: it will expire", "err", err)
+	}
+}
+
+// leaseReleaser is implemented by journals that can give a lease back.
+type leaseReleaser interface {
+	Release(ctx context.Context, instanceID, leaseID uuid.UUID) (bool, error)
+}
+
+// forward advances a RUNNING instance by one unit: the deadline, a reply, a
+// reply timeout, or one attempt of the current step.
+func (w *work) forward(ctx context.Context) next {
+	inst := &w.inst
+	i := inst.CurrentStep
+	if i < 0 || i >= len(w.def.Steps) {
+		w.r.stuck(w.log, *inst, fmt.Sprintf("current step %d is outside the %d steps of %s", i, len(w.def.Steps), w.def.Key()))
+		return nextLeave
+	}
+	if inst.TimeoutAt != nil && !w.now().Before(*inst.TimeoutAt) {
+		return w.startCompensation(ctx, nil, ReasonDeadline)
+	}
+	step := w.def.Steps[i]
+	switch {
+	case len(inst.Reply) > 0:
+		return w.consumeReply(ctx, step)
+	case inst.AwaitingCorrelationID.Valid:
+		if inst.AwaitingUntil != nil && w.now().Before(*inst.AwaitingUntil) {
+			// Woken before the reply or its timeout (a manual retry):
+			// nothing to do; the lease expires and the claim moves on.
+			return nextLeave
+		}
+		err := fmt.Errorf("no reply to command %s within %s", inst.AwaitingCorrelationID.UUID, step.ReplyTimeout)
+		return w.fail(ctx, step, inst.Attempt+1, err, FailureReplyTimeout, 0)
+	}
+	return w.runDo(ctx, step)
+}
+
+// forwardCtx is the context of one attempt of a forward step: cancelled by a
+// lost lease, a hard stop and the step's timeout, each with its own cause.
+func (w *work) forwardCtx(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(w.r.hardCtx, func() { cancel(errHardStop) })
+	var tcancel context.CancelFunc = func() {}
+	var out context.Context = sctx
+	if timeout > 0 {
+		out, tcancel = context.WithTimeoutCause(sctx, timeout, errStepTimeout)
+	}
+	return out, func() {
+		tcancel()
+		stop()
+		cancel(nil)
+	}
+}
+
+func (w *work) stepTx(tx pgx.Tx, step Step, attempt int) *StepTx {
+	x := &StepTx{
+		Tx:       tx,
+		Instance: w.inst,
+		Step:     w.inst.CurrentStep,
+		StepName: step.Name,
+		Attempt:  attempt,
+		State:    w.inst.Context,
+	}
+	x.emitter = emitter{
+		tx:     tx,
+		table:  w.r.cfg.OutboxTable,
+		tenant: w.inst.TenantID,
+		cause:  w.inst.TriggerEventID,
+		corr:   w.inst.CorrelationID.UUID,
+	}
+	return x
+}
+
+// call runs a step function, turning a panic into an error so that a bug in
+// one step fails its attempt instead of the process.
+func (w *work) call(f func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("saga step panicked", "step", w.inst.CurrentStep, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("step panicked: %v", p)
+		}
+	}()
+	return f()
+}
+
+// runDo runs one attempt of the current step's Do and commits it with its
+// journal entry, or records the failure.
+func (w *work) runDo(ctx context.Context, step Step) next {
+	attempt := w.inst.Attempt + 1
+	began := time.Now()
+	tx, err := w.r.pool.Begin(ctx)
+	if err != nil {
+		w.log.Error("saga step: begin transaction", "step", step.Name, "err", err)
+		return nextDrop
+	}
+	x := w.stepTx(tx, step, attempt)
+	if step.awaitsReply() {
+		x.CommandID = uuid.New()
+		x.command = x.CommandID
+	}
+	sctx, cancel := w.forwardCtx(ctx, step.Timeout)
+	err = w.call(func() error { return step.Do(sctx, x) })
+	cause := context.Cause(sctx)
+	timedOut := sctx.Err() != nil && errors.Is(cause, errStepTimeout)
+	cancel()
+	x.closed = true
+	if err == nil && step.awaitsReply() && x.commands == 0 {
+		err = Permanent(errNoCommand)
+	}
+	if err == nil {
+		err = checkJSON(x)
+	}
+	if err != nil {
+		rollback(tx)
+		return w.afterFailedAttempt(ctx, step, attempt, err, cause, timedOut, "", time.Since(began))
+	}
+
+	var ev Event
+	outcome := OutcomeCompleted
+	last := w.inst.CurrentStep == len(w.def.Steps)-1
+	if step.awaitsReply() {
+		outcome = OutcomeAwaiting
+		ev = Event{Kind: EventStepAwaiting, Step: w.inst.CurrentStep, StepName: step.Name,
+			State: x.State, Output: x.Output, CorrelationID: x.CommandID,
+			// At least a millisecond: a deadline that passed while Do ran
+			// still needs a wait that ends, so that the next claim sees it.
+			AwaitFor: max(w.capToDeadline(step.ReplyTimeout), time.Millisecond)}
+	} else {
+		ev = Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name,
+			State: x.State, Output: x.Output}
+	}
+	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+			return err
+		}
+		if last && ev.Kind == EventStepCompleted {
+			return w.markTerminal(jctx, StatusCompleted, "")
+		}
+		return nil
+	})
+	if err != nil {
+		return w.afterFailedCommit(ctx, step, attempt, err, n, "", time.Since(began))
+	}
+	w.hook(step, false, attempt, outcome, false, time.Since(began), nil)
+	w.log.Debug("saga step committed", "step", step.Name, "attempt", attempt, "outcome", outcome, "emitted", x.emitted)
+	switch {
+	case ev.Kind == EventStepAwaiting:
+		return nextYield
+	case last:
+		w.terminal(StatusCompleted, "")
+		return nextDone
+	}
+	return w.reload(ctx)
+}
+
+// afterFailedAttempt classifies an attempt whose function returned an error
+// (its transaction is already rolled back). reason is the failure reason when
+// the step had already acted (a reply's OnReply), else empty.
+func (w *work) afterFailedAttempt(ctx context.Context, step Step, attempt int, err, cause error, timedOut bool, reason string, took time.Duration) next {
+	switch {
+	case errors.Is(context.Cause(ctx), ErrLeaseLost):
+		w.hook(step, false, attempt, OutcomeLeaseLost, false, took, err)
+		return nextDrop
+	case errors.Is(cause, errHardStop) && !timedOut:
+		// Not an attempt: the runner, not the step, gave up.
+		w.hook(step, false, attempt, OutcomeAborted, false, took, err)
+		return nextYield
+	}
+	if timedOut {
+		reason = FailureTimeout
+		err = fmt.Errorf("%w after %s: %w", errStepTimeout, step.Timeout, err)
+	}
+	return w.fail(ctx, step, attempt, err, reason, took)
+}
+
+// afterFailedCommit handles an error from the journal or the commit of a
+// step whose function succeeded.
+func (w *work) afterFailedCommit(ctx context.Context, step Step, attempt int, err error, n next, reason string, took time.Duration) next {
+	if n == nextDrop {
+		if errors.Is(err, ErrLeaseLost) {
+			w.hook(step, false, attempt, OutcomeLeaseLost, false, took, err)
+			w.log.Warn("saga step rolled back: lease lost", "step", step.Name, "attempt", attempt)
+		} else {
+			w.log.Error("saga step commit failed: outcome unknown, left to the next claim", "step", step.Name, "err", err)
+		}
+		return nextDrop
+	}
+	// The journal refused the entry (an invalid state) or the database
+	// failed before the commit: a failed attempt.
+	if errors.Is(err, ErrInvalid) {
+		err = Permanent(err)
+	}
+	return w.fail(ctx, step, attempt, err, reason, took)
+}
+
+// commit runs f with the transaction in its context, then commits. It returns
+// nextDrop with the error when the lease is lost or the commit itself failed
+// (its outcome is unknown), nextContinue with the error when f failed with
+// anything else (rolled back).
+func (w *work) commit(ctx context.Context, tx pgx.Tx, f func(jctx context.Context) error) (next, error) {
+	if err := f(ContextWithTx(ctx, tx)); err != nil {
+		rollback(tx)
+		if errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(ctx), ErrLeaseLost) {
+			return nextDrop, err
+		}
+		return nextContinue, err
+	}
+	if ctx.Err() != nil {
+		// The heartbeat lost the lease meanwhile: never commit after that.
+		rollback(tx)
+		return nextDrop, errLeaseGone
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nextDrop, fmt.Errorf("commit: %w", err)
+	}
+	return nextContinue, nil
+}
+
+// inTx runs journal writes in a transaction of their own.
+func (w *work) inTx(ctx context.Context, f func(jctx context.Context) error) (next, error) {
+	tx, err := w.r.pool.Begin(ctx)
+	if err != nil {
+		return nextDrop, fmt.Errorf("begin: %w", err)
+	}
+	return w.commit(ctx, tx, f)
+}
+
+func (w *work) markTerminal(jctx context.Context, st Status, reason string) error {
+	ok, err := w.r.journal.MarkTerminal(jctx, w.inst.ID, w.lease, st, reason)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errLeaseGone
+	}
+	return nil
+}
+
+func rollback(tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
+// checkJSON refuses a state or output that is not JSON before the journal
+// does: the step's author gets a message that names the step.
+func checkJSON(x *StepTx) error {
+	if len(x.State) > 0 && !json.Valid(x.State) {
+		return Permanent(Errorf(ErrInvalid, "step %s left a State that is not valid JSON", x.StepName))
+	}
+	if len(x.Output) > 0 && !json.Valid(x.Output) {
+		return Permanent(Errorf(ErrInvalid, "step %s left an Output that is not valid JSON", x.StepName))
+	}
+	return nil
+}
+
+// capToDeadline shortens a wait so that it ends no later than the saga's
+// deadline: an instance waiting for a retry or a reply must be claimed again
+// when its deadline passes, not after.
+func (w *work) capToDeadline(d time.Duration) time.Duration {
+	if w.inst.TimeoutAt == nil {
+		return d
+	}
+	left := w.inst.TimeoutAt.Sub(w.now())
+	return max(0, min(d, left))
+}
+
+// reload reads the projection after a commit that keeps the lease.
+func (w *work) reload(ctx context.Context) next {
+	inst, err := w.r.journal.Get(ctx, w.inst.ID)
+	if err != nil {
+		w.log.Error("saga reload after commit failed", "err", err)
+		return nextYield
+	}
+	if !inst.LeaseID.Valid || inst.LeaseID.UUID != w.lease {
+		return nextDrop
+	}
+	w.inst = inst
+	if inst.Status.Terminal() {
+		return nextDone
+	}
+	return nextContinue
+}
+
+func (w *work) hook(step Step, comp bool, attempt int, o Outcome, timedOut bool, took time.Duration, err error) {
+	h := w.r.cfg.Hooks.OnStep
+	if h == nil {
+		return
+	}
+	h(StepEvent{
+		Saga: w.def.Key(), InstanceID: w.inst.ID, Step: w.inst.CurrentStep, StepName: step.Name,
+		Compensation: comp, Attempt: attempt, Outcome: o, TimedOut: timedOut, Duration: took, Err: err,
+	})
+}
+
+func (w *work) terminal(st Status, reason string) {
+	w.log.Info("saga instance ended", "status", st, "reason", reason)
+	if h := w.r.cfg.Hooks.OnTerminal; h != nil {
+		h(TerminalEvent{Saga: w.def.Key(), InstanceID: w.inst.ID, Status: st, Reason: reason})
+	}
+}
+
+// consumeReply completes a waiting step with the reply the correlator
+// delivered, or fails its attempt.
+func (w *work) consumeReply(ctx context.Context, step Step) next {
+	attempt := w.inst.Attempt + 1
+	reply := ParseReply(w.inst.Reply)
+	if !reply.OK {
+		err := fmt.Errorf("reply: %s", reply.Error)
+		if reply.Permanent {
+			err = Permanent(err)
+		}
+		return w.fail(ctx, step, attempt, err, FailureReplyError, 0)
+	}
+	began := time.Now()
+	tx, err := w.r.pool.Begin(ctx)
+	if err != nil {
+		w.log.Error("saga reply: begin transaction", "step", step.Name, "err", err)
+		return nextDrop
+	}
+	x := w.stepTx(tx, step, attempt)
+	x.Output = w.inst.Reply
+	if step.OnReply != nil {
+		sctx, cancel := w.forwardCtx(ctx, step.Timeout)
+		err = w.call(func() error { return step.OnReply(sctx, x, reply) })
+		cause := context.Cause(sctx)
+		timedOut := sctx.Err() != nil && errors.Is(cause, errStepTimeout)
+		cancel()
+		x.closed = true
+		if err == nil {
+			err = checkJSON(x)
+		}
+		if err != nil {
+			rollback(tx)
+			return w.afterFailedAttempt(ctx, step, attempt, err, cause, timedOut, FailureReplyError, time.Since(began))
+		}
+	}
+	x.closed = true
+	last := w.inst.CurrentStep == len(w.def.Steps)-1
+	ev := Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name, State: x.State, Output: x.Output}
+	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+			return err
+		}
+		if last {
+			return w.markTerminal(jctx, StatusCompleted, "")
+		}
+		return nil
+	})
+	if err != nil {
+		return w.afterFailedCommit(ctx, step, attempt, err, n, FailureReplyError, time.Since(began))
+	}
+	w.hook(step, false, attempt, OutcomeCompleted, false, time.Since(began), nil)
+	if last {
+		w.terminal(StatusCompleted, "")
+		return nextDone
+	}
+	return w.reload(ctx)
+}
+
+// fail records a failed attempt of the current step (its writes are rolled
+// back): another attempt after the backoff, or, for a permanent error or the
+// last attempt, the start of compensation. reason marks an attempt that may
+// have acted.
+func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reason string, took time.Duration) next {
+	pol := step.Retry.WithDefaults(DefaultStepRetry)
+	timedOut := reason == FailureTimeout || reason == FailureReplyTimeout
+	msg := err.Error()
+	ev := Event{Kind: EventStepFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg, Reason: reason}
+	if !IsPermanent(err) && attempt < pol.MaxAttempts {
+		ev.RetryIn = w.capToDeadline(pol.Delay(attempt))
+		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
+			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+			return err
+		}); cerr != nil {
+			return w.lostOrBroken(step, false, attempt, took, cerr, "record a failed attempt")
+		}
+		w.hook(step, false, attempt, OutcomeRetry, timedOut, took, err)
+		w.log.Info("saga step failed: retry scheduled", "step", step.Name, "attempt", attempt,
+			"max_attempts", pol.MaxAttempts, "retry_in", ev.RetryIn, "err", msg)
+		return nextYield
+	}
+	why := fmt.Sprintf("step %s failed after %d attempts: %s", step.Name, attempt, msg)
+	if IsPermanent(err) {
+		why = fmt.Sprintf("step %s failed permanently: %s", step.Name, msg)
+	}
+	w.hook(step, false, attempt, OutcomeFailed, timedOut, took, err)
+	w.log.Warn("saga step failed for good: compensating", "step", step.Name, "attempt", attempt, "err", msg)
+	return w.startCompensation(ctx, &ev, why)
+}
+
+// lostOrBroken reports a journal write that did not happen.
+func (w *work) lostOrBroken(step Step, comp bool, attempt int, took time.Duration, err error, what string) next {
+	if errors.Is(err, ErrLeaseLost) {
+		w.hook(step, comp, attempt, OutcomeLeaseLost, false, took, err)
+		w.log.Warn("saga lease lost: could not "+what, "step", step.Name)
+	} else {
+		w.log.Error("saga journal write failed: could not "+what+"; left to the next claim", "step", step.Name, "err", err)
+	}
+	return nextDrop
+}
+
+// startCompensation moves a RUNNING instance to COMPENSATING, starting at the
+// newest step that completed or may have acted. failed, when set, is the
+// step_failed of the attempt that ended the forward run: both commit
+// together, so the attempt is counted exactly when compensation starts.
+func (w *work) startCompensation(ctx context.Context, failed *Event, reason string) next {
+	start, err := w.compensationStart(ctx, failed)
+	if err != nil {
+		w.log.Error("saga compensation: reading the history failed", "err", err)
+		return nextDrop
+	}
+	ev := Event{Kind: EventCompensationStarted, Step: start, Reason: reason}
+	if start >= 0 {
+		ev.StepName = w.def.Steps[start].Name
+	}
+	final := w.finalStatus(reason)
+	if _, err := w.inTx(ctx, func(jctx context.Context) error {
+		if failed != nil {
+			if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, *failed); err != nil {
+				return err
+			}
+		}
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+			return err
+		}
+		if start < 0 {
+			// Nothing acted: compensated at once.
+			return w.markTerminal(jctx, final, reason)
+		}
+		return nil
+	}); err != nil {
+		return w.lostOrBroken(w.def.Steps[w.inst.CurrentStep], false, w.inst.Attempt+1, 0, err, "start compensation")
+	}
+	w.log.Info("saga compensating", "from_step", start, "reason", reason)
+	if start < 0 {
+		w.terminal(final, reason)
+		return nextDone
+	}
+	return w.reload(ctx)
+}
+
+func (w *work) finalStatus(reason string) Status {
+	if reason == ReasonDeadline {
+		return StatusTimedOut
+	}
+	return StatusCompensated
+}
+
+// compensationStart is the newest step that completed or may have acted: the
+// steps before the current one completed; the current one counts if it ever
+// acted (see acted).
+func (w *work) compensationStart(ctx context.Context, failed *Event) (int, error) {
+	i := min(w.inst.CurrentStep, len(w.def.Steps)-1)
+	if failed != nil && mayHaveActed(failed.Reason) {
+		return i, nil
+	}
+	acted, err := w.acted(ctx, i)
+	if err != nil {
+		return 0, err
+	}
+	if acted {
+		return i, nil
+	}
+	return i - 1, nil
+}
+
+// acted reports, from the instance's history, whether step i completed or
+// may have acted: it committed, it committed a command (step_awaiting), or
+// an attempt of it ran out of time or got a reply.
+func (w *work) acted(ctx context.Context, i int) (bool, error) {
+	hist, err := w.r.journal.Load(ctx, w.inst.ID)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range hist {
+		if e.Step != i {
+			continue
+		}
+		switch e.Kind {
+		case EventStepCompleted, EventStepAwaiting, EventReplyReceived:
+			return true, nil
+		case EventStepFailed:
+			if mayHaveActed(e.Reason) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// compensate runs one unit of a COMPENSATING instance: the compensation of
+// its current step (or its skip), and the terminal status after step 0.
+func (w *work) compensate(ctx context.Context) next {
+	inst := &w.inst
+	i := inst.CurrentStep
+	final := w.finalStatus(inst.CompensationReason)
+	if i < 0 {
+		if _, err := w.inTx(ctx, func(jctx context.Context) error {
+			return w.markTerminal(jctx, final, inst.CompensationReason)
+		}); err != nil {
+			return w.lostOrBroken(Step{}, true, 0, 0, err, "end the compensation")
+		}
+		w.terminal(final, inst.CompensationReason)
+		return nextDone
+	}
+	if i >= len(w.def.Steps) {
+		w.r.stuck(w.log, *inst, fmt.Sprintf("compensating step %d, outside the %d steps of %s", i, len(w.def.Steps), w.def.Key()))
+		return nextLeave
+	}
+	step := w.def.Steps[i]
+	acted, err := w.acted(ctx, i)
+	if err != nil {
+		w.log.Error("saga compensation: reading the history failed", "err", err)
+		return nextDrop
+	}
+	if !acted || step.Compensate == nil {
+		why := "the step never acted"
+		if acted {
+			why = "the step has no Compensate"
+		}
+		ev := Event{Kind: EventCompensationSkipped, Step: i, StepName: step.Name, Reason: why}
+		return w.compensationDone(ctx, step, ev, 0, OutcomeSkipped, 0, final)
+	}
+
+	attempt := inst.Attempt + 1
+	began := time.Now()
+	tx, err := w.r.pool.Begin(ctx)
+	if err != nil {
+		w.log.Error("saga compensation: begin transaction", "step", step.Name, "err", err)
+		return nextDrop
+	}
+	x := w.stepTx(tx, step, attempt)
+	if x.Output, err = w.recordedOutput(ctx, i); err != nil {
+		rollback(tx)
+		w.log.Error("saga compensation: reading the step's output failed", "step", step.Name, "err", err)
+		return nextDrop
+	}
+	// Detached from shutdown (ctx is the lease's context, under baseCtx):
+	// only the compensation's own timeout and a lost lease stop it.
+	cctx, cancel := context.WithTimeoutCause(ctx, cmpOr(step.Timeout, w.r.cfg.CompensationTimeout), errStepTimeout)
+	err = w.call(func() error { return step.Compensate(cctx, x) })
+	timedOut := cctx.Err() != nil && errors.Is(context.Cause(cctx), errStepTimeout)
+	cancel()
+	x.closed = true
+	if err != nil {
+		rollback(tx)
+		if errors.Is(context.Cause(ctx), ErrLeaseLost) {
+			w.hook(step, true, attempt, OutcomeLeaseLost, false, time.Since(began), err)
+			return nextDrop
+		}
+		if timedOut {
+			err = fmt.Errorf("compensation timed out: %w", err)
+		}
+		return w.compensationFailed(ctx, step, attempt, err, timedOut, time.Since(began))
+	}
+	ev := Event{Kind: EventStepCompensated, Step: i, StepName: step.Name}
+	return w.compensationDoneTx(ctx, tx, step, ev, attempt, began, final)
+}
+
+// compensationDone commits a compensation_skipped in a transaction of its own.
+func (w *work) compensationDone(ctx context.Context, step Step, ev Event, attempt int, o Outcome, took time.Duration, final Status) next {
+	tx, err := w.r.pool.Begin(ctx)
+	if err != nil {
+		w.log.Error("saga compensation: begin transaction", "step", step.Name, "err", err)
+		return nextDrop
+	}
+	return w.compensationDoneTx(ctx, tx, step, ev, attempt, time.Now().Add(-took), final)
+}
+
+// compensationDoneTx appends a step_compensated or compensation_skipped in
+// tx, with the terminal status when it was step 0, and commits.
+func (w *work) compensationDoneTx(ctx context.Context, tx pgx.Tx, step Step, ev Event, attempt int, began time.Time, final Status) next {
+	last := ev.Step == 0
+	reason := w.inst.CompensationReason
+	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+			return err
+		}
+		if last {
+			return w.markTerminal(jctx, final, reason)
+		}
+		return nil
+	})
+	o := OutcomeCompleted
+	if ev.Kind == EventCompensationSkipped {
+		o = OutcomeSkipped
+	}
+	if err != nil {
+		if n == nextDrop || ev.Kind == EventCompensationSkipped {
+			return w.lostOrBroken(step, true, attempt, time.Since(began), err, "record the compensation")
+		}
+		return w.compensationFailed(ctx, step, attempt, err, false, time.Since(began))
+	}
+	w.hook(step, true, attempt, o, false, time.Since(began), nil)
+	w.log.Info("saga step compensation recorded", "step", step.Name, "outcome", o)
+	if last {
+		w.terminal(final, reason)
+		return nextDone
+	}
+	return w.reload(ctx)
+}
+
+// compensationFailed records a failed compensation attempt: another after
+// the backoff, or, for a permanent error or the last attempt, the instance
+// ends FAILED with the error; the compensations below are not run.
+func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, err error, timedOut bool, took time.Duration) next {
+	pol := step.CompensationRetry.WithDefaults(DefaultCompensationRetry)
+	msg := err.Error()
+	ev := Event{Kind: EventCompensationFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg}
+	if !IsPermanent(err) && attempt < pol.MaxAttempts {
+		ev.RetryIn = pol.Delay(attempt)
+		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
+			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+			return err
+		}); cerr != nil {
+			return w.lostOrBroken(step, true, attempt, took, cerr, "record a failed compensation")
+		}
+		w.hook(step, true, attempt, OutcomeRetry, timedOut, took, err)
+		w.log.Warn("saga compensation failed: retry scheduled", "step", step.Name, "attempt", attempt,
+			"max_attempts", pol.MaxAttempts, "retry_in", ev.RetryIn, "err", msg)
+		return nextYield
+	}
+	why := fmt.Sprintf("compensation of step %s failed after %d attempts: %s", step.Name, attempt, msg)
+	if IsPermanent(err) {
+		why = fmt.Sprintf("compensation of step %s failed permanently: %s", step.Name, msg)
+	}
+	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+			return err
+		}
+		return w.markTerminal(jctx, StatusFailed, why)
+	}); cerr != nil {
+		return w.lostOrBroken(step, true, attempt, took, cerr, "record the failed compensation")
+	}
+	w.hook(step, true, attempt, OutcomeFailed, timedOut, took, err)
+	w.log.Error("saga compensation failed for good: instance FAILED, needs a person", "step", step.Name, "attempt", attempt, "err", msg)
+	w.terminal(StatusFailed, why)
+	return nextDone
+}
+
+// recordedOutput is the output step i recorded (saga_steps.output).
+func (w *work) recordedOutput(ctx context.Context, i int) (json.RawMessage, error) {
+	recs, err := w.r.journal.Steps(ctx, w.inst.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, rec := range recs {
+		if rec.Sequence == i {
+			return rec.Output, nil
+		}
+	}
+	return nil, nil
+}
+
+func cmpOr(a, b time.Duration) time.Duration {
+	if a > 0 {
+		return a
+	}
+	return b
+}
