@@ -72,6 +72,9 @@ CREATE INDEX IF NOT EXISTS saga_due_idx
     ON saga_instances (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS saga_tenant_idx
     ON saga_instances (tenant_id, created_at);
+-- The monitor lists instances newest first, keyset-paginated on (created_at, id).
+CREATE INDEX IF NOT EXISTS saga_created_idx
+    ON saga_instances (created_at, id);
 CREATE INDEX IF NOT EXISTS saga_awaiting_idx
     ON saga_instances (awaiting_correlation_id) WHERE awaiting_correlation_id IS NOT NULL;
 

@@ -1,0 +1,186 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/compensa/compensa/saga"
+)
+
+// MaxReasonLen bounds a reason, in characters.
+const MaxReasonLen = 1000
+
+// DefaultCancelReason is journaled when a cancel gives none.
+const DefaultCancelReason = "cancelled by an operator"
+
+// Result is the outcome of Retry or Cancel: the instance as it stands after
+// the request, and whether an identical request was already pending (then
+// nothing was written).
+type Result struct {
+	Instance         Item `json:"instance"`
+	AlreadyRequested bool `json:"already_requested"`
+}
+
+// Retry asks the runner to resume an instance exactly where it stands:
+//
+//   - FAILED: back to COMPENSATING at the compensation that failed (its
+//     attempt count reset); the runner re-runs it, then the compensations
+//     below it in reverse order.
+//   - RUNNING or COMPENSATING, not held by a runner: its current step (or
+//     compensation) becomes due now with its attempt count reset.
+//
+// It never marks a step done or moves current_step. reason and actor are
+// journaled with the time. A retry that is still pending (journaled, not yet
+// claimed) is answered with the same state and AlreadyRequested. Errors:
+// ErrNotFound (unknown or another tenant's), ErrInvalid (empty reason or
+// actor), ErrConflict (COMPLETED, COMPENSATED, TIMED_OUT; a runner holds a
+// live lease; the version is not registered here).
+func (a *Admin) Retry(ctx context.Context, id uuid.UUID, reason, actor string) (Result, error) {
+	reason, err := checkRequest(reason, actor, true)
+	if err != nil {
+		return Result{}, err
+	}
+	return a.act(ctx, id, func(inst Instance) (bool, error) {
+		switch inst.Status {
+		case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: it has finished, there is nothing to retry", id, inst.Status)
+		}
+		if inst.StuckReason == StuckUnregistered {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is pinned to %s version %d, which is not registered in this relay: a retry here would not run; deploy a relay that registers it", id, inst.SagaName, inst.SagaVersion)
+		}
+		if inst.Status == saga.StatusFailed {
+			return false, nil
+		}
+		if inst.lastKind == string(saga.EventRetryRequested) && inst.Attempt == 0 && inst.due && !inst.leaseLive {
+			return true, nil
+		}
+		if inst.leaseLive {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is being worked on by a runner (lease until %s): it is not stuck; retry it if it still does not move after the lease expires",
+				id, inst.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05Z07:00"))
+		}
+		return false, nil
+	}, func(ctx context.Context) error {
+		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
+	})
+}
+
+// Cancel starts the compensation of a RUNNING instance: the steps that
+// completed or may have acted are compensated in reverse order. A live lease
+// is revoked (the runner's commit is then fenced out). A cancel still
+// pending is answered with AlreadyRequested. Errors as for Retry;
+// ErrConflict for any status but RUNNING.
+func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason, actor string) (Result, error) {
+	reason, err := checkRequest(reason, actor, false)
+	if err != nil {
+		return Result{}, err
+	}
+	return a.act(ctx, id, func(inst Instance) (bool, error) {
+		switch {
+		case inst.Status == saga.StatusCompensating && inst.lastKind == string(saga.EventCancelRequested):
+			return true, nil
+		case inst.Status == saga.StatusCompensating:
+			why := inst.CompensationReason
+			if why == "" {
+				why = "an earlier failure"
+			}
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is already compensating (%s)", id, why)
+		case inst.Status != saga.StatusRunning:
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a RUNNING instance can be cancelled", id, inst.Status)
+		}
+		return false, nil
+	}, func(ctx context.Context) error {
+		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
+	})
+}
+
+func checkRequest(reason, actor string, reasonRequired bool) (string, error) {
+	reason = strings.TrimSpace(reason)
+	if reason == "" {
+		if reasonRequired {
+			return "", saga.Errorf(saga.ErrInvalid, "reason is required: say why (it is journaled with your name and the time)")
+		}
+		reason = DefaultCancelReason
+	}
+	if n := utf8.RuneCountInString(reason); n > MaxReasonLen {
+		return "", saga.Errorf(saga.ErrInvalid, "reason is %d characters long; keep it under %d", n, MaxReasonLen)
+	}
+	if strings.TrimSpace(actor) == "" {
+		return "", saga.Errorf(saga.ErrInvalid, "actor is empty: every operator action records who asked")
+	}
+	return reason, nil
+}
+
+// act reads and locks the instance, lets decide refuse it or call it already
+// done, performs the request in the same transaction and returns the state
+// after it.
+func (a *Admin) act(ctx context.Context, id uuid.UUID, decide func(Instance) (already bool, err error), request func(context.Context) error) (Result, error) {
+	if a.cfg.Journal == nil {
+		return Result{}, ErrReadOnly
+	}
+	var res Result
+	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+		inst, err := a.get(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		already, err := decide(inst)
+		if err != nil {
+			return err
+		}
+		if already {
+			res = Result{Instance: inst.Item, AlreadyRequested: true}
+			return nil
+		}
+		if err := request(saga.ContextWithTx(ctx, tx)); err != nil {
+			return err
+		}
+		after, err := a.get(ctx, tx, id, false)
+		if err != nil {
+			return err
+		}
+		res = Result{Instance: after.Item}
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// StuckCount is one line of StuckCounts.
+type StuckCount struct {
+	Saga   string
+	Reason string
+	Count  int64
+}
+
+// StuckCounts counts stuck instances by saga and reason (for metrics).
+func (a *Admin) StuckCounts(ctx context.Context) ([]StuckCount, error) {
+	names, versions, known := a.registered()
+	rows, err := a.cfg.Pool.Query(ctx, sqlStuckCounts, a.cfg.StuckAfter, names, versions, known)
+	if err != nil {
+		return nil, fmt.Errorf("admin: count stuck instances: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StuckCount, error) {
+		var c StuckCount
+		return c, r.Scan(&c.Saga, &c.Reason, &c.Count)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admin: count stuck instances: %w", err)
+	}
+	return out, nil
+}
+
+// ParkedEvents counts dead letters not yet re-driven.
+func (a *Admin) ParkedEvents(ctx context.Context) (int64, error) {
+	var n int64
+	if err := a.cfg.Pool.QueryRow(ctx, sqlParkedCount).Scan(&n); err != nil {
+		return 0, fmt.Errorf("admin: count parked events: %w", err)
+	}
+	return n, nil
+}

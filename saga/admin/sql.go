@@ -1,0 +1,92 @@
+package admin
+
+// The package's SQL, in one place. Statements are assembled only from the
+// constant fragments below (which filters are present picks the fragments);
+// every value is a bind parameter.
+//
+// $1..$4 are the same in every statement that classifies: $1 StuckAfter
+// (interval), $2 and $3 the registered (name, version) pairs as parallel
+// arrays, $4 whether a registry is known at all.
+
+// sqlStuckReason classifies one saga_instances row s. The order matters: an
+// instance of an unregistered version is reported as such even when FAILED,
+// since no retry here can help it. A lease is live while lease_expires_at >=
+// now() (the same rule the fence uses), so an instance a runner is working on
+// is never called overdue.
+const sqlStuckReason = `
+CASE
+  WHEN $4::bool AND s.status IN ('RUNNING','COMPENSATING','FAILED')
+       AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::int[]) AS r(name, version)
+                       WHERE r.name = s.saga_name AND r.version = s.saga_version)
+    THEN 'unregistered_version'
+  WHEN s.status = 'FAILED' THEN 'failed'
+  WHEN s.status IN ('RUNNING','COMPENSATING')
+       AND s.next_attempt_at < now() - $1::interval
+       AND NOT (s.lease_id IS NOT NULL AND s.lease_expires_at >= now())
+    THEN 'overdue'
+  ELSE ''
+END`
+
+// sqlItemColumns is what a list item reads, in the order scanItem expects.
+const sqlItemColumns = `
+s.id, s.tenant_id, s.saga_name, s.saga_version, s.status::text, s.current_step, s.attempt,
+s.next_attempt_at, s.timeout_at, coalesce(s.last_error, ''), s.lease_expires_at,
+(s.lease_id IS NOT NULL AND s.lease_expires_at >= now()) AS lease_live,
+s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason`
+
+// sqlListHead starts the list query; where clauses and the order follow.
+// The inner query classifies; the outer one filters on the classification
+// so that the keyset order and limit apply to stuck rows only.
+const sqlListHead = `SELECT * FROM (SELECT ` + sqlItemColumns + ` FROM saga_instances s WHERE true`
+
+// The filters. Each takes the next bind parameter (written as %d and
+// numbered when the statement is assembled).
+const (
+	sqlWhereStatus = ` AND s.status = $%d::saga_status`
+	sqlWhereSaga   = ` AND s.saga_name = $%d`
+	sqlWhereTenant = ` AND s.tenant_id = $%d`
+	// The keyset: strictly older than the last row of the previous page.
+	sqlWhereBefore = ` AND (s.created_at, s.id) < ($%d::timestamptz, $%d::uuid)`
+	// Only these statuses can be stuck; saga_due_idx serves it.
+	sqlWhereMaybeStuck = ` AND s.status IN ('RUNNING','COMPENSATING','FAILED')`
+	sqlListStuckOnly   = `) q WHERE q.stuck_reason <> ''`
+	sqlListAll         = `) q WHERE true`
+	sqlListTail        = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
+)
+
+// sqlGetItem reads one instance; $5 is the id and $6 the tenant scope (NULL
+// for none). FOR UPDATE is appended when acting.
+const sqlGetItem = `SELECT ` + sqlItemColumns + `,
+  coalesce((SELECT e.kind FROM saga_events e WHERE e.instance_id = s.id ORDER BY e.version DESC LIMIT 1), '') AS last_kind,
+  s.next_attempt_at <= now() AS due,
+  s.trigger_event_id, s.correlation_id, s.workspace_id, s.context, s.current_version,
+  s.awaiting_correlation_id, s.awaiting_until, coalesce(s.compensation_reason, ''), s.completed_at
+FROM saga_instances s
+WHERE s.id = $5 AND ($6::uuid IS NULL OR s.tenant_id = $6)`
+
+const sqlLockSuffix = ` FOR UPDATE OF s`
+
+// sqlSteps reads an instance's step records.
+const sqlSteps = `
+SELECT sequence, step_name, status::text, attempts, compensation_attempts, output,
+       coalesce(last_error, ''), started_at, completed_at, compensated_at
+FROM saga_steps WHERE saga_instance_id = $1 ORDER BY sequence`
+
+// sqlEvents reads the newest $2 journal events of an instance, oldest first.
+const sqlEvents = `
+SELECT version, global_seq, kind, step, payload, created_at FROM (
+  SELECT version, global_seq, kind, step, payload, created_at
+  FROM saga_events WHERE instance_id = $1 ORDER BY version DESC LIMIT $2
+) e ORDER BY version`
+
+// sqlStuckCounts counts stuck instances by saga and reason, for the
+// metrics. It reads only the statuses that can be stuck (saga_due_idx).
+const sqlStuckCounts = `
+SELECT saga_name, stuck_reason, count(*) FROM (
+  SELECT s.saga_name, ` + sqlStuckReason + ` AS stuck_reason
+  FROM saga_instances s WHERE s.status IN ('RUNNING','COMPENSATING','FAILED')
+) q WHERE stuck_reason <> '' GROUP BY 1, 2 ORDER BY 1, 2`
+
+// sqlParkedCount counts dead letters nobody has re-driven yet
+// (relay_dead_letters_parked_idx).
+const sqlParkedCount = `SELECT count(*) FROM relay_dead_letters WHERE retried_at IS NULL`
