@@ -6,4 +6,96 @@
 // a writer whose lease is stale changes nothing; a step's writes, its outbox
 // rows and its journal entry commit together or not at all; compensations run
 // in reverse order of the steps that completed or may have acted.
+//
+// # Definitions
+//
+// A Definition is one version of a saga, declared in code: triggers, an
+// optional deadline, ordered steps. Define builds one from a TypedDefinition
+// whose state is a Go type S (carried between steps as JSON). Several
+// versions of one saga may be registered; an instance stays on the version
+// that started it, and an instance whose version is not registered is left
+// alone and reported (Hooks.OnStuck), never run with another version.
+//
+// A Step has Do, an optional Compensate, a Retry and a CompensationRetry
+// policy (zero fields take DefaultStepRetry: 10 attempts, 1s ×2 capped at
+// 5 minutes; DefaultCompensationRetry: 20 attempts, 1s ×2 capped at 10
+// minutes; 20% jitter, which only shortens a delay) and an optional Timeout.
+//
+// # The runner
+//
+// A Runner claims due instances in batches (one query per batch, never more
+// than its idle workers) and advances each one transaction at a time:
+//
+//	begin → Do(ctx, state, tx, emitter) → Append(step_completed, new state) → commit
+//
+// The journal joins the transaction (ContextWithTx) and checks the lease in
+// it, so a worker whose lease was taken over cannot commit: its writes and the
+// outbox rows it emitted vanish with the rollback. A worker heartbeats every
+// third of the lease while it works on an instance; a refused heartbeat
+// cancels the instance's work.
+//
+// An error from Do rolls the step back and counts as a failed attempt: the
+// next one comes after the policy's backoff (step_failed, in a transaction of
+// its own). A permanent error (Permanent, ErrPermanent) or the last attempt
+// starts compensation, in the same transaction as that last step_failed.
+//
+// # Which steps are compensated
+//
+// Compensation runs from the newest step that completed or may have acted
+// down to step 0, one compensation per transaction, each with its own retry.
+// A step "may have acted" when it was not seen to commit but something of it
+// may exist: an attempt that ran out of its Timeout (it may have called out
+// before it was stopped), and a step that sent a command and waited for a
+// reply (the command was committed). A step whose Do returned an error did
+// not act, since its transaction was rolled back: it is not compensated.
+// Steps therefore keep effects outside the database behind the outbox, or
+// make them idempotent and give them a Compensate that tolerates finding
+// nothing to undo. Whether a step acted is read from the journal (its
+// step_completed, step_awaiting and reply events, and step_failed events
+// whose Reason is FailureTimeout, FailureReplyTimeout or FailureReplyError),
+// so every runner decides alike.
+//
+// A step without Compensate, or that did not act, gets compensation_skipped
+// (its step record keeps its status: nothing is marked compensated that did
+// not run). A compensation that exhausts its policy ends the instance FAILED
+// with the error as last_error; the compensations below it are not run, and
+// the instance waits for a person (Journal.RequestRetry resumes it).
+// Compensations run under a context that Stop does not cancel: only their
+// own timeout (the step's Timeout, else RunnerConfig.CompensationTimeout) and
+// a lost lease end them.
+//
+// # Deadline
+//
+// Past an instance's timeout_at no forward step starts: the runner
+// compensates (reason ReasonDeadline) and ends the instance TIMED_OUT. Retry
+// delays and reply waits are shortened to end at the deadline, so an
+// instance is not left waiting an hour past it.
+//
+// # Commands and replies
+//
+// A step with a ReplyTimeout sends one command per attempt with
+// StepTx.EmitCommand and waits. The command's outbox id is the step's
+// CommandID; the service that handles it replies with an event whose
+// correlation_id is that id (the request–reply convention of message
+// brokers: a reply is correlated by the id of the request). The correlator
+// delivers it (Journal.DeliverReply); the next claim reads it:
+//
+//   - the payload is a JSON object; it is a failure when it has a non-empty
+//     "error" string or "ok": false, and a success otherwise, e.g.
+//     {"ok":true,"document_id":"…"} or {"error":"quota exceeded"};
+//   - "permanent": true on a failure asks that the step not be retried;
+//   - a payload that is not a JSON object is a permanent failure.
+//
+// A success completes the step (OnReply may read the reply into the state;
+// the payload becomes the step's output). A failure, or no reply within
+// ReplyTimeout, is a failed attempt of a step that may have acted: a retry
+// runs Do again with a new CommandID, so a late reply to the old command is
+// not taken for the new one.
+//
+// # Waking up
+//
+// Idle polling backs off from PollInterval to MaxPollInterval. Whoever starts
+// instances or delivers replies wakes the runners: Runner.Wake in the same
+// process, NotifyRunners (pg_notify on WakeChannel, delivered at commit) for
+// runners elsewhere, so a new saga's first step starts within milliseconds.
 package saga
