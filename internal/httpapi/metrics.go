@@ -1,0 +1,298 @@
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
+)
+
+const namespace = "compensa"
+
+// Sources are the in-process numbers the metrics read at scrape time. Every
+// field is optional: a missing source reports 0 (a replica started with
+// --no-stream has no stream and no correlator).
+type Sources struct {
+	// Correlator returns the correlator's counters:
+	//   func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(c.Stats()) }
+	Correlator func() CorrelatorStats
+	// Lag returns the stream's lag: bytes the slot's confirmed flush is
+	// behind the server's WAL, and the age in seconds of the newest commit
+	// or heartbeat processed.
+	Lag func() (bytes int64, seconds float64)
+}
+
+// CorrelatorStats mirrors correlator.Stats field for field, so that one
+// converts to the other; this package does not import the correlator (and
+// through it the stream).
+type CorrelatorStats struct {
+	EventsSeen       uint64
+	Batches          uint64
+	BatchesReplayed  uint64
+	SagasStarted     uint64
+	DuplicateStarts  uint64
+	RepliesDelivered uint64
+	LateReplies      uint64
+	EventsParked     uint64
+}
+
+// Metrics holds the relay's Prometheus metric families. Stream and
+// correlator numbers are read from Sources at scrape time; runner outcomes
+// are pushed with the Observe methods (see StepObservation); stuck
+// instances and parked events are counted by a query at scrape time.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	mu      sync.RWMutex
+	sources Sources
+	admin   *admin.Admin
+	logger  *slog.Logger
+
+	sagasStarted  *prometheus.CounterVec
+	sagasEnded    *prometheus.CounterVec
+	stepDuration  *prometheus.HistogramVec
+	stepRetries   *prometheus.CounterVec
+	manualActions *prometheus.CounterVec
+	queryFailures prometheus.Counter
+}
+
+// Phases of a step attempt, for the step metrics.
+const (
+	PhaseDo         = "do"
+	PhaseCompensate = "compensate"
+)
+
+// NewMetrics registers the relay's metric families on reg; a nil reg means
+// a fresh registry with the Go runtime and process collectors. It fails
+// when a family is already registered on reg.
+func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		if err := reg.Register(collectors.NewGoCollector()); err != nil {
+			return nil, err
+		}
+		if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+			return nil, err
+		}
+	}
+	m := &Metrics{
+		reg:    reg,
+		logger: slog.New(slog.DiscardHandler),
+		sagasStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "sagas_started_total",
+			Help: "Saga instances started, by saga (fed by SagasStarted).",
+		}, []string{"saga"}),
+		sagasEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "sagas_ended_total",
+			Help: "Saga instances that reached a terminal status, by saga and status (completed, compensated, failed, timed_out).",
+		}, []string{"saga", "status"}),
+		stepDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "step_duration_seconds",
+			Help: "Duration of one attempt of a step (phase do) or of its compensation (phase compensate), by outcome.",
+			// From a local write to a slow remote call with its timeout.
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"saga", "step", "phase", "outcome"}),
+		stepRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "step_retries_total",
+			Help: "Failed attempts of a step or compensation that were scheduled for another try.",
+		}, []string{"saga", "step", "phase"}),
+		manualActions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "manual_actions_total",
+			Help: "Operator retries and cancels through the API, by action and result (requested, already_requested, refused).",
+		}, []string{"action", "result"}),
+		queryFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "monitor_query_failures_total",
+			Help: "Scrape-time queries (stuck instances, parked events) that failed; their gauges are missing from that scrape.",
+		}),
+	}
+	stat := func(f func(CorrelatorStats) uint64) func() float64 {
+		return func() float64 {
+			m.mu.RLock()
+			src := m.sources.Correlator
+			m.mu.RUnlock()
+			if src == nil {
+				return 0
+			}
+			return float64(f(src()))
+		}
+	}
+	lag := func(pick func(int64, float64) float64) func() float64 {
+		return func() float64 {
+			m.mu.RLock()
+			src := m.sources.Lag
+			m.mu.RUnlock()
+			if src == nil {
+				return 0
+			}
+			return pick(src())
+		}
+	}
+	counterFunc := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, f)
+	}
+	gaugeFunc := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, f)
+	}
+	cs := []prometheus.Collector{
+		m.sagasStarted, m.sagasEnded, m.stepDuration, m.stepRetries, m.manualActions, m.queryFailures,
+		counterFunc("events_streamed_total", "Outbox events the correlator received from the stream.",
+			stat(func(s CorrelatorStats) uint64 { return s.EventsSeen })),
+		counterFunc("batches_total", "Source transactions (batches) the correlator committed, replays included.",
+			stat(func(s CorrelatorStats) uint64 { return s.Batches })),
+		counterFunc("batches_replayed_total", "Batches recognised as already handled (a replay after a crash) and skipped.",
+			stat(func(s CorrelatorStats) uint64 { return s.BatchesReplayed })),
+		counterFunc("correlator_sagas_started_total", "Saga instances the correlator started, all sagas together.",
+			stat(func(s CorrelatorStats) uint64 { return s.SagasStarted })),
+		counterFunc("duplicate_starts_total", "Trigger events that would have started an instance a second time (absorbed by the unique index).",
+			stat(func(s CorrelatorStats) uint64 { return s.DuplicateStarts })),
+		counterFunc("replies_delivered_total", "Reply events delivered to waiting steps.",
+			stat(func(s CorrelatorStats) uint64 { return s.RepliesDelivered })),
+		counterFunc("late_replies_total", "Reply events that found no step waiting for them.",
+			stat(func(s CorrelatorStats) uint64 { return s.LateReplies })),
+		counterFunc("events_parked_total", "Events parked as dead letters by this process.",
+			stat(func(s CorrelatorStats) uint64 { return s.EventsParked })),
+		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
+			lag(func(b int64, _ float64) float64 { return float64(b) })),
+		gaugeFunc("replication_lag_seconds", "Age of the newest source commit or heartbeat the relay has processed.",
+			lag(func(_ int64, s float64) float64 { return s })),
+		&scrapeCollector{m: m},
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// SetSources plugs in the stream and correlator numbers; it may be called
+// at any time (before the stream starts, the metrics read 0).
+func (m *Metrics) SetSources(s Sources) {
+	m.mu.Lock()
+	m.sources = s
+	m.mu.Unlock()
+}
+
+// setAdmin is how the Server gives the scrape-time queries their database.
+func (m *Metrics) setAdmin(a *admin.Admin, logger *slog.Logger) {
+	m.mu.Lock()
+	m.admin, m.logger = a, logger
+	m.mu.Unlock()
+}
+
+// Registry returns the registry the families are on.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// SagasStarted counts n instances of a saga started.
+func (m *Metrics) SagasStarted(sagaName string, n int) {
+	m.sagasStarted.WithLabelValues(sagaName).Add(float64(n))
+}
+
+// SagaEnded counts an instance reaching a terminal status ("COMPLETED",
+// "COMPENSATED", "FAILED", "TIMED_OUT"; any case).
+func (m *Metrics) SagaEnded(sagaName, status string) {
+	m.sagasEnded.WithLabelValues(sagaName, lower(status)).Inc()
+}
+
+// StepObservation is one attempt of a step or of its compensation.
+type StepObservation struct {
+	Saga     string
+	Step     string
+	Phase    string // PhaseDo or PhaseCompensate
+	Outcome  string // e.g. completed, retry, failed, awaiting, skipped, lease_lost
+	Duration time.Duration
+}
+
+// ObserveStep records an attempt's duration; an attempt whose outcome is
+// "retry" also counts as a retry.
+func (m *Metrics) ObserveStep(o StepObservation) {
+	m.stepDuration.WithLabelValues(o.Saga, o.Step, o.Phase, o.Outcome).Observe(o.Duration.Seconds())
+	if o.Outcome == string(saga.OutcomeRetry) {
+		m.stepRetries.WithLabelValues(o.Saga, o.Step, o.Phase).Inc()
+	}
+}
+
+func (m *Metrics) manual(action, result string) {
+	m.manualActions.WithLabelValues(action, result).Inc()
+}
+
+// Handler serves the registry in the Prometheus exposition format. A failed
+// scrape-time query leaves its gauges out of that scrape and counts in
+// compensa_monitor_query_failures_total, instead of failing the scrape.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      m.reg,
+	})
+}
+
+// scrapeQueryTimeout bounds the scrape-time queries: a slow database must
+// not hold a scrape until Prometheus gives up on it.
+const scrapeQueryTimeout = 3 * time.Second
+
+var (
+	stuckDesc = prometheus.NewDesc(namespace+"_sagas_stuck",
+		"Saga instances that are stuck, by saga and reason (failed, overdue, unregistered_version); counted at scrape time.",
+		[]string{"saga", "reason"}, nil)
+	parkedDesc = prometheus.NewDesc(namespace+"_parked_events",
+		"Dead letters (parked events) not yet re-driven; counted at scrape time.", nil, nil)
+)
+
+// scrapeCollector runs the two counting queries when Prometheus scrapes.
+type scrapeCollector struct{ m *Metrics }
+
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- stuckDesc
+	ch <- parkedDesc
+}
+
+func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.RLock()
+	a, logger := c.m.admin, c.m.logger
+	c.m.mu.RUnlock()
+	if a == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeQueryTimeout)
+	defer cancel()
+	if counts, err := a.StuckCounts(ctx); err != nil {
+		c.m.queryFailures.Inc()
+		logger.Warn("metrics: count stuck instances", "err", err)
+	} else {
+		for _, s := range counts {
+			ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(s.Count), s.Saga, s.Reason)
+		}
+	}
+	if n, err := a.ParkedEvents(ctx); err != nil {
+		c.m.queryFailures.Inc()
+		logger.Warn("metrics: count parked events", "err", err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(n))
+	}
+}
+
+// RunnerHooks returns the saga runner's hooks feeding these metrics: step
+// durations and retries from OnStep, saga outcomes from OnTerminal. Set it
+// as saga.RunnerConfig.Hooks.
+func (m *Metrics) RunnerHooks() saga.Hooks {
+	return saga.Hooks{
+		OnStep: func(e saga.StepEvent) {
+			phase := PhaseDo
+			if e.Compensation {
+				phase = PhaseCompensate
+			}
+			m.ObserveStep(StepObservation{Saga: e.Saga.Name, Step: e.StepName, Phase: phase, Outcome: string(e.Outcome), Duration: e.Duration})
+		},
+		OnTerminal: func(e saga.TerminalEvent) {
+			m.SagaEnded(e.Saga.Name, string(e.Status))
+		},
+	}
+}

@@ -1,0 +1,412 @@
+package httpapi
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"math"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
+)
+
+// The web page is rendered on the server from html/template; its stylesheet
+// and its one small script are embedded, so there is no build step and
+// nothing to fetch from elsewhere.
+//
+// Authentication: with a token configured, the page asks for it once
+// (/login), checks it in constant time and sets an HttpOnly, SameSite=Strict
+// session cookie derived from it (an HMAC, not the token itself). The page's
+// fetch calls to /v1 carry that cookie and the X-Compensa-Page header; the
+// header is required for retry and cancel by cookie, which a cross-site form
+// cannot send. Without a token the page is open and its retry and cancel
+// buttons are disabled, as the API's mutations are.
+
+//go:embed web/templates/*.html
+var templateFS embed.FS
+
+//go:embed web/assets
+var assetFS embed.FS
+
+type pageRenderer struct {
+	index, detail, login *template.Template
+}
+
+func newPageRenderer() (*pageRenderer, error) {
+	funcs := template.FuncMap{
+		"time":       fmtTime,
+		"timep":      fmtTimePtr,
+		"bytes":      humanBytes,
+		"short":      func(s fmt.Stringer) string { return s.String()[:8] },
+		"lower":      lower,
+		"canRetry":   canRetry,
+		"canCancel":  func(st saga.Status) bool { return st == saga.StatusRunning },
+		"json":       prettyJSON,
+		"eventNotes": eventNotes,
+		"stepNo":     func(i *int) string { return stepNo(i) },
+		"seconds":    func(f float64) string { return fmt.Sprintf("%.1f s", f) },
+	}
+	parse := func(name string) (*template.Template, error) {
+		return template.New(name).Funcs(funcs).ParseFS(templateFS, "web/templates/layout.html", "web/templates/"+name)
+	}
+	var p pageRenderer
+	var err error
+	if p.index, err = parse("index.html"); err != nil {
+		return nil, err
+	}
+	if p.detail, err = parse("saga.html"); err != nil {
+		return nil, err
+	}
+	if p.login, err = parse("login.html"); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func (s *Server) pageRoutes(m *http.ServeMux) {
+	assets, _ := fs.Sub(assetFS, "web/assets")
+	m.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServer(http.FS(assets))))
+	m.HandleFunc("GET /{$}", s.pageAuth(s.indexPage))
+	m.HandleFunc("GET /sagas/{id}", s.pageAuth(s.sagaPage))
+	m.HandleFunc("GET /login", s.loginPage)
+	m.HandleFunc("POST /login", s.login)
+	m.HandleFunc("POST /logout", s.logout)
+}
+
+// pageAuth sends a visitor without a session to the login form when a
+// token is configured.
+func (s *Server) pageAuth(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIToken != "" && !s.hasSession(r) {
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// layoutData is what every page's frame needs.
+type layoutData struct {
+	Title     string
+	TokenSet  bool
+	LoggedIn  bool
+	CanMutate bool
+}
+
+func (s *Server) layout(r *http.Request, title string) layoutData {
+	return layoutData{Title: title, TokenSet: s.cfg.APIToken != "", LoggedIn: s.hasSession(r), CanMutate: s.cfg.APIToken != ""}
+}
+
+func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Template, status int, data any) {
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "layout", data); err != nil {
+		s.log.Error("render page", "path", r.URL.Path, "err", err)
+		http.Error(w, "cannot render the page; see the relay's log", http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	// Only our own script and stylesheet run: a saga's error text or output
+	// cannot inject anything even if escaping were ever missed.
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("Referrer-Policy", "no-referrer")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+type indexData struct {
+	layoutData
+	Stuck       []admin.Item
+	StuckMore   bool
+	Recent      []admin.Item
+	NextCursor  string
+	Filter      admin.Filter
+	Statuses    []saga.Status
+	StuckAfter  time.Duration
+	Replication *ReplicationStatus
+	ReplErr     string
+	Chart       chart
+	Error       string
+	FilterQuery string
+	HasFilter   bool
+	ErrorOnly   bool
+}
+
+func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: s.admin.StuckAfter(),
+		Statuses: []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}}
+
+	stuck, err := s.admin.List(ctx, admin.Filter{Stuck: true, Limit: 100})
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	d.Stuck, d.StuckMore = stuck.Items, stuck.NextCursor != ""
+
+	q := r.URL.Query()
+	f := admin.Filter{Status: saga.Status(q.Get("status")), Saga: q.Get("saga"), Cursor: q.Get("cursor"), Limit: 50}
+	d.Filter = f
+	d.HasFilter = f.Status != "" || f.Saga != ""
+	recent, err := s.admin.List(ctx, f)
+	if err != nil {
+		// A bad filter is the visitor's mistake: show it on the page.
+		d.Error = err.Error()
+	} else {
+		d.Recent, d.NextCursor = recent.Items, recent.NextCursor
+		next := url.Values{}
+		if f.Status != "" {
+			next.Set("status", string(f.Status))
+		}
+		if f.Saga != "" {
+			next.Set("saga", f.Saga)
+		}
+		next.Set("cursor", recent.NextCursor)
+		d.FilterQuery = next.Encode()
+	}
+
+	if s.cfg.Replication != nil {
+		st, err := s.sampleLag(ctx)
+		if err != nil {
+			s.log.Warn("page: replication status", "err", err)
+			d.ReplErr = "cannot read the replication slot's status; see the relay's log"
+		} else {
+			d.Replication = &st
+		}
+		d.Chart = newChart(s.lag.samples())
+	}
+	s.render(w, r, s.page.index, http.StatusOK, d)
+}
+
+type sagaData struct {
+	layoutData
+	D admin.Detail
+}
+
+func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	d, err := s.admin.Show(r.Context(), id)
+	if err != nil {
+		s.pageError(w, r, err)
+		return
+	}
+	s.render(w, r, s.page.detail, http.StatusOK, sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+id.String()[:8]), D: d})
+}
+
+func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	msg := "internal error; see the relay's log"
+	switch {
+	case errors.Is(err, saga.ErrInvalid):
+		status, msg = http.StatusBadRequest, err.Error()
+	case errors.Is(err, saga.ErrNotFound):
+		status, msg = http.StatusNotFound, err.Error()
+	default:
+		s.log.Error("page request failed", "path", r.URL.Path, "err", err)
+	}
+	d := indexData{layoutData: s.layout(r, "Compensa monitor"), Error: msg, ErrorOnly: true}
+	s.render(w, r, s.page.index, status, d)
+}
+
+type loginData struct {
+	layoutData
+	Next  string
+	Error string
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.APIToken == "" {
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+		return
+	}
+	s.render(w, r, s.page.login, http.StatusOK, loginData{layoutData: s.layout(r, "Sign in"), Next: safeNext(r.URL.Query().Get("next"))})
+}
+
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "bad form", http.StatusBadRequest)
+		return
+	}
+	next := safeNext(r.PostForm.Get("next"))
+	if s.cfg.APIToken == "" {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	if !tokenMatches(r.PostForm.Get("token"), s.cfg.APIToken) {
+		s.log.Warn("page login with a wrong token", "remote", r.RemoteAddr)
+		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not the relay's API token."})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// safeNext keeps a redirect target on this site.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.Contains(next, "\\") {
+		return "/"
+	}
+	return next
+}
+
+// --- template helpers -----------------------------------------------------
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func fmtTimePtr(t *time.Time) string {
+	if t == nil {
+		return "—"
+	}
+	return fmtTime(*t)
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func lower(s string) string { return strings.ToLower(s) }
+
+// canRetry mirrors admin.Retry's refusals, so that the page offers the
+// button only where it can work (the API still decides).
+func canRetry(it admin.Item) bool {
+	switch it.Status {
+	case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
+		return false
+	}
+	return it.StuckReason != admin.StuckUnregistered
+}
+
+func prettyJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return buf.String()
+}
+
+func stepNo(i *int) string {
+	if i == nil || *i < 0 {
+		return "—"
+	}
+	return fmt.Sprint(*i)
+}
+
+// eventNotes picks the fields of a journal payload a person reads first.
+func eventNotes(raw json.RawMessage) string {
+	var ev saga.Event
+	if json.Unmarshal(raw, &ev) != nil {
+		return ""
+	}
+	var parts []string
+	if ev.Reason != "" {
+		parts = append(parts, "reason: "+ev.Reason)
+	}
+	if ev.Actor != "" {
+		parts = append(parts, "by "+ev.Actor)
+	}
+	if ev.Error != "" {
+		parts = append(parts, "error: "+ev.Error)
+	}
+	if ev.RetryIn > 0 {
+		parts = append(parts, "retry in "+ev.RetryIn.String())
+	}
+	if ev.AwaitFor > 0 {
+		parts = append(parts, "awaits reply for "+ev.AwaitFor.String())
+	}
+	return strings.Join(parts, " · ")
+}
+
+// chart is the lag chart, drawn as an inline SVG from the kept samples.
+type chart struct {
+	Width, Height   int
+	SecondsPoints   string
+	BytesPoints     string
+	MaxSeconds      float64
+	MaxBytes        int64
+	From, To        string
+	Samples         int
+	Gaps            []float64 // x positions of failed samples
+	LatestOK        bool
+	HasSamples      bool
+	LastSeconds     float64
+	LastBytes       int64
+	SpanDescription string
+}
+
+func newChart(samples []LagSample) chart {
+	c := chart{Width: 600, Height: 120, Samples: len(samples)}
+	if len(samples) == 0 {
+		return c
+	}
+	c.HasSamples = true
+	first, last := samples[0].At, samples[len(samples)-1].At
+	c.From, c.To = first.UTC().Format("15:04:05"), last.UTC().Format("15:04:05")
+	c.SpanDescription = last.Sub(first).Round(time.Second).String()
+	for _, s := range samples {
+		c.MaxSeconds = math.Max(c.MaxSeconds, s.LagSeconds)
+		c.MaxBytes = max(c.MaxBytes, s.LagBytes)
+	}
+	span := last.Sub(first).Seconds()
+	x := func(t time.Time) float64 {
+		if span <= 0 {
+			return float64(c.Width)
+		}
+		return t.Sub(first).Seconds() / span * float64(c.Width)
+	}
+	y := func(v, top float64) float64 {
+		if top <= 0 {
+			return float64(c.Height)
+		}
+		return float64(c.Height) - v/top*float64(c.Height-4)
+	}
+	var sp, bp strings.Builder
+	for _, s := range samples {
+		if !s.OK {
+			c.Gaps = append(c.Gaps, x(s.At))
+			continue
+		}
+		fmt.Fprintf(&sp, "%.1f,%.1f ", x(s.At), y(s.LagSeconds, c.MaxSeconds))
+		fmt.Fprintf(&bp, "%.1f,%.1f ", x(s.At), y(float64(s.LagBytes), float64(c.MaxBytes)))
+	}
+	c.SecondsPoints, c.BytesPoints = strings.TrimSpace(sp.String()), strings.TrimSpace(bp.String())
+	l := samples[len(samples)-1]
+	c.LatestOK, c.LastSeconds, c.LastBytes = l.OK, l.LagSeconds, l.LagBytes
+	return c
+}

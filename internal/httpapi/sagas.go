@@ -1,0 +1,195 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
+)
+
+// maxBody bounds a request body: a reason fits many times over.
+const maxBody = 64 << 10
+
+var listParams = map[string]bool{"status": true, "saga": true, "tenant": true, "stuck": true, "limit": true, "cursor": true}
+
+// parseFilter reads the list parameters; anything unknown or malformed is
+// ErrInvalid, so that a typo (stuk=true) is not silently a full listing.
+func parseFilter(q url.Values) (admin.Filter, error) {
+	var f admin.Filter
+	for k, v := range q {
+		if !listParams[k] {
+			return f, saga.Errorf(saga.ErrInvalid, "unknown parameter %q; the parameters are status, saga, tenant, stuck, limit and cursor", k)
+		}
+		if len(v) > 1 {
+			return f, saga.Errorf(saga.ErrInvalid, "parameter %q is given %d times", k, len(v))
+		}
+	}
+	f.Status = saga.Status(q.Get("status"))
+	f.Saga = q.Get("saga")
+	f.Cursor = q.Get("cursor")
+	if t := q.Get("tenant"); t != "" {
+		id, err := uuid.Parse(t)
+		if err != nil {
+			return f, saga.Errorf(saga.ErrInvalid, "tenant %q is not a UUID", t)
+		}
+		f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
+	}
+	if v := q.Get("stuck"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return f, saga.Errorf(saga.ErrInvalid, "stuck must be true or false, got %q", v)
+		}
+		f.Stuck = b
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return f, saga.Errorf(saga.ErrInvalid, "limit must be an integer between 1 and %d, got %q", admin.MaxLimit, v)
+		}
+		f.Limit = n
+	}
+	return f, nil
+}
+
+func (s *Server) listSagas(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	f, err := parseFilter(r.URL.Query())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	page, err := a.List(r.Context(), f)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	// next_cursor is null on the last page, never absent.
+	var next *string
+	if page.NextCursor != "" {
+		next = &page.NextCursor
+	}
+	items := page.Items
+	if items == nil {
+		items = []admin.Item{}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Items      []admin.Item `json:"items"`
+		NextCursor *string      `json:"next_cursor"`
+	}{items, next})
+}
+
+// pathID reads {id}: malformed → 400.
+func pathID(r *http.Request) (uuid.UUID, error) {
+	raw := r.PathValue("id")
+	id, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return uuid.Nil, saga.Errorf(saga.ErrInvalid, "%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", raw)
+	}
+	return id, nil
+}
+
+func (s *Server) showSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	d, err := a.Show(r.Context(), id)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// actionBody is the body of retry and cancel.
+type actionBody struct {
+	Reason string `json:"reason"`
+}
+
+func readAction(r *http.Request) (actionBody, error) {
+	var b actionBody
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return b, saga.Errorf(saga.ErrInvalid, "body is larger than %d bytes", maxBody)
+		}
+		return b, saga.Errorf(saga.ErrInvalid, "cannot read the body: %v", err)
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return b, nil
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return b, saga.Errorf(saga.ErrInvalid, `body must be a JSON object like {"reason": "…"}: %v`, err)
+	}
+	if dec.More() {
+		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
+	}
+	return b, nil
+}
+
+func (s *Server) retrySaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.act(w, r, a, "retry", a.Retry)
+}
+
+func (s *Server) cancelSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.act(w, r, a, "cancel", a.Cancel)
+}
+
+func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, action string,
+	do func(ctx context.Context, id uuid.UUID, reason, actor string) (admin.Result, error)) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	body, err := readAction(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	via := "api"
+	if r.Header.Get(pageHeader) != "" {
+		via = "web"
+	}
+	who := actor(r, via)
+	res, err := do(r.Context(), id, body.Reason, who)
+	if err != nil {
+		s.metrics.manual(action, "refused")
+		s.writeErr(w, r, err)
+		return
+	}
+	result := "requested"
+	if res.AlreadyRequested {
+		result = "already_requested"
+	}
+	s.metrics.manual(action, result)
+	s.log.Info(fmt.Sprintf("saga %s %s by operator", action, result), "saga_id", id, "saga", res.Instance.SagaName,
+		"step", res.Instance.CurrentStep, "status", string(res.Instance.Status), "actor", who, "reason", body.Reason)
+	writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) replication(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	if s.cfg.Replication == nil {
+		writeError(w, http.StatusServiceUnavailable, "this relay process does not stream (started with --no-stream?): ask a streaming replica, or run relay lag")
+		return
+	}
+	st, err := s.sampleLag(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}

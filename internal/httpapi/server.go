@@ -1,0 +1,351 @@
+package httpapi
+
+import (
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
+)
+
+// Config configures the monitor. Pool is required; the rest is optional.
+type Config struct {
+	// Pool is the relay's database: /readyz pings it, and it backs Admin
+	// when Admin is nil.
+	Pool *pgxpool.Pool
+	// Admin carries out the /v1/sagas requests. Nil: one is built from
+	// Pool, Journal, Registry and StuckAfter.
+	Admin *admin.Admin
+	// Journal makes retry and cancel possible when Admin is nil.
+	Journal admin.Journal
+	// Registry names the steps and tells unregistered versions apart.
+	Registry *saga.Registry
+	// StuckAfter: see admin.Config.StuckAfter (used when Admin is nil).
+	StuckAfter time.Duration
+	// APIToken, when set, is required as "Authorization: Bearer <token>" on
+	// every /v1 request (and, through a login form, on the web page).
+	// Unset: reads are open and retry/cancel answer 403.
+	APIToken string
+	// Replication reports the slot; nil means this process has no stream
+	// (/v1/replication answers 503 and /readyz checks the database only).
+	Replication ReplicationFunc
+	// Metrics are served at /metrics; nil creates a fresh set.
+	Metrics *Metrics
+	// Logger receives request errors (default: discard).
+	Logger *slog.Logger
+	// LagSampleInterval is how often Run samples the lag for the page's
+	// chart (default 5s); LagSamples how many samples it keeps (default
+	// 120: ten minutes at the default interval).
+	LagSampleInterval time.Duration
+	LagSamples        int
+}
+
+// Server is the monitor's http.Handler: the JSON API under /v1, /metrics,
+// /healthz, /readyz and the web page at /.
+type Server struct {
+	cfg     Config
+	admin   *admin.Admin
+	metrics *Metrics
+	log     *slog.Logger
+	mux     *http.ServeMux
+	lag     *lagRing
+	page    *pageRenderer
+	// session is the page's cookie value for the configured token (see
+	// auth.go); empty without a token.
+	session string
+}
+
+// New validates cfg and builds the server. Call Run to sample the lag for
+// the page's chart.
+func New(cfg Config) (*Server, error) {
+	if cfg.Pool == nil {
+		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.Pool is nil")
+	}
+	if cfg.LagSampleInterval < 0 || cfg.LagSamples < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.LagSampleInterval and Config.LagSamples must not be negative")
+	}
+	cfg.LagSampleInterval = cmp.Or(cfg.LagSampleInterval, 5*time.Second)
+	cfg.LagSamples = cmp.Or(cfg.LagSamples, 120)
+	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.admin == nil {
+		var err error
+		s.admin, err = admin.New(admin.Config{Pool: cfg.Pool, Journal: cfg.Journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if s.metrics == nil {
+		var err error
+		if s.metrics, err = NewMetrics(nil); err != nil {
+			return nil, err
+		}
+	}
+	s.metrics.setAdmin(s.admin, s.log)
+	// Samples taken by page views are kept at most twice per interval.
+	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
+	if cfg.APIToken != "" {
+		s.session = sessionValue(cfg.APIToken)
+	}
+	var err error
+	if s.page, err = newPageRenderer(); err != nil {
+		return nil, err
+	}
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", s.metrics.Handler())
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /readyz", s.readyz)
+
+	// Every /v1 route checks the method itself so that a wrong one gets a
+	// JSON 405, and the catch-all answers JSON 404.
+	m.Handle("/v1/sagas", s.api(s.listSagas, http.MethodGet))
+	m.Handle("/v1/sagas/{id}", s.api(s.showSaga, http.MethodGet))
+	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
+	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
+	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
+	}, ""))
+
+	s.pageRoutes(m)
+	s.mux = m
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	s.mux.ServeHTTP(w, r)
+}
+
+// Run samples the replication lag every LagSampleInterval for the page's
+// chart until ctx ends. Without a ReplicationFunc it returns at once.
+func (s *Server) Run(ctx context.Context) error {
+	if s.cfg.Replication == nil {
+		return nil
+	}
+	t := time.NewTicker(s.cfg.LagSampleInterval)
+	defer t.Stop()
+	for {
+		s.sampleLag(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// sampleLag reads the status once and records it.
+func (s *Server) sampleLag(ctx context.Context) (ReplicationStatus, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := s.cfg.Replication(ctx)
+	sample := LagSample{At: time.Now(), OK: err == nil && st.Healthy()}
+	if err == nil {
+		sample.LagBytes, sample.LagSeconds = st.LagBytes, st.LagSeconds
+	}
+	s.lag.add(sample)
+	return st, err
+}
+
+// LagSamples returns the samples kept for the chart, oldest first.
+func (s *Server) LagSamples() []LagSample { return s.lag.samples() }
+
+// --- health ---------------------------------------------------------------
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if err := s.cfg.Pool.Ping(ctx); err != nil {
+		s.log.Warn("readyz: database unreachable", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "database unreachable")
+		return
+	}
+	out := map[string]any{"status": "ok", "database": "ok"}
+	if s.cfg.Replication != nil {
+		st, err := s.sampleLag(ctx)
+		switch {
+		case err != nil:
+			s.log.Warn("readyz: replication status", "err", err)
+			writeError(w, http.StatusServiceUnavailable, "cannot read the replication slot's status")
+			return
+		case !st.Exists:
+			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" does not exist: events written since it was lost may have been skipped")
+			return
+		case !st.Healthy():
+			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" has wal_status "+st.WALStatus+": the WAL it needs is gone and events may have been skipped")
+			return
+		}
+		out["slot"] = st.Slot
+		out["wal_status"] = st.WALStatus
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// --- JSON API plumbing ----------------------------------------------------
+
+// apiHandler gets the Admin scoped to the request's tenant.
+type apiHandler func(w http.ResponseWriter, r *http.Request, a *admin.Admin)
+
+// api wraps a /v1 handler with the method check, authentication, the
+// mutation rule and the tenant scope. method "" accepts any.
+func (s *Server) api(h apiHandler, method string) http.Handler {
+	mutation := method == http.MethodPost
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		if !s.authenticate(w, r, mutation) {
+			return
+		}
+		if method != "" && r.Method != method {
+			w.Header().Set("Allow", method)
+			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed here; use "+method)
+			return
+		}
+		a := s.admin
+		if t := r.Header.Get("X-Tenant-ID"); t != "" {
+			id, err := uuid.Parse(strings.TrimSpace(t))
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "X-Tenant-ID is not a UUID")
+				return
+			}
+			a = a.ForTenant(id)
+		}
+		h(w, r, a)
+	})
+}
+
+// authenticate applies the auth rules; it has answered when it returns
+// false.
+//
+//   - A token is configured: the request needs "Authorization: Bearer
+//     <token>", or the page's session cookie; without either, 401. A
+//     mutation with the cookie must also carry the X-Compensa-Page header,
+//     which a cross-site form cannot send (CSRF).
+//   - No token is configured: reads are open, mutations answer 403, so that
+//     a deployment that forgot the token cannot be pushed around.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) bool {
+	if s.cfg.APIToken == "" {
+		if mutation {
+			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token or RELAY_API_TOKEN")
+			return false
+		}
+		return true
+	}
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		scheme, token, ok := strings.Cut(auth, " ")
+		if ok && strings.EqualFold(scheme, "Bearer") && tokenMatches(strings.TrimSpace(token), s.cfg.APIToken) {
+			return true
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
+		writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
+		return false
+	}
+	if s.hasSession(r) {
+		if mutation && r.Header.Get(pageHeader) == "" {
+			writeError(w, http.StatusForbidden, "a request authenticated by the page's cookie must carry the "+pageHeader+" header")
+			return false
+		}
+		return true
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
+	writeError(w, http.StatusUnauthorized, "authentication required: send Authorization: Bearer <token>")
+	return false
+}
+
+// tokenMatches compares in constant time; hashing first makes the time
+// independent of the lengths too.
+func tokenMatches(given, want string) bool {
+	g := sha256.Sum256([]byte(given))
+	h := sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], h[:]) == 1
+}
+
+// sessionValue derives the page's cookie from the token, so that the cookie
+// is not the token itself and changing the token logs every page out.
+func sessionValue(token string) string {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write([]byte("compensa monitor session v1"))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+const (
+	sessionCookie = "compensa_session"
+	// pageHeader marks the page's own fetch requests.
+	pageHeader = "X-Compensa-Page"
+)
+
+func (s *Server) hasSession(r *http.Request) bool {
+	if s.session == "" {
+		return false
+	}
+	c, err := r.Cookie(sessionCookie)
+	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
+}
+
+// actor names the caller in the journal: there is one token and so no
+// user identity, so the remote address says where the request came from.
+func actor(r *http.Request, via string) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return via + ":" + host
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// writeErr maps an error's kind to a status. Errors without a kind are
+// logged and answered with a generic message: they may carry details of
+// the database a caller has no business seeing.
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, saga.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, saga.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, saga.ErrConflict):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, admin.ErrReadOnly):
+		writeError(w, http.StatusServiceUnavailable, "retry and cancel are not available in this process (no journal)")
+	case errors.Is(err, context.Canceled):
+		// The client went away; nobody reads the answer.
+	default:
+		s.log.Error("monitor request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error; see the relay's log")
+	}
+}

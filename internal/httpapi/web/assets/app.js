@@ -1,0 +1,80 @@
+// Compensa monitor: the retry and cancel buttons. Everything else on the
+// page is rendered by the server. The buttons ask for a reason in a confirm
+// dialog, call the JSON API with the page's session cookie (and the
+// X-Compensa-Page header the API requires for that), and show the result.
+"use strict";
+
+(function () {
+  const dialog = document.getElementById("confirm");
+  const result = document.getElementById("result");
+  let pending = null; // {action, id, label, button}
+
+  function show(text, failed) {
+    result.textContent = text;
+    result.className = failed ? "failed" : "";
+    result.hidden = false;
+  }
+
+  const explain = {
+    retry: "Retry resumes the instance exactly where it stands: a FAILED instance re-runs the compensation that failed and then the ones below it; a stuck instance re-runs its current step now. No step is marked done or skipped.",
+    cancel: "Cancel starts the compensation of this RUNNING instance: the steps that completed (or may have acted) are undone in reverse order.",
+  };
+
+  document.addEventListener("click", function (ev) {
+    const btn = ev.target.closest("button[data-action]");
+    if (!btn || btn.disabled) return;
+    pending = { action: btn.dataset.action, id: btn.dataset.id, label: btn.dataset.label, button: btn };
+    document.getElementById("confirm-title").textContent =
+      (pending.action === "retry" ? "Retry " : "Cancel ") + pending.label + "?";
+    document.getElementById("confirm-text").textContent = explain[pending.action];
+    document.getElementById("confirm-reason").value = "";
+    dialog.showModal();
+  });
+
+  document.getElementById("confirm-no").addEventListener("click", function () {
+    pending = null;
+    dialog.close("cancel");
+  });
+
+  document.getElementById("confirm-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    const reason = document.getElementById("confirm-reason").value.trim();
+    if (!reason) return;
+    const p = pending;
+    pending = null;
+    dialog.close("ok");
+    if (p) send(p, reason);
+  });
+
+  async function send(p, reason) {
+    p.button.disabled = true;
+    show((p.action === "retry" ? "Retrying " : "Cancelling ") + p.label + "…", false);
+    let res, body;
+    try {
+      res = await fetch("/v1/sagas/" + encodeURIComponent(p.id) + "/" + p.action, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-Compensa-Page": "1" },
+        body: JSON.stringify({ reason: reason }),
+      });
+      body = await res.json().catch(function () { return {}; });
+    } catch (e) {
+      show("Request failed: " + e, true);
+      p.button.disabled = false;
+      return;
+    }
+    if (!res.ok) {
+      show((p.action === "retry" ? "Retry" : "Cancel") + " refused (" + res.status + "): " + (body.error || res.statusText), true);
+      p.button.disabled = false;
+      return;
+    }
+    const inst = body.instance || {};
+    const step = inst.current_step + (inst.current_step_name ? " (" + inst.current_step_name + ")" : "");
+    show((body.already_requested ? "Already requested, nothing changed: " : (p.action === "retry" ? "Retry requested: " : "Cancel requested: ")) +
+      "now " + inst.status + " at step " + step + ", attempt " + inst.attempt + ". A runner picks it up at once.", false);
+    document.querySelectorAll('[data-id="' + p.id + '"] [data-field="status"], #instance[data-id="' + p.id + '"] #status').forEach(function (el) {
+      el.textContent = inst.status;
+      el.className = "status s-" + String(inst.status).toLowerCase();
+    });
+  }
+})();
