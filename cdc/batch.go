@@ -20,6 +20,12 @@ type Batch struct {
 	CommitLSN pglogrepl.LSN
 	// EndLSN is the end of the commit record: once the sink has committed the
 	// batch, the stream may report EndLSN as flushed.
+	//
+	// A Partial batch of a streamed transaction cannot know its end yet: its
+	// EndLSN is CommitLSN+1, the smallest end the transaction can have, so
+	// that "checkpoint >= EndLSN" still means "this transaction was handled"
+	// (the previous transaction may end exactly at CommitLSN). Snapshot
+	// batches, partial or not, carry the slot's consistent point.
 	EndLSN     pglogrepl.LSN
 	CommitTime time.Time
 	// Partial marks a part of a large transaction that is not its last: the
@@ -31,6 +37,9 @@ type Batch struct {
 	// Snapshot marks rows read from the slot's exported snapshot on first
 	// start (rows committed before the slot existed).
 	Snapshot bool
+	// Heartbeat marks the transaction of a relay heartbeat: no events, but
+	// the checkpoint moves.
+	Heartbeat bool
 }
 
 // Sink handles batches. HandleBatch must commit the batch's effects and, for a

@@ -1,0 +1,194 @@
+package cdc
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+// Defaults, shared with the CLI.
+const (
+	DefaultSlot               = "relay_outbox"
+	DefaultPublication        = "relay_outbox_pub"
+	DefaultStatusInterval     = 10 * time.Second
+	DefaultHeartbeatInterval  = 10 * time.Second
+	DefaultMaxBatchEvents     = 5000
+	DefaultRetentionInterval  = time.Minute
+	DefaultRetentionBatchSize = 1000
+	DefaultLeaderPollInterval = time.Second
+	DefaultMaxReconnectWait   = 15 * time.Second
+	DefaultShutdownTimeout    = 10 * time.Second
+
+	// HeartbeatPrefix is the prefix of the transactional logical messages the
+	// leader emits (pg_logical_emit_message) to keep the slot advancing.
+	HeartbeatPrefix = "compensa_heartbeat"
+)
+
+// Config configures a Stream. The zero value of every field but DatabaseURL
+// means its default; see WithDefaults.
+type Config struct {
+	// DatabaseURL is an ordinary PostgreSQL URL or keyword/value DSN. The
+	// stream adds replication=database for its replication connection; the
+	// DSN's sslmode and other settings are honoured on every connection.
+	DatabaseURL string
+	// Slot is the logical replication slot (default "relay_outbox"): lower
+	// case letters, digits and underscores only, as PostgreSQL requires.
+	Slot string
+	// Publication is the publication the slot decodes (default
+	// "relay_outbox_pub"). Created when missing: publish = 'insert', the
+	// outbox table only.
+	Publication string
+	// Table is the outbox table (default "outbox", found on the search path).
+	Table outbox.TableName
+	// Columns maps our field names to the table's columns; fields left out
+	// take their default names (outbox.DefaultColumns).
+	Columns outbox.ColumnMap
+	// StatusInterval is how often the stream reports its position to
+	// PostgreSQL (default 10s); it also replies at once when asked.
+	StatusInterval time.Duration
+	// HeartbeatInterval is how often the leader emits a heartbeat (default
+	// 10s), so that the slot advances while the outbox is idle.
+	HeartbeatInterval time.Duration
+	// RecreateSlot lets Run re-create a slot that is missing or invalidated
+	// instead of stopping with ErrSlotLost. Events committed while the slot
+	// was gone may be skipped: outbox rows still in the table are re-read
+	// (the unique indexes absorb the duplicates), deleted ones are lost.
+	RecreateSlot bool
+	// MaxBatchEvents bounds the events in one Batch (default 5000). A larger
+	// transaction is handed over in Partial batches.
+	MaxBatchEvents int
+	// Retention, when positive, deletes outbox rows whose created_at is older
+	// than Retention and that the sink has already handled (see retention.go
+	// for how "already handled" is proven). Zero keeps every row.
+	Retention time.Duration
+	// RetentionInterval is how often retention runs (default 1m).
+	RetentionInterval time.Duration
+	// RetentionBatchSize is how many rows one DELETE removes (default 1000).
+	RetentionBatchSize int
+	// LoadCheckpoint returns the sink's checkpoint for Slot (false when there
+	// is none). The default reads relay_checkpoints.
+	LoadCheckpoint func(ctx context.Context) (pglogrepl.LSN, bool, error)
+	// Logger receives the stream's logs (default: discarded).
+	Logger *slog.Logger
+	// Metrics observes batches, lag, leadership and reconnects (optional).
+	Metrics Metrics
+	// LeaderPollInterval is how often a waiting replica tries to take the
+	// leadership, and how often the leader checks it still holds it
+	// (default 1s).
+	LeaderPollInterval time.Duration
+	// MaxReconnectWait caps the backoff between reconnects (default 15s).
+	MaxReconnectWait time.Duration
+	// ShutdownTimeout bounds how long a stop waits for the batch the sink is
+	// handling (default 10s); after it, the sink's context is cancelled.
+	ShutdownTimeout time.Duration
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	c.Slot = cmp.Or(c.Slot, DefaultSlot)
+	c.Publication = cmp.Or(c.Publication, DefaultPublication)
+	c.Table = cmp.Or(c.Table, outbox.TableName{Name: outbox.DefaultTable})
+	cols := outbox.DefaultColumns()
+	maps.Copy(cols, c.Columns)
+	c.Columns = cols
+	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.MaxBatchEvents = cmp.Or(c.MaxBatchEvents, DefaultMaxBatchEvents)
+	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
+	c.RetentionBatchSize = cmp.Or(c.RetentionBatchSize, DefaultRetentionBatchSize)
+	c.LeaderPollInterval = cmp.Or(c.LeaderPollInterval, DefaultLeaderPollInterval)
+	c.MaxReconnectWait = cmp.Or(c.MaxReconnectWait, DefaultMaxReconnectWait)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = NopMetrics{}
+	}
+	return c
+}
+
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// validate rejects nonsense with a message that names the field. needURL is
+// false for Setup and Preflight, which are handed a connection.
+func (c *Config) validate(needURL bool) error {
+	if needURL {
+		if strings.TrimSpace(c.DatabaseURL) == "" {
+			return errorf(ErrConfig, "Config.DatabaseURL is empty: pass a PostgreSQL URL such as postgres://user:password@host:5432/db")
+		}
+		if _, err := pgconn.ParseConfig(c.DatabaseURL); err != nil {
+			// pgconn's message quotes the DSN; say only what is wrong with it.
+			return errorf(ErrConfig, "Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value DSN")
+		}
+	}
+	if !slotName.MatchString(c.Slot) {
+		return errorf(ErrConfig, "Config.Slot %q: a replication slot name may contain only lower-case letters, digits and underscores, at most 63 of them", c.Slot)
+	}
+	if err := checkIdent("Config.Publication", c.Publication); err != nil {
+		return err
+	}
+	if err := checkIdent("Config.Table (name)", c.Table.Name); err != nil {
+		return err
+	}
+	if c.Table.Schema != "" {
+		if err := checkIdent("Config.Table (schema)", c.Table.Schema); err != nil {
+			return err
+		}
+	}
+	known := map[string]bool{}
+	for _, f := range outbox.Fields {
+		known[f] = true
+	}
+	for _, f := range slices.Sorted(maps.Keys(c.Columns)) {
+		if !known[f] {
+			return errorf(ErrConfig, "Config.Columns: unknown field %q (known: %s)", f, strings.Join(outbox.Fields, ", "))
+		}
+		if err := checkIdent("Config.Columns["+f+"]", c.Columns[f]); err != nil {
+			return err
+		}
+	}
+	for name, d := range map[string]time.Duration{
+		"StatusInterval": c.StatusInterval, "HeartbeatInterval": c.HeartbeatInterval,
+		"RetentionInterval": c.RetentionInterval, "LeaderPollInterval": c.LeaderPollInterval,
+		"MaxReconnectWait": c.MaxReconnectWait, "ShutdownTimeout": c.ShutdownTimeout,
+	} {
+		if d < 0 {
+			return errorf(ErrConfig, "Config.%s is negative (%s)", name, d)
+		}
+	}
+	if c.Retention < 0 {
+		return errorf(ErrConfig, "Config.Retention is negative (%s): use 0 to keep every outbox row", c.Retention)
+	}
+	if c.MaxBatchEvents < 1 {
+		return errorf(ErrConfig, "Config.MaxBatchEvents is %d: want at least 1", c.MaxBatchEvents)
+	}
+	if c.RetentionBatchSize < 1 {
+		return errorf(ErrConfig, "Config.RetentionBatchSize is %d: want at least 1", c.RetentionBatchSize)
+	}
+	return nil
+}
+
+// checkIdent refuses identifiers PostgreSQL cannot hold; everything else is
+// quoted wherever it is used.
+func checkIdent(field, s string) error {
+	switch {
+	case s == "":
+		return errorf(ErrConfig, "%s is empty", field)
+	case strings.ContainsRune(s, 0):
+		return errorf(ErrConfig, "%s contains a NUL byte", field)
+	case len(s) > 63:
+		return errorf(ErrConfig, "%s %q is longer than PostgreSQL's 63-byte identifier limit", field, s)
+	}
+	return nil
+}

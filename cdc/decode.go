@@ -1,0 +1,311 @@
+package cdc
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+// value is one column of one row, in PostgreSQL's text form. data may point
+// into a buffer the connection reuses: buildEvent copies what it keeps.
+type value struct {
+	present   bool // the table has the column
+	null      bool
+	unchanged bool // an unchanged TOASTed value the server did not send
+	data      []byte
+}
+
+// relation is one entry of the per-connection relation cache.
+type relation struct {
+	ours bool
+	// col[f] is the column index of field f in the relation's tuples, -1 when
+	// the field is not mapped, or when the column has gone since start
+	// (then gone[f] says so).
+	col  [nFields]int
+	gone [nFields]bool
+	typ  [nFields]uint32
+}
+
+// relations is the relation cache of one replication connection: pgoutput
+// describes each relation once per connection (and again after it changes),
+// then refers to it by id.
+type relations struct {
+	table *tableInfo
+	byID  map[uint32]*relation
+}
+
+func newRelations(t *tableInfo) *relations {
+	return &relations{table: t, byID: map[uint32]*relation{}}
+}
+
+func (rs *relations) add(m *pglogrepl.RelationMessage) {
+	r := &relation{ours: m.Namespace == rs.table.name.Schema && m.RelationName == rs.table.name.Name}
+	for f := range nFields {
+		r.col[f] = -1
+	}
+	if r.ours {
+		for f := range nFields {
+			name := rs.table.fieldCol[f]
+			if name == "" {
+				continue
+			}
+			r.gone[f] = true
+			for i, c := range m.Columns {
+				if c.Name == name {
+					r.col[f], r.gone[f] = i, false
+					r.typ[f] = c.DataType
+					if !knownOID(c.DataType) {
+						// A domain: decode by the base type the catalog named.
+						r.typ[f] = rs.table.cols[name].baseOID
+					}
+					break
+				}
+			}
+		}
+	}
+	rs.byID[m.RelationID] = r
+}
+
+func (rs *relations) get(id uint32) (*relation, error) {
+	r, ok := rs.byID[id]
+	if !ok {
+		return nil, errorf(ErrProtocol, "an insert refers to relation id %d, which this connection never described", id)
+	}
+	return r, nil
+}
+
+func knownOID(oid uint32) bool {
+	switch oid {
+	case oidBytea, oidText, oidJSON, oidVarchar, oidTimestamp, oidTimestamptz, oidUUID, oidJSONB:
+		return true
+	}
+	return false
+}
+
+// rowFromTuple picks the mapped fields out of a pgoutput tuple.
+func (r *relation) rowFromTuple(t *pglogrepl.TupleData) (row [nFields]value, err error) {
+	for f := range nFields {
+		i := r.col[f]
+		if i < 0 {
+			continue
+		}
+		if i >= len(t.Columns) {
+			return row, errorf(ErrProtocol, "an insert has %d columns, its relation %d", len(t.Columns), i+1)
+		}
+		c := t.Columns[i]
+		v := value{present: true}
+		switch c.DataType {
+		case pglogrepl.TupleDataTypeNull:
+			v.null = true
+		case pglogrepl.TupleDataTypeToast:
+			v.unchanged = true
+		case pglogrepl.TupleDataTypeText, pglogrepl.TupleDataTypeBinary:
+			v.data = c.Data
+		default:
+			return row, errorf(ErrProtocol, "unknown tuple column kind %q", c.DataType)
+		}
+		row[f] = v
+	}
+	return row, nil
+}
+
+// buildEvent turns a row into an Event. A row that cannot be used gets a
+// Poison reason (and Raw, for the dead letter); it is never an error.
+func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, lsn uint64) outbox.Event {
+	ev := outbox.Event{LSN: lsn, TenantID: outbox.NilTenant}
+	var bad []string
+	text := func(f int) (string, bool) {
+		v := &row[f]
+		switch {
+		case gone != nil && gone[f]:
+			bad = append(bad, fmt.Sprintf("column for %s is no longer in the table", outbox.Fields[f]))
+			return "", false
+		case !v.present || v.null:
+			return "", false
+		case v.unchanged:
+			bad = append(bad, fmt.Sprintf("%s was not sent (unchanged TOAST value)", outbox.Fields[f]))
+			return "", false
+		}
+		return string(v.data), true
+	}
+	if s, ok := text(fID); ok && s != "" {
+		ev.RawID = s
+		ev.ID = outbox.EventIDFromText(s)
+	} else {
+		bad = append(bad, "id is null or empty")
+	}
+	ev.AggregateType, _ = text(fAggregateType)
+	ev.AggregateID, _ = text(fAggregateID)
+	if ev.EventType, _ = text(fEventType); ev.EventType == "" {
+		bad = append(bad, "event_type is null or empty")
+	}
+	if s, ok := text(fTenantID); ok {
+		if u, err := uuid.Parse(s); err == nil {
+			ev.TenantID = u
+		} else {
+			bad = append(bad, "tenant_id "+strconv.Quote(clip(s))+" is not a UUID")
+		}
+	}
+	for _, x := range []struct {
+		f   int
+		dst *uuid.NullUUID
+	}{{fCorrelationID, &ev.CorrelationID}, {fCausationID, &ev.CausationID}} {
+		if s, ok := text(x.f); ok {
+			if u, err := uuid.Parse(s); err == nil {
+				*x.dst = uuid.NullUUID{UUID: u, Valid: true}
+			} else {
+				bad = append(bad, outbox.Fields[x.f]+" "+strconv.Quote(clip(s))+" is not a UUID")
+			}
+		}
+	}
+	switch p, reason := jsonField(row, typ, gone, fPayload); {
+	case reason != "":
+		bad = append(bad, reason)
+	case p == nil:
+		bad = append(bad, "payload is null")
+	default:
+		ev.Payload = p
+	}
+	if h, reason := jsonField(row, typ, gone, fHeaders); reason != "" {
+		bad = append(bad, reason)
+	} else {
+		ev.Headers = h
+	}
+	if s, ok := text(fCreatedAt); ok {
+		ev.CreatedAt = parseTimestamp(s)
+	}
+	if len(bad) > 0 {
+		ev.Poison = strings.Join(bad, "; ")
+		ev.Raw = rawRow(row)
+	}
+	return ev
+}
+
+// jsonField returns a JSON field's bytes (a copy), nil for NULL, or why it is
+// not JSON. jsonb and json values are JSON by construction; text and bytea
+// are checked.
+func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f int) (json.RawMessage, string) {
+	v := &row[f]
+	name := outbox.Fields[f]
+	switch {
+	case gone != nil && gone[f]:
+		return nil, fmt.Sprintf("column for %s is no longer in the table", name)
+	case !v.present || v.null:
+		return nil, ""
+	case v.unchanged:
+		return nil, name + " was not sent (unchanged TOAST value)"
+	}
+	switch typ[f] {
+	case oidJSONB, oidJSON:
+		return bytes.Clone(v.data), ""
+	case oidBytea:
+		b, err := decodeBytea(v.data)
+		if err != nil {
+			return nil, name + " (bytea) cannot be decoded: " + err.Error()
+		}
+		if err := validJSON(b); err != nil {
+			return nil, name + " (bytea) is not JSON text: " + err.Error()
+		}
+		return b, ""
+	default:
+		b := bytes.Clone(v.data)
+		if err := validJSON(b); err != nil {
+			return nil, name + " is not valid JSON: " + err.Error()
+		}
+		return b, ""
+	}
+}
+
+func validJSON(b []byte) error {
+	if json.Valid(b) {
+		return nil
+	}
+	var x any
+	err := json.Unmarshal(b, &x)
+	if err == nil {
+		err = fmt.Errorf("invalid JSON")
+	}
+	return err
+}
+
+// decodeBytea reads bytea's text output, hex ("\x..") or escape format.
+func decodeBytea(s []byte) ([]byte, error) {
+	if bytes.HasPrefix(s, []byte(`\x`)) {
+		out := make([]byte, hex.DecodedLen(len(s)-2))
+		_, err := hex.Decode(out, s[2:])
+		return out, err
+	}
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			out = append(out, s[i])
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '\\' {
+			out = append(out, '\\')
+			i++
+			continue
+		}
+		if i+3 >= len(s) {
+			return nil, fmt.Errorf("truncated escape at byte %d", i)
+		}
+		n, err := strconv.ParseUint(string(s[i+1:i+4]), 8, 8)
+		if err != nil {
+			return nil, fmt.Errorf("bad escape at byte %d", i)
+		}
+		out = append(out, byte(n))
+		i += 3
+	}
+	return out, nil
+}
+
+var timestampLayouts = []string{
+	"2006-01-02 15:04:05.999999999-07",
+	"2006-01-02 15:04:05.999999999-07:00",
+	"2006-01-02 15:04:05.999999999-07:00:00",
+	"2006-01-02 15:04:05.999999999",
+}
+
+// parseTimestamp reads timestamptz/timestamp output under DateStyle ISO (the
+// stream sets it on its connections); a timestamp without zone is UTC. What
+// it cannot read (infinity, BC dates) is the zero time.
+func parseTimestamp(s string) time.Time {
+	for _, l := range timestampLayouts {
+		if t, err := time.Parse(l, s); err == nil {
+			return t.UTC()
+		}
+	}
+	return time.Time{}
+}
+
+func rawRow(row *[nFields]value) map[string]any {
+	raw := make(map[string]any, nFields)
+	for f := range nFields {
+		v := &row[f]
+		if !v.present {
+			continue
+		}
+		if v.null || v.unchanged {
+			raw[outbox.Fields[f]] = nil
+			continue
+		}
+		raw[outbox.Fields[f]] = string(v.data)
+	}
+	return raw
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

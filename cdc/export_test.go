@@ -1,0 +1,6 @@
+package cdc
+
+// CrashOnStop makes the stream's next stop behave like a killed process: the
+// batch in flight is abandoned, no final status update is sent and the
+// connections are cut without a goodbye.
+func CrashOnStop(s *Stream) { s.hardStop.Store(true) }

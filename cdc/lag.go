@@ -1,0 +1,132 @@
+package cdc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Lag is the stream's own view of how far behind it is, for metrics and the
+// monitor. It is kept in memory and costs no query.
+type Lag struct {
+	Slot   string
+	Leader bool
+	// Bytes is the newest server WAL position the stream has seen (from the
+	// server's messages and from each heartbeat) minus FlushLSN.
+	Bytes uint64
+	// Seconds is the age of LastCommit, by this machine's clock; zero before
+	// anything was handled. While the stream is healthy it stays below about
+	// HeartbeatInterval.
+	Seconds float64
+	// LastCommit is the source commit time of the newest transaction or
+	// heartbeat the sink committed.
+	LastCommit time.Time
+	// FlushLSN is the position last reported to PostgreSQL as flushed.
+	FlushLSN  pglogrepl.LSN
+	ServerLSN pglogrepl.LSN
+}
+
+// LagReport is the slot's lag as PostgreSQL sees it, read by QueryLag from
+// any process (`relay lag`, GET /v1/replication). Its JSON keys are a public
+// contract.
+type LagReport struct {
+	Slot   string `json:"slot"`
+	Active bool   `json:"active"`
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended,
+	// unreserved or lost.
+	WALStatus string `json:"wal_status"`
+	// LagBytes is pg_current_wal_lsn() − confirmed_flush_lsn: the WAL the
+	// relay has not yet confirmed.
+	LagBytes int64 `json:"lag_bytes"`
+	// LagSeconds is the time since the relay last committed a checkpoint
+	// (relay_checkpoints.updated_at): a batch or a heartbeat. While the relay
+	// streams it stays below about the heartbeat interval; it grows while the
+	// relay is stopped or stuck. A backlog being worked through shows in
+	// LagBytes, not here. Nil when the slot has no checkpoint yet.
+	LagSeconds        *float64 `json:"lag_seconds"`
+	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
+	CurrentLSN        string   `json:"current_lsn"`
+}
+
+const sqlLag = `
+SELECT s.active, coalesce(s.wal_status, ''),
+       coalesce(s.confirmed_flush_lsn, '0/0')::text, pg_current_wal_lsn()::text,
+       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint
+FROM pg_replication_slots s WHERE s.slot_name = $1`
+
+const sqlLagSeconds = `
+SELECT extract(epoch FROM clock_timestamp() - updated_at)::float8
+FROM relay_checkpoints WHERE slot_name = $1`
+
+// QueryLag reads the slot's lag with read-only queries. A missing slot is an
+// ErrSlotNotFound; a database without relay_checkpoints reports no seconds.
+func QueryLag(ctx context.Context, q Querier, slot string) (LagReport, error) {
+	r := LagReport{Slot: slot}
+	err := q.QueryRow(ctx, sqlLag, slot).Scan(&r.Active, &r.WALStatus, &r.ConfirmedFlushLSN, &r.CurrentLSN, &r.LagBytes)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, errorf(ErrSlotNotFound, "replication slot %q does not exist in this cluster: check --slot, or start the relay (or `relay migrate --create-slot`) to create it", slot)
+	}
+	if err != nil {
+		return r, fmt.Errorf("cdc: read the lag of slot %q: %w", slot, err)
+	}
+	var secs float64
+	err = q.QueryRow(ctx, sqlLagSeconds, slot).Scan(&secs)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		secs = max(secs, 0)
+		r.LagSeconds = &secs
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01":
+	default:
+		return r, fmt.Errorf("cdc: read the checkpoint of slot %q: %w", slot, err)
+	}
+	return r, nil
+}
+
+// String is the report as one line for people.
+func (r LagReport) String() string {
+	secs := "unknown (no checkpoint yet)"
+	if r.LagSeconds != nil {
+		secs = fmt.Sprintf("%.1fs", *r.LagSeconds)
+	}
+	return fmt.Sprintf("slot %s active=%t wal_status=%s lag=%s (%d bytes) lag_seconds=%s confirmed_flush_lsn=%s current_lsn=%s",
+		r.Slot, r.Active, r.WALStatus, HumanBytes(r.LagBytes), r.LagBytes, secs, r.ConfirmedFlushLSN, r.CurrentLSN)
+}
+
+// WriteLag writes the report as a line for people, or as one JSON object on
+// one line.
+func WriteLag(w io.Writer, r LagReport, asJSON bool) error {
+	if !asJSON {
+		_, err := fmt.Fprintln(w, r.String())
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// HumanBytes formats n with binary units: 0 B, 512 B, 1.5 KiB, 3.2 GiB.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	f := float64(n)
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	i := -1
+	for (f >= unit || f <= -unit) && i < len(units)-1 {
+		f /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", f, units[i])
+}

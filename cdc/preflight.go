@@ -1,0 +1,156 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+const sqlServer = `
+SELECT current_setting('wal_level'), current_user, r.rolreplication, r.rolsuper,
+       EXISTS (SELECT 1 FROM pg_roles m WHERE m.rolname = 'rds_replication'
+               AND pg_has_role(current_user, m.oid, 'MEMBER')),
+       has_database_privilege(current_database(), 'CREATE')
+FROM pg_roles r WHERE r.rolname = current_user`
+
+type serverInfo struct {
+	walLevel, role          string
+	replication, super, rds bool
+	createInDB              bool
+}
+
+func inspectServer(ctx context.Context, q Querier) (*serverInfo, error) {
+	s := &serverInfo{}
+	if err := q.QueryRow(ctx, sqlServer).Scan(&s.walLevel, &s.role, &s.replication, &s.super, &s.rds, &s.createInDB); err != nil {
+		return nil, fmt.Errorf("cdc: read server settings: %w", err)
+	}
+	return s, nil
+}
+
+func (s *serverInfo) check() error {
+	if s.walLevel != "logical" {
+		return errorf(ErrWALLevel, "wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical; as a superuser, then restart PostgreSQL", s.walLevel)
+	}
+	if !s.replication && !s.super && !s.rds {
+		r := pgx.Identifier{s.role}.Sanitize()
+		return errorf(ErrReplicationPrivilege, "role %q may not use logical replication: run ALTER ROLE %s REPLICATION; as a superuser (no superuser rights are needed otherwise)", s.role, r)
+	}
+	return nil
+}
+
+// Preflight checks, read-only, everything Run needs before it streams, and
+// returns the first problem as one line that says how to fix it: wal_level,
+// the REPLICATION attribute, the outbox table, each mapped column and its
+// type, the grants, the publication, and the slot (ErrSlotLost when it is
+// invalidated, or missing while a checkpoint exists). q may be a connection,
+// a pool or a transaction. Errors carry the kinds declared in errors.go.
+func Preflight(ctx context.Context, q Querier, cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(false); err != nil {
+		return err
+	}
+	srv, err := inspectServer(ctx, q)
+	if err != nil {
+		return err
+	}
+	if err := srv.check(); err != nil {
+		return err
+	}
+	t, err := inspectTable(ctx, q, &cfg)
+	if err != nil {
+		return err
+	}
+	if err := checkTablePrivileges(t, &cfg, srv.role); err != nil {
+		return err
+	}
+	exists, err := checkPublication(ctx, q, t, cfg.Publication)
+	if err != nil {
+		return err
+	}
+	if !exists && (!t.owner || !srv.createInDB) {
+		qp := pgx.Identifier{cfg.Publication}.Sanitize()
+		return errorf(ErrPublication, "publication %s does not exist and role %q may not create it (it needs to own %s and have CREATE on the database): run `relay migrate --create-slot` as the table owner, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			qp, srv.role, t.quoted(), qp, t.quoted())
+	}
+	slot, err := lookupSlot(ctx, q, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if slot != nil {
+		if err := slot.usable(cfg.Slot); err != nil {
+			return err
+		}
+	}
+	if cfg.RecreateSlot {
+		return nil
+	}
+	if slot != nil && slot.lost() {
+		return slotLostError(cfg.Slot, slot, 0, false)
+	}
+	if slot == nil {
+		load := cfg.LoadCheckpoint
+		if load == nil {
+			load = func(ctx context.Context) (pglogrepl.LSN, bool, error) { return readCheckpoint(ctx, q, cfg.Slot) }
+		}
+		ckpt, ok, err := load(ctx)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return slotLostError(cfg.Slot, nil, ckpt, true)
+		}
+	}
+	return nil
+}
+
+// Setup creates the publication and the slot when they are missing, so that
+// nothing written after it returns is missed (`relay migrate
+// --create-slot`). Call it on a connection or pool, not inside a transaction
+// that has written: PostgreSQL creates a logical slot only outside one.
+// A slot that exists and is invalidated is an ErrSlotLost.
+func Setup(ctx context.Context, q Querier, cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(false); err != nil {
+		return err
+	}
+	srv, err := inspectServer(ctx, q)
+	if err != nil {
+		return err
+	}
+	if err := srv.check(); err != nil {
+		return err
+	}
+	t, err := inspectTable(ctx, q, &cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := ensurePublication(ctx, q, t, cfg.Publication); err != nil {
+		return err
+	}
+	slot, err := lookupSlot(ctx, q, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if slot != nil {
+		if err := slot.usable(cfg.Slot); err != nil {
+			return err
+		}
+		if slot.lost() {
+			return slotLostError(cfg.Slot, slot, 0, false)
+		}
+		return nil
+	}
+	_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by a relay
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cdc: create replication slot %q: %w", cfg.Slot, err)
+	}
+	return nil
+}

@@ -1,0 +1,453 @@
+package cdc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+// startStreaming opens a replication connection and starts streaming. A slot
+// still held by another walsender (the one of a leader that lost its lock
+// but has not noticed yet) is waited for, then that walsender is terminated:
+// we hold the lock, so it cannot be a legitimate streamer.
+func (s *Stream) startStreaming(ctx context.Context, pool *pgxpool.Pool) (*pgconn.PgConn, error) {
+	var busySince, lastKill time.Time
+	for {
+		repl, err := s.connectReplication(ctx)
+		if err != nil {
+			return nil, err
+		}
+		err = s.startReplication(ctx, repl)
+		if err == nil {
+			return repl, nil
+		}
+		s.closeConn(repl)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55006" {
+			return nil, err
+		}
+		now := time.Now()
+		if busySince.IsZero() {
+			busySince = now
+			s.log.Info("slot is still held by a previous streamer; waiting for it to let go")
+		}
+		if now.Sub(busySince) > 2*s.cfg.LeaderPollInterval+time.Second && now.Sub(lastKill) > 2*time.Second {
+			lastKill = now
+			_, kerr := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, s.cfg.Slot)
+			s.log.Warn("terminated the walsender still holding the slot after this relay took the leadership", "err", kerr)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// startReplication sends START_REPLICATION. The start position is left to
+// the server (0/0): it resumes at the slot's confirmed_flush_lsn, which we
+// only ever moved to what the sink committed.
+func (s *Stream) startReplication(ctx context.Context, repl *pgconn.PgConn) error {
+	args := []string{
+		// Version 1 never streams in-progress transactions: a transaction
+		// reaches us whole, at its commit.
+		"proto_version '1'",
+		"publication_names " + quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize()),
+	}
+	if serverMajor(repl) >= 14 {
+		args = append(args, "messages 'true'") // heartbeats
+	}
+	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
+	})
+	if err != nil {
+		return fmt.Errorf("cdc: start replication on slot %q: %w", s.cfg.Slot, err)
+	}
+	return nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func serverMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	end := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if end >= 0 {
+		v = v[:end]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+// receiver owns the replication connection: it decodes, assembles batches
+// and reports positions. The sink runs in its own goroutine so that status
+// updates keep flowing while a batch commits.
+type receiver struct {
+	s       *Stream
+	conn    *pgconn.PgConn
+	rels    *relations
+	batches chan Batch
+	// committed is the end LSN of the newest whole transaction the sink
+	// committed.
+	committed atomic.Uint64
+
+	inTx bool
+	tx   struct {
+		commitLSN  pglogrepl.LSN
+		commitTime time.Time
+		events     []outbox.Event
+		parts      int
+		heartbeat  bool
+	}
+	// queuedEnd is the end LSN of the newest whole transaction handed to the
+	// sink; nothing is in flight when committed has reached it and no
+	// transaction is open.
+	queuedEnd pglogrepl.LSN
+	// idle is the newest position known to hold nothing for the sink: a
+	// keepalive's WAL end received outside a transaction, or the end of a
+	// transaction without outbox rows. It may be reported only when nothing
+	// is in flight.
+	idle       pglogrepl.LSN
+	received   pglogrepl.LSN
+	sent       pglogrepl.LSN
+	nextStatus time.Time
+}
+
+// replicate streams from start until ctx ends or something fails.
+func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, t *tableInfo, start pglogrepl.LSN) (progressed bool, err error) {
+	began := time.Now()
+	s.flushed.Store(uint64(start))
+	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
+		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now()}
+	r.committed.Store(uint64(start))
+	s.log.Info("streaming", "from", start.String())
+
+	rctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	// The sink's context outlives a graceful stop for up to ShutdownTimeout,
+	// so that the batch being committed is not thrown away.
+	sinkCtx, sinkCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer sinkCancel()
+	var handled atomic.Int64
+	sinkDone := make(chan struct{})
+	go func() {
+		defer close(sinkDone)
+		s.runSink(sinkCtx, rctx, r.batches, &r.committed, &handled, stop)
+	}()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-sinkDone:
+			return
+		case <-rctx.Done():
+		}
+		graceful := ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) && !s.hardStop.Load()
+		if graceful {
+			select {
+			case <-sinkDone:
+			case <-time.After(s.cfg.ShutdownTimeout):
+			}
+		}
+		sinkCancel()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.heartbeat(rctx, pool)
+	}()
+	if s.cfg.Retention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.retain(rctx, pool, t)
+		}()
+	}
+
+	err = r.receive(rctx)
+	stop(err)
+	close(r.batches)
+	<-sinkDone
+	wg.Wait()
+	if !s.hardStop.Load() {
+		// Report what the sink finished before going, so that a restart
+		// replays as little as possible.
+		_ = r.sendStatus()
+	}
+	s.closeConn(repl)
+	if cause := context.Cause(rctx); cause != nil && (err == nil || isCtxErr(err)) {
+		err = cause
+	}
+	return handled.Load() > 0 || time.Since(began) > 30*time.Second, err
+}
+
+func isCtxErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// receive reads the stream until ctx ends or the connection fails.
+func (r *receiver) receive(ctx context.Context) error {
+	for {
+		if !time.Now().Before(r.nextStatus) {
+			if err := r.sendStatus(); err != nil {
+				return err
+			}
+		}
+		dctx, cancel := context.WithDeadline(ctx, r.nextStatus)
+		msg, err := r.conn.ReceiveMessage(dctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("cdc: receive from the replication stream: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := r.copyData(ctx, m.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("cdc: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return errors.New("cdc: the server ended the replication stream")
+		}
+	}
+}
+
+func (r *receiver) copyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return wrapf(ErrProtocol, err, "keepalive")
+		}
+		r.s.observeServerLSN(ka.ServerWALEnd)
+		r.received = max(r.received, ka.ServerWALEnd)
+		if !r.inTx {
+			// Everything before the server's WAL end has been sent to us, and
+			// we are between transactions.
+			r.idle = max(r.idle, ka.ServerWALEnd)
+		}
+		if ka.ReplyRequested {
+			return r.sendStatus()
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return wrapf(ErrProtocol, err, "XLogData")
+		}
+		r.s.observeServerLSN(x.ServerWALEnd)
+		r.received = max(r.received, x.WALStart)
+		return r.message(ctx, x.WALData)
+	}
+	return nil
+}
+
+// message handles one pgoutput message. Its bytes belong to the connection's
+// buffer: everything kept is copied (buildEvent does).
+func (r *receiver) message(ctx context.Context, data []byte) error {
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return wrapf(ErrProtocol, err, "decode a pgoutput message")
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		r.rels.add(m)
+	case *pglogrepl.BeginMessage:
+		if r.inTx {
+			return errorf(ErrProtocol, "BEGIN of transaction %d inside another transaction", m.Xid)
+		}
+		r.inTx = true
+		r.tx.commitLSN, r.tx.commitTime = m.FinalLSN, m.CommitTime
+		r.tx.events, r.tx.parts, r.tx.heartbeat = nil, 0, false
+	case *pglogrepl.InsertMessage:
+		if !r.inTx {
+			return errorf(ErrProtocol, "an insert outside a transaction")
+		}
+		rel, err := r.rels.get(m.RelationID)
+		if err != nil {
+			return err
+		}
+		if !rel.ours {
+			return nil // the publication covers more than the outbox table
+		}
+		row, err := rel.rowFromTuple(m.Tuple)
+		if err != nil {
+			return err
+		}
+		r.tx.events = append(r.tx.events, buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN)))
+		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents {
+			// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
+			// see Batch.EndLSN.
+			b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
+				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
+			r.tx.events = nil
+			r.tx.parts++
+			return r.queue(ctx, b)
+		}
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Transactional && r.inTx && m.Prefix == HeartbeatPrefix {
+			r.tx.heartbeat = true
+		}
+	case *pglogrepl.CommitMessage:
+		if !r.inTx {
+			return errorf(ErrProtocol, "COMMIT at %s without BEGIN", m.CommitLSN)
+		}
+		r.inTx = false
+		end := m.TransactionEndLSN
+		if len(r.tx.events) == 0 && r.tx.parts == 0 && !r.tx.heartbeat {
+			// Nothing for the sink (servers before 15 send every
+			// transaction): acknowledge it once nothing is in flight.
+			r.idle = max(r.idle, end)
+			return nil
+		}
+		b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: m.CommitLSN, EndLSN: end,
+			CommitTime: m.CommitTime, Heartbeat: r.tx.heartbeat && len(r.tx.events) == 0 && r.tx.parts == 0}
+		r.tx.events = nil
+		r.queuedEnd = end
+		return r.queue(ctx, b)
+	}
+	// Update, delete, truncate, type and origin messages carry nothing for
+	// us: the publication publishes inserts.
+	return nil
+}
+
+// queue hands a batch to the sink goroutine, sending status updates while it
+// waits so that a slow sink does not trip wal_sender_timeout.
+func (r *receiver) queue(ctx context.Context, b Batch) error {
+	for {
+		wait := time.Until(r.nextStatus)
+		if wait <= 0 {
+			if err := r.sendStatus(); err != nil {
+				return err
+			}
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case r.batches <- b:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+// flushPos is the position we may report as flushed: the end of the newest
+// transaction the sink committed, or, when nothing is in flight, the newest
+// idle position. It never moves backwards.
+func (r *receiver) flushPos() pglogrepl.LSN {
+	f := pglogrepl.LSN(r.committed.Load())
+	if !r.inTx && f >= r.queuedEnd {
+		f = max(f, r.idle)
+	}
+	return max(f, r.sent)
+}
+
+// sendStatus reports our position. Write, flush and apply are all set:
+// pglogrepl would copy write into a zero flush.
+func (r *receiver) sendStatus() error {
+	f := r.flushPos()
+	if f == 0 {
+		return errorf(ErrProtocol, "no position to report")
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), r.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: max(r.received, f),
+		WALFlushPosition: f,
+		WALApplyPosition: f,
+		ClientTime:       time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("cdc: send status update: %w", err)
+	}
+	r.sent = f
+	r.s.flushed.Store(uint64(f))
+	r.nextStatus = time.Now().Add(r.s.cfg.StatusInterval)
+	r.s.cfg.Metrics.LagObserved(r.s.Lag())
+	return nil
+}
+
+// runSink hands batches to the sink in order. After a failure, or once stop
+// is done, it drains the channel without handling anything.
+func (s *Stream) runSink(sinkCtx, stop context.Context, batches <-chan Batch, committed *atomic.Uint64, handled *atomic.Int64, fail context.CancelCauseFunc) {
+	for b := range batches {
+		if stop.Err() != nil {
+			continue
+		}
+		if err := s.handle(sinkCtx, b); err != nil {
+			fail(err)
+			continue
+		}
+		handled.Add(1)
+		if !b.Partial {
+			storeMax(committed, b.EndLSN)
+		}
+	}
+}
+
+// handle calls the sink and records what a committed batch means.
+func (s *Stream) handle(ctx context.Context, b Batch) error {
+	began := time.Now()
+	if err := s.sink.HandleBatch(ctx, b); err != nil {
+		return fmt.Errorf("cdc: the sink failed on the batch at %s (%d events); nothing past the previous batch is acknowledged and this one will be replayed: %w", b.EndLSN, len(b.Events), err)
+	}
+	if !b.Partial && !b.CommitTime.IsZero() {
+		s.lastCommit.Store(b.CommitTime.UnixNano())
+	}
+	poison := 0
+	for i := range b.Events {
+		if b.Events[i].Poison != "" {
+			poison++
+		}
+	}
+	if poison > 0 {
+		s.log.Warn("poison events handed to the sink", "lsn", b.CommitLSN.String(), "count", poison, "first_reason", firstPoison(b.Events))
+	}
+	s.log.Debug("batch handled", "lsn", b.EndLSN.String(), "events", len(b.Events), "partial", b.Partial, "snapshot", b.Snapshot)
+	s.cfg.Metrics.BatchHandled(BatchStats{Events: len(b.Events), Poison: poison, Partial: b.Partial,
+		Snapshot: b.Snapshot, Heartbeat: b.Heartbeat, EndLSN: b.EndLSN, Duration: time.Since(began)})
+	return nil
+}
+
+func firstPoison(evs []outbox.Event) string {
+	for i := range evs {
+		if evs[i].Poison != "" {
+			return evs[i].Poison
+		}
+	}
+	return ""
+}
+
+func storeMax(a *atomic.Uint64, v pglogrepl.LSN) {
+	for {
+		old := a.Load()
+		if uint64(v) <= old || a.CompareAndSwap(old, uint64(v)) {
+			return
+		}
+	}
+}
+
+func (s *Stream) observeServerLSN(l pglogrepl.LSN) { storeMax(&s.serverLSN, l) }

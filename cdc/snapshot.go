@@ -1,0 +1,96 @@
+package cdc
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+var snapshotNameRE = regexp.MustCompile(`^[0-9A-Fa-f-]{1,64}$`)
+
+// readSnapshot hands the outbox rows visible in a snapshot to the sink as
+// Snapshot batches (Partial ones of MaxBatchEvents, then a last one that
+// moves the checkpoint to at). With a name, the snapshot is the one the slot
+// exported at its creation, so the rows are exactly those committed before
+// the slot's consistent point; without one, it is a fresh snapshot and the
+// rows overlap what the slot will stream (the unique indexes absorb that).
+func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, name string, at pglogrepl.LSN) error {
+	began := time.Now()
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("cdc: begin the snapshot read: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if name != "" {
+		if !snapshotNameRE.MatchString(name) {
+			return errorf(ErrProtocol, "the server exported a snapshot named %q, which is not a snapshot name", name)
+		}
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+name+"'"); err != nil {
+			return fmt.Errorf("cdc: import the slot's snapshot: %w", err)
+		}
+	}
+	sql, fields, typ := snapshotQuery(t)
+	rows, err := tx.Query(ctx, sql)
+	if err != nil {
+		return fmt.Errorf("cdc: read the outbox table %s: %w", t.quoted(), err)
+	}
+	defer rows.Close()
+	var events []outbox.Event
+	total := 0
+	for rows.Next() {
+		raw := rows.RawValues()
+		var row [nFields]value
+		for i, f := range fields {
+			row[f] = value{present: true, null: raw[i] == nil, data: raw[i]}
+		}
+		events = append(events, buildEvent(&row, &typ, nil, uint64(at)))
+		total++
+		if len(events) >= s.cfg.MaxBatchEvents {
+			b := Batch{Slot: s.cfg.Slot, Events: events, CommitLSN: at, EndLSN: at, Partial: true, Snapshot: true}
+			events = nil
+			if err := s.handle(ctx, b); err != nil {
+				return err
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("cdc: read the outbox table %s: %w", t.quoted(), err)
+	}
+	rows.Close()
+	if err := s.handle(ctx, Batch{Slot: s.cfg.Slot, Events: events, CommitLSN: at, EndLSN: at, Snapshot: true}); err != nil {
+		return err
+	}
+	s.lastCommit.Store(time.Now().UnixNano())
+	s.log.Info("snapshot handed over", "rows", total, "lsn", at.String(), "took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// snapshotQuery selects the mapped columns as text, the form the WAL carries
+// them in, so that one decoder reads both.
+func snapshotQuery(t *tableInfo) (string, []int, [nFields]uint32) {
+	var cols []string
+	var fields []int
+	var typ [nFields]uint32
+	for f := range nFields {
+		c := t.fieldCol[f]
+		if c == "" {
+			continue
+		}
+		cols = append(cols, pgx.Identifier{c}.Sanitize()+"::text")
+		fields = append(fields, f)
+		typ[f] = t.cols[c].baseOID
+	}
+	sql := "SELECT " + strings.Join(cols, ", ") + " FROM " + t.quoted()
+	if c := t.fieldCol[fCreatedAt]; c != "" {
+		sql += " ORDER BY " + pgx.Identifier{c}.Sanitize()
+	}
+	return sql, fields, typ
+}
