@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: test demo build vet postgres
+.PHONY: test demo build vet postgres chromium
 
 build:
 	$(GO) build -o bin/relay ./cmd/relay
@@ -11,12 +11,21 @@ build:
 postgres:
 	@./scripts/ensure-postgres.sh
 
+chromium:
+	@./scripts/ensure-chromium.sh
+
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 
-test: postgres vet
+test: postgres chromium vet
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 demo: postgres build
 	./bin/relay demo
+
+# `make bench` runs the full benchmark of BENCHMARKS.md (about 10 minutes);
+# `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
+.PHONY: bench
+bench: postgres build
+	./bin/relay bench $(BENCH_FLAGS)

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/internal/bench"
+)
+
+func init() { registerCommand(newBenchCmd) }
+
+func newBenchCmd(opts *rootOptions) *cobra.Command {
+	var (
+		quick, asJSON    bool
+		only, cpuprofile string
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the relay side by side with PostgreSQL's own ceilings (pg_recvlogical, pgbench)",
+		Long: "Runs the benchmarks of BENCHMARKS.md: stream throughput against pg_recvlogical, latency\n" +
+			"under a fixed rate, step throughput against pgbench, resources and the cost curve. The\n" +
+			"relay's figures are reported as ratios to PostgreSQL's, measured in the same run on the\n" +
+			"same database. Without --database-url it starts a throwaway PostgreSQL; with it, it works\n" +
+			"in a database of its own (compensa_bench_<pid>) created there and dropped at the end.\n" +
+			"With --json the last line printed is one JSON object with the headline figures.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg := bench.Config{
+				DatabaseURL:  opts.DatabaseURL,
+				Quick:        quick,
+				Only:         only,
+				Out:          cmd.OutOrStdout(),
+				Progress:     cmd.ErrOrStderr(),
+				Logger:       newLogger(&rootOptions{logLevel: "warn", DatabaseURL: opts.DatabaseURL}),
+				ChildCommand: []string{exe, "bench", "consume"},
+				CPUProfile:   cpuprofile,
+			}
+			report, err := bench.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			report.WriteTable(cmd.OutOrStdout())
+			if asJSON {
+				if err := report.WriteJSON(cmd.OutOrStdout()); err != nil {
+					return err
+				}
+			}
+			if len(report.Errors) > 0 {
+				return exitError{code: 1, msg: fmt.Sprintf("%d scenario(s) failed: %s", len(report.Errors), report.Errors[0])}
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&quick, "quick", false, "small sizes: a smoke test that finishes in well under two minutes")
+	f.BoolVar(&asJSON, "json", false, "print the headline figures as one JSON object on the last line")
+	f.StringVar(&only, "only", "", "run one scenario: stream, latency, steps or curve")
+	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (child relays write FILE.consume-N)")
+	cmd.AddCommand(newBenchConsumeCmd(opts))
+	return cmd
+}
+
+// newBenchConsumeCmd is the child side of the resources scenario: the relay's
+// stream and correlator on a slot the parent prepared, in a process of their
+// own so that its peak RSS and CPU time are the relay's alone.
+func newBenchConsumeCmd(opts *rootOptions) *cobra.Command {
+	var cfg bench.ConsumeConfig
+	cmd := &cobra.Command{
+		Use:    "consume",
+		Short:  "Internal: consume a prepared slot with stream + correlator and print the result (used by relay bench)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dsn, err := opts.requireDatabase()
+			if err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			cfg.DatabaseURL, cfg.Slot, cfg.Publication = dsn, opts.Slot, opts.Publication
+			cfg.Logger = newLogger(opts)
+			return bench.Consume(cmd.Context(), cfg, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Events, "events", 0, "stop once this many events are committed")
+	f.DurationVar(&cfg.Timeout, "timeout", 15*time.Minute, "give up after this long")
+	f.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile to this file")
+	return cmd
+}

@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config configures a run. The zero value runs every scenario at full size
+// on a throwaway PostgreSQL.
+type Config struct {
+	// DatabaseURL is the server to measure on; the bench creates a
+	// database of its own there and drops it at the end. Empty starts a
+	// throwaway cluster with durable commits (fsync and synchronous_commit
+	// on).
+	DatabaseURL string
+	// Quick runs every scenario at a small size (a smoke test, well under
+	// two minutes).
+	Quick bool
+	// Only runs one scenario (see Scenarios); empty runs them all.
+	Only string
+	// Out receives the results table; Progress receives one line per step
+	// of the run. Nil discards.
+	Out, Progress io.Writer
+	// Logger receives the relay components' logs (default: discarded).
+	Logger *slog.Logger
+	// ChildCommand, when set, is the argv prefix that runs the relay's
+	// consumer in a child process (`relay bench consume`), so that the
+	// resources scenario measures the relay's memory and CPU alone. Nil
+	// measures in this process and says so.
+	ChildCommand []string
+	// CPUProfile, when set, writes a CPU profile of the run there (and of
+	// each child consumer next to it, suffixed with the event count).
+	CPUProfile string
+}
+
+// Scenarios are the names --only accepts, in the order a full run runs them.
+var Scenarios = []string{"stream", "latency", "steps", "curve"}
+
+// sizes are a mode's workload sizes.
+type sizes struct {
+	streamEvents    int
+	streamShapes    []int // rows per source transaction
+	latencyRates    []int // events per second
+	latencyDuration time.Duration
+	stepSagas       int
+	curve           []int
+	curveRowsPerTx  int
+	timeout         time.Duration // per measured phase
+}
+
+func sizesFor(quick bool) sizes {
+	if quick {
+		return sizes{
+			streamEvents: 5000, streamShapes: []int{1, 100},
+			latencyRates: []int{1000, 5000}, latencyDuration: 2 * time.Second,
+			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
+			timeout: 90 * time.Second,
+		}
+	}
+	return sizes{
+		streamEvents: 200000, streamShapes: []int{1, 100},
+		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second,
+		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
+		timeout: 15 * time.Minute,
+	}
+}
+
+// curveRowsPerTx is the cost curve's source transaction size: see
+// BENCHMARKS.md for why.
+const curveRowsPerTx = 10
+
+// run is one bench run in progress.
+type run struct {
+	cfg    Config
+	sz     sizes
+	env    *env
+	report *Report
+	log    *slog.Logger
+}
+
+func (r *run) progress(format string, args ...any) {
+	if r.cfg.Progress == nil {
+		return
+	}
+	fmt.Fprintf(r.cfg.Progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// Run runs the chosen scenarios and returns the report. A scenario that
+// fails is recorded in Report.Errors and the others still run; Run returns
+// an error only when nothing could be measured (no database) or ctx ended.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Only != "" && !slices.Contains(Scenarios, cfg.Only) {
+		return nil, fmt.Errorf("bench: unknown scenario %q for --only: choose one of %s", cfg.Only, strings.Join(Scenarios, ", "))
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &run{cfg: cfg, sz: sizesFor(cfg.Quick), log: cfg.Logger}
+	r.report = &Report{Quick: cfg.Quick, Only: cfg.Only, Started: time.Now().UTC()}
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	r.report.Machine = describeMachine()
+	env, err := openEnv(ctx, cfg.DatabaseURL, r.progress)
+	if err != nil {
+		return nil, err
+	}
+	defer env.close()
+	r.env = env
+	r.report.Machine.PostgreSQL = env.pgVersion
+	r.report.Machine.Durable = env.durable
+	if env.cluster != nil {
+		r.report.Machine.Server = "throwaway local cluster (relay bench without --database-url)"
+	} else {
+		r.report.Machine.Server = "given by --database-url"
+	}
+	if !env.durable {
+		r.report.Notes = append(r.report.Notes, "the server does not wait for WAL flushes (fsync or synchronous_commit off): every commit is cheaper than in production")
+	}
+	scenarios := map[string]func(context.Context) error{
+		"stream":  r.streamScenario,
+		"latency": r.latencyScenario,
+		"steps":   r.stepsScenario,
+		"curve":   r.curveScenario,
+	}
+	for _, name := range Scenarios {
+		if cfg.Only != "" && cfg.Only != name {
+			continue
+		}
+		load := loadAverage()
+		r.progress("%s: starting (load average %.2f)", name, load)
+		r.report.LoadAverage = append(r.report.LoadAverage, ScenarioLoad{Scenario: name, Before: load})
+		began := time.Now()
+		err := scenarios[name](ctx)
+		r.report.LoadAverage[len(r.report.LoadAverage)-1].After = loadAverage()
+		if ctx.Err() != nil {
+			return r.report, ctx.Err()
+		}
+		if err != nil {
+			r.progress("%s: FAILED: %v", name, err)
+			r.report.Errors = append(r.report.Errors, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		r.progress("%s: done in %s", name, time.Since(began).Round(100*time.Millisecond))
+	}
+	r.report.Finished = time.Now().UTC()
+	r.report.Machine.LoadAtEnd = loadAverage()
+	return r.report, nil
+}
+
+// ErrScenariosFailed is returned (wrapped) by callers that want a non-zero
+// exit when a scenario failed.
+var ErrScenariosFailed = errors.New("bench: some scenarios failed")
+
+func describeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, LoadAtStart: loadAverage()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	m.MemoryMB = procStatusBytes("/proc/meminfo", "MemTotal:") >> 20
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	return m
+}

@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/saga"
+)
+
+// benchRegistry holds the bench saga: triggered by benchEventType, three
+// steps that do nothing but commit (the runner's own writes are the cost
+// measured). step0 is called from the first step's Do, inside its
+// transaction, so that the latency scenario can tie an instance to its
+// event.
+func benchRegistry(step0 func(x *saga.StepTx)) *saga.Registry {
+	reg := saga.NewRegistry()
+	noop := func(context.Context, *saga.StepTx) error { return nil }
+	first := noop
+	if step0 != nil {
+		first = func(_ context.Context, x *saga.StepTx) error { step0(x); return nil }
+	}
+	reg.MustRegister(saga.Definition{
+		Name: benchSaga, Version: 1,
+		Triggers: []saga.Trigger{{EventType: benchEventType}},
+		Steps: []saga.Step{
+			{Name: "reserve", Do: first},
+			{Name: "charge", Do: noop},
+			{Name: "confirm", Do: noop},
+		},
+	})
+	return reg
+}
+
+const benchStepsPerSaga = 3
+
+// countingSink passes batches to the correlator and notices when the wanted
+// number of events has been committed.
+type countingSink struct {
+	inner   cdc.Sink
+	want    int
+	onBatch func(b *cdc.Batch) // after a successful commit (optional)
+
+	events, batches atomic.Int64
+	once            sync.Once
+	done            chan struct{}
+	doneAt          time.Time
+}
+
+func newCountingSink(inner cdc.Sink, want int) *countingSink {
+	return &countingSink{inner: inner, want: want, done: make(chan struct{})}
+}
+
+func (s *countingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
+	if err := s.inner.HandleBatch(ctx, b); err != nil {
+		return err
+	}
+	if s.onBatch != nil {
+		s.onBatch(&b)
+	}
+	n := s.events.Add(int64(len(b.Events)))
+	s.batches.Add(1)
+	if s.want > 0 && n >= int64(s.want) && !b.Partial {
+		s.once.Do(func() { s.doneAt = time.Now(); close(s.done) })
+	}
+	return nil
+}
+
+// consumeResult is one pass of the relay's stream over a scenario's WAL.
+type consumeResult struct {
+	Events  int           `json:"events"`
+	Batches int           `json:"batches"`
+	Took    time.Duration `json:"took_ns"`
+}
+
+// consumeOptions configures consume.
+type consumeOptions struct {
+	URL, Publication, Slot string
+	// Registry is what the correlator routes with: empty for "checkpoint
+	// commits only", the bench saga for "one saga per event".
+	Registry *saga.Registry
+	Want     int
+	Timeout  time.Duration
+	Logger   *slog.Logger
+}
+
+// consume runs the relay's stream with the correlator as its sink, as
+// `relay run` wires them (without the step runner), until Want events are
+// committed. The time runs from the stream's start (connection, leadership
+// and slot checks included, as pg_recvlogical's includes its start-up) to the
+// commit of the last event.
+func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
+	var res consumeResult
+	pcfg, err := pgxpool.ParseConfig(o.URL)
+	if err != nil {
+		return res, err
+	}
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	corr, err := correlator.New(pool, &correlator.Config{Registry: o.Registry, Logger: o.Logger.With("component", "correlator")})
+	if err != nil {
+		return res, err
+	}
+	sink := newCountingSink(corr, o.Want)
+	stream, err := cdc.NewStream(cdc.Config{
+		DatabaseURL: o.URL, Slot: o.Slot, Publication: o.Publication,
+		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) { return corr.LoadCheckpoint(ctx, o.Slot) },
+		Logger:         o.Logger.With("component", "cdc", "slot", o.Slot),
+	}, sink)
+	if err != nil {
+		return res, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	began := time.Now()
+	go func() { errc <- stream.Run(sctx) }()
+	timer := time.NewTimer(o.Timeout)
+	defer timer.Stop()
+	var runErr error
+	select {
+	case <-sink.done:
+		res.Took = sink.doneAt.Sub(began)
+	case runErr = <-errc:
+		errc <- runErr
+		if runErr == nil {
+			runErr = fmt.Errorf("stream stopped early")
+		}
+	case <-timer.C:
+		runErr = fmt.Errorf("%d of %d events after %s", sink.events.Load(), o.Want, o.Timeout)
+	case <-ctx.Done():
+		runErr = ctx.Err()
+	}
+	cancel()
+	if err := <-errc; err != nil && runErr == nil {
+		runErr = err
+	}
+	res.Events, res.Batches = int(sink.events.Load()), int(sink.batches.Load())
+	if runErr != nil {
+		return res, fmt.Errorf("bench: relay stream on slot %s: %w", o.Slot, runErr)
+	}
+	return res, nil
+}
+
+// seqOf reads the "seq" number out of a bench payload without a full decode.
+func seqOf(payload []byte) (int64, bool) {
+	i := bytes.Index(payload, []byte(`"seq":`))
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(payload[i+len(`"seq":`):], " ")
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+	return n, err == nil
+}

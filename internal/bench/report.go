@@ -1,0 +1,301 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one run measured.
+type Report struct {
+	Quick    bool      `json:"quick"`
+	Only     string    `json:"only,omitempty"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Machine  Machine   `json:"machine"`
+
+	Stream          []StreamCase     `json:"stream,omitempty"`
+	CorrelatorAlone []CorrelatorCase `json:"correlator_alone,omitempty"`
+	Latency         []LatencyCase    `json:"latency,omitempty"`
+	Steps           *StepsResult     `json:"steps,omitempty"`
+	Curve           []CurvePoint     `json:"curve,omitempty"`
+
+	LoadAverage []ScenarioLoad `json:"load_average"`
+	Notes       []string       `json:"notes,omitempty"`
+	Errors      []string       `json:"errors,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs        int     `json:"cpus"`
+	CPUModel    string  `json:"cpu_model"`
+	MemoryMB    int64   `json:"memory_mb"`
+	OS          string  `json:"os"`
+	Kernel      string  `json:"kernel"`
+	GoVersion   string  `json:"go_version"`
+	PostgreSQL  string  `json:"postgresql"`
+	Server      string  `json:"server"`
+	Durable     bool    `json:"durable"`
+	LoadAtStart float64 `json:"load_at_start"`
+	LoadAtEnd   float64 `json:"load_at_end"`
+}
+
+// ScenarioLoad is the 1-minute load average around one scenario.
+type ScenarioLoad struct {
+	Scenario string  `json:"scenario"`
+	Before   float64 `json:"before"`
+	After    float64 `json:"after"`
+}
+
+// StreamCase is scenario 1 for one source transaction size: the same WAL
+// read by pg_recvlogical, by the relay's stream with checkpoint commits only,
+// and by the stream with the correlator starting one saga per event.
+type StreamCase struct {
+	RowsPerTx          int     `json:"rows_per_tx"`
+	Events             int     `json:"events"`
+	RecvlogicalPerSec  float64 `json:"recvlogical_events_per_sec"`
+	StreamPerSec       float64 `json:"stream_events_per_sec"`
+	StreamBatches      int     `json:"stream_batches"`
+	CorrelatePerSec    float64 `json:"correlate_events_per_sec"`
+	CorrelateBatches   int     `json:"correlate_batches"`
+	StreamRatio        float64 `json:"stream_ratio"`
+	CorrelateRatio     float64 `json:"correlate_ratio"`
+	RecvlogicalSeconds float64 `json:"recvlogical_seconds"`
+	StreamSeconds      float64 `json:"stream_seconds"`
+	CorrelateSeconds   float64 `json:"correlate_seconds"`
+}
+
+// CorrelatorCase is the correlator alone, fed synthetic batches of one size
+// (no stream): its ceiling per batch size.
+type CorrelatorCase struct {
+	BatchEvents   int     `json:"batch_events"`
+	Batches       int     `json:"batches"`
+	EventsPerSec  float64 `json:"events_per_sec"`
+	BatchesPerSec float64 `json:"batches_per_sec"`
+}
+
+// LatencyCase is scenario 2 at one rate.
+type LatencyCase struct {
+	Rate         int            `json:"rate"`
+	Seconds      float64        `json:"seconds"`
+	Produced     int            `json:"produced"`
+	AchievedRate float64        `json:"achieved_rate"`
+	Start        LatencySummary `json:"start"`
+	FirstStep    LatencySummary `json:"first_step"`
+}
+
+// StepsResult is scenario 3.
+type StepsResult struct {
+	Sagas          int     `json:"sagas"`
+	StepsPerSaga   int     `json:"steps_per_saga"`
+	Workers        int     `json:"workers"`
+	Seconds        float64 `json:"seconds"`
+	StepsPerSec    float64 `json:"steps_per_sec"`
+	PgbenchTPS     float64 `json:"pgbench_step_tps"`
+	PgbenchClients int     `json:"pgbench_clients"`
+	PgbenchSeconds float64 `json:"pgbench_seconds"`
+	Ratio          float64 `json:"step_ratio"`
+}
+
+// CurvePoint is one size of scenario 5 (and the source of scenario 4).
+type CurvePoint struct {
+	Events       int     `json:"events"`
+	RowsPerTx    int     `json:"rows_per_tx"`
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	Batches      int     `json:"batches"`
+	PeakRSSMB    float64 `json:"peak_rss_mb"`
+	CPUSeconds   float64 `json:"cpu_seconds"`
+	CPUPer100k   float64 `json:"cpu_seconds_per_100k_events"`
+	// InProcess: measured inside the bench process (harness included)
+	// rather than in a child relay.
+	InProcess bool `json:"in_process"`
+}
+
+// Summary is the one-line JSON object `relay bench --json` prints last. A
+// figure that was not measured (--only, a failed scenario) is null.
+type Summary struct {
+	RecvlogicalEventsPerSec *float64 `json:"recvlogical_events_per_sec"`
+	StreamEventsPerSec      *float64 `json:"stream_events_per_sec"`
+	StreamRatio             *float64 `json:"stream_ratio"`
+	CorrelateEventsPerSec   *float64 `json:"correlate_events_per_sec"`
+	CorrelateRatio          *float64 `json:"correlate_ratio"`
+	StartP99Ms              *float64 `json:"start_p99_ms"`
+	FirstStepP99Ms          *float64 `json:"first_step_p99_ms"`
+	StepsPerSec             *float64 `json:"steps_per_sec"`
+	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
+	StepRatio               *float64 `json:"step_ratio"`
+	PeakRSSMB               *float64 `json:"peak_rss_mb"`
+
+	// The 100-rows-per-transaction stream case.
+	Tx100RecvlogicalEventsPerSec *float64 `json:"tx100_recvlogical_events_per_sec"`
+	Tx100StreamRatio             *float64 `json:"tx100_stream_ratio"`
+	Tx100CorrelateRatio          *float64 `json:"tx100_correlate_ratio"`
+	// Latency at the higher rate.
+	HighRate           *int      `json:"high_rate"`
+	HighStartP99Ms     *float64  `json:"high_rate_start_p99_ms"`
+	HighFirstStepP99Ms *float64  `json:"high_rate_first_step_p99_ms"`
+	CPUSecondsPer100k  *float64  `json:"cpu_seconds_per_100k_events"`
+	PeakRSSEvents      *int      `json:"peak_rss_events"`
+	ResourcesInProcess *bool     `json:"resources_in_process"`
+	CurveEventsPerSec  []float64 `json:"curve_events_per_sec,omitempty"`
+	Quick              bool      `json:"quick"`
+	LoadAverageStart   float64   `json:"load_average_start"`
+	LoadAverageEnd     float64   `json:"load_average_end"`
+	Errors             []string  `json:"errors,omitempty"`
+}
+
+func f64(v float64) *float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	r := math.Round(v*1000) / 1000
+	return &r
+}
+
+// Summary condenses the report into the headline figures.
+func (r *Report) Summary() Summary {
+	s := Summary{Quick: r.Quick, LoadAverageStart: r.Machine.LoadAtStart, LoadAverageEnd: r.Machine.LoadAtEnd, Errors: r.Errors}
+	for _, c := range r.Stream {
+		switch c.RowsPerTx {
+		case 1:
+			s.RecvlogicalEventsPerSec = f64(c.RecvlogicalPerSec)
+			s.StreamEventsPerSec = f64(c.StreamPerSec)
+			s.StreamRatio = f64(c.StreamRatio)
+			s.CorrelateEventsPerSec = f64(c.CorrelatePerSec)
+			s.CorrelateRatio = f64(c.CorrelateRatio)
+		case 100:
+			s.Tx100RecvlogicalEventsPerSec = f64(c.RecvlogicalPerSec)
+			s.Tx100StreamRatio = f64(c.StreamRatio)
+			s.Tx100CorrelateRatio = f64(c.CorrelateRatio)
+		}
+	}
+	for i, c := range r.Latency {
+		if i == 0 {
+			s.StartP99Ms = f64(c.Start.P99)
+			s.FirstStepP99Ms = f64(c.FirstStep.P99)
+		} else {
+			rate := c.Rate
+			s.HighRate = &rate
+			s.HighStartP99Ms = f64(c.Start.P99)
+			s.HighFirstStepP99Ms = f64(c.FirstStep.P99)
+		}
+	}
+	if st := r.Steps; st != nil {
+		s.StepsPerSec = f64(st.StepsPerSec)
+		s.PgbenchStepTPS = f64(st.PgbenchTPS)
+		s.StepRatio = f64(st.Ratio)
+	}
+	if n := len(r.Curve); n > 0 {
+		largest := r.Curve[n-1]
+		peak := 0.0
+		for _, p := range r.Curve {
+			peak = max(peak, p.PeakRSSMB)
+			s.CurveEventsPerSec = append(s.CurveEventsPerSec, math.Round(p.EventsPerSec))
+		}
+		s.PeakRSSMB = f64(peak)
+		s.CPUSecondsPer100k = f64(largest.CPUPer100k)
+		ev := largest.Events
+		s.PeakRSSEvents = &ev
+		inproc := largest.InProcess
+		s.ResourcesInProcess = &inproc
+	}
+	return s
+}
+
+// WriteJSON writes the summary as one line.
+func (r *Report) WriteJSON(w io.Writer) error {
+	b, err := json.Marshal(r.Summary())
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+// WriteTable writes the human-readable results, with each target next to
+// the figure it judges.
+func (r *Report) WriteTable(w io.Writer) {
+	m := r.Machine
+	mode := "full"
+	if r.Quick {
+		mode = "quick"
+	}
+	fmt.Fprintf(w, "\nCompensa relay bench (%s) — %d CPUs (%s), %d MB, %s, kernel %s, %s, PostgreSQL %s (%s, durable=%v)\n",
+		mode, m.CPUs, m.CPUModel, m.MemoryMB, m.OS, m.Kernel, m.GoVersion, m.PostgreSQL, m.Server, m.Durable)
+	fmt.Fprintf(w, "load average: %.2f at start, %.2f at end\n", m.LoadAtStart, m.LoadAtEnd)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if len(r.Stream) > 0 {
+		fmt.Fprintln(tw, "\n1. stream throughput\trows/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)")
+		for _, c := range r.Stream {
+			fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\n",
+				c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, mark(c.StreamRatio >= 0.9),
+				c.CorrelatePerSec, c.CorrelateRatio, mark(c.CorrelateRatio >= 0.5),
+				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches))
+		}
+	}
+	if len(r.CorrelatorAlone) > 0 {
+		fmt.Fprintln(tw, "\n   correlator alone (synthetic batches, no stream)\tevents/batch\tbatches\tevents/s\tbatches/s")
+		for _, c := range r.CorrelatorAlone {
+			fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\n", c.BatchEvents, c.Batches, c.EventsPerSec, c.BatchesPerSec)
+		}
+	}
+	if len(r.Latency) > 0 {
+		fmt.Fprintln(tw, "\n2. latency (ms)\trate ev/s\tachieved\tevents\tstart p50\tp95\tp99\tmax\tfirst step p50\tp95\tp99\tmax")
+		for i, c := range r.Latency {
+			target := ""
+			if i == 0 {
+				target = fmt.Sprintf(" (targets: start p99 < 50 %s, first step p99 < 100 %s)", mark(c.Start.P99 < 50), mark(c.FirstStep.P99 < 100))
+			}
+			fmt.Fprintf(tw, "\t%d\t%.0f\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f%s\n",
+				c.Rate, c.AchievedRate, c.Produced, c.Start.P50, c.Start.P95, c.Start.P99, c.Start.Max,
+				c.FirstStep.P50, c.FirstStep.P95, c.FirstStep.P99, c.FirstStep.Max, target)
+		}
+	}
+	if st := r.Steps; st != nil {
+		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.5)")
+		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.5))
+	}
+	if len(r.Curve) > 0 {
+		fmt.Fprintln(tw, "\n4/5. stream+correlator cost curve\tevents\trows/tx\tseconds\tevents/s\tpeak RSS MB (<150 at 1M)\tCPU s\tCPU s per 100k events\tmeasured")
+		for _, p := range r.Curve {
+			where := "child relay process"
+			if p.InProcess {
+				where = "in the bench process"
+			}
+			fmt.Fprintf(tw, "\t%d\t%d\t%.1f\t%.0f\t%.1f\t%.1f\t%.2f\t%s\n", p.Events, p.RowsPerTx, p.Seconds, p.EventsPerSec, p.PeakRSSMB, p.CPUSeconds, p.CPUPer100k, where)
+		}
+	}
+	tw.Flush()
+	if len(r.LoadAverage) > 0 {
+		var parts []string
+		for _, l := range r.LoadAverage {
+			parts = append(parts, fmt.Sprintf("%s %.2f→%.2f", l.Scenario, l.Before, l.After))
+		}
+		fmt.Fprintf(w, "\nload average per scenario: %s\n", strings.Join(parts, ", "))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(w, "FAILED: %s\n", e)
+	}
+}
+
+func mark(ok bool) string {
+	if ok {
+		return "ok"
+	}
+	return "MISSED"
+}
+
+func perBatch(events, batches int) float64 {
+	if batches == 0 {
+		return 0
+	}
+	return float64(events) / float64(batches)
+}
