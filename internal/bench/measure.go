@@ -178,3 +178,11 @@ func rate(n int, d time.Duration) float64 {
 	}
 	return float64(n) / d.Seconds()
 }
+
+// share is part/whole, 0 when whole is zero.
+func share(part, whole time.Duration) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return float64(part) / float64(whole)
+}

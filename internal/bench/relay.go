@@ -52,9 +52,12 @@ type countingSink struct {
 	onBatch func(b *cdc.Batch) // after a successful commit (optional)
 
 	events, batches atomic.Int64
-	once            sync.Once
-	done            chan struct{}
-	doneAt          time.Time
+	// busy is the time spent inside the correlator (nanoseconds): compared
+	// with the wall time it tells whether the sink or the stream limits.
+	busy   atomic.Int64
+	once   sync.Once
+	done   chan struct{}
+	doneAt time.Time
 }
 
 func newCountingSink(inner cdc.Sink, want int) *countingSink {
@@ -62,7 +65,10 @@ func newCountingSink(inner cdc.Sink, want int) *countingSink {
 }
 
 func (s *countingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
-	if err := s.inner.HandleBatch(ctx, b); err != nil {
+	began := time.Now()
+	err := s.inner.HandleBatch(ctx, b)
+	s.busy.Add(int64(time.Since(began)))
+	if err != nil {
 		return err
 	}
 	if s.onBatch != nil {
@@ -81,6 +87,9 @@ type consumeResult struct {
 	Events  int           `json:"events"`
 	Batches int           `json:"batches"`
 	Took    time.Duration `json:"took_ns"`
+	// SinkBusy is the time spent inside the sink (the correlator's
+	// transactions).
+	SinkBusy time.Duration `json:"sink_busy_ns"`
 }
 
 // consumeOptions configures consume.
@@ -149,7 +158,7 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 	if err := <-errc; err != nil && runErr == nil {
 		runErr = err
 	}
-	res.Events, res.Batches = int(sink.events.Load()), int(sink.batches.Load())
+	res.Events, res.Batches, res.SinkBusy = int(sink.events.Load()), int(sink.batches.Load()), time.Duration(sink.busy.Load())
 	if runErr != nil {
 		return res, fmt.Errorf("bench: relay stream on slot %s: %w", o.Slot, runErr)
 	}

@@ -55,15 +55,20 @@ type ScenarioLoad struct {
 // read by pg_recvlogical, by the relay's stream with checkpoint commits only,
 // and by the stream with the correlator starting one saga per event.
 type StreamCase struct {
-	RowsPerTx          int     `json:"rows_per_tx"`
-	Events             int     `json:"events"`
-	RecvlogicalPerSec  float64 `json:"recvlogical_events_per_sec"`
-	StreamPerSec       float64 `json:"stream_events_per_sec"`
-	StreamBatches      int     `json:"stream_batches"`
-	CorrelatePerSec    float64 `json:"correlate_events_per_sec"`
-	CorrelateBatches   int     `json:"correlate_batches"`
-	StreamRatio        float64 `json:"stream_ratio"`
-	CorrelateRatio     float64 `json:"correlate_ratio"`
+	RowsPerTx         int     `json:"rows_per_tx"`
+	Events            int     `json:"events"`
+	RecvlogicalPerSec float64 `json:"recvlogical_events_per_sec"`
+	StreamPerSec      float64 `json:"stream_events_per_sec"`
+	StreamBatches     int     `json:"stream_batches"`
+	CorrelatePerSec   float64 `json:"correlate_events_per_sec"`
+	CorrelateBatches  int     `json:"correlate_batches"`
+	StreamRatio       float64 `json:"stream_ratio"`
+	CorrelateRatio    float64 `json:"correlate_ratio"`
+	// StreamSinkBusy and CorrelateSinkBusy are the share of the wall time
+	// spent inside the sink (the correlator's transactions): near 1, the
+	// sink is what limits the stream.
+	StreamSinkBusy     float64 `json:"stream_sink_busy"`
+	CorrelateSinkBusy  float64 `json:"correlate_sink_busy"`
 	RecvlogicalSeconds float64 `json:"recvlogical_seconds"`
 	StreamSeconds      float64 `json:"stream_seconds"`
 	CorrelateSeconds   float64 `json:"correlate_seconds"`
@@ -230,12 +235,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "load average: %.2f at start, %.2f at end\n", m.LoadAtStart, m.LoadAtEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(r.Stream) > 0 {
-		fmt.Fprintln(tw, "\n1. stream throughput\trows/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)")
+		fmt.Fprintln(tw, "\n1. stream throughput\trows/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)\tsink busy (b, c)")
 		for _, c := range r.Stream {
-			fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\n",
+			fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\t%.0f%%, %.0f%%\n",
 				c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, mark(c.StreamRatio >= 0.9),
 				c.CorrelatePerSec, c.CorrelateRatio, mark(c.CorrelateRatio >= 0.5),
-				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches))
+				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches), 100*c.StreamSinkBusy, 100*c.CorrelateSinkBusy)
 		}
 	}
 	if len(r.CorrelatorAlone) > 0 {

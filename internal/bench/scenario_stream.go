@@ -71,6 +71,7 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 		return c, err
 	}
 	c.StreamSeconds, c.StreamPerSec, c.StreamBatches = b.Took.Seconds(), rate(n, b.Took), b.Batches
+	c.StreamSinkBusy = share(b.SinkBusy, b.Took)
 
 	r.progress("stream: (c) relay stream + correlator, one saga per event")
 	cr, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: corrSlot,
@@ -79,6 +80,7 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 		return c, err
 	}
 	c.CorrelateSeconds, c.CorrelatePerSec, c.CorrelateBatches = cr.Took.Seconds(), rate(n, cr.Took), cr.Batches
+	c.CorrelateSinkBusy = share(cr.SinkBusy, cr.Took)
 	var started int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances`).Scan(&started); err != nil {
 		return c, err
