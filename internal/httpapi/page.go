@@ -53,6 +53,12 @@ func newPageRenderer() (*pageRenderer, error) {
 		"eventNotes": eventNotes,
 		"stepNo":     func(i *int) string { return stepNo(i) },
 		"seconds":    func(f float64) string { return fmt.Sprintf("%.1f s", f) },
+		"secondsp": func(f *float64) string {
+			if f == nil {
+				return "seconds unknown (no checkpoint yet)"
+			}
+			return fmt.Sprintf("%.1f s", *f)
+		},
 	}
 	parse := func(name string) (*template.Template, error) {
 		return template.New(name).Funcs(funcs).ParseFS(templateFS, "web/templates/layout.html", "web/templates/"+name)

@@ -7,6 +7,8 @@ import (
 )
 
 // ReplicationStatus is what /v1/replication reports about the relay's slot.
+// Its JSON keys are those of `relay lag --json` (cdc.LagReport) plus exists
+// and streamer.
 type ReplicationStatus struct {
 	Slot string `json:"slot"`
 	// Exists is false when the slot is gone: the relay cannot resume
@@ -16,13 +18,17 @@ type ReplicationStatus struct {
 	Active bool `json:"active"`
 	// WALStatus is pg_replication_slots.wal_status (reserved, extended,
 	// unreserved, lost).
-	WALStatus         string  `json:"wal_status"`
-	LagBytes          int64   `json:"lag_bytes"`
-	LagSeconds        float64 `json:"lag_seconds"`
-	ConfirmedFlushLSN string  `json:"confirmed_flush_lsn"`
-	CurrentLSN        string  `json:"current_lsn"`
-	// Streamer says which replica streams (for example the walsender's pid,
-	// client address and application name); "" when none does.
+	WALStatus string `json:"wal_status"`
+	LagBytes  int64  `json:"lag_bytes"`
+	// LagSeconds is the age of the newest commit or heartbeat the relay
+	// handled; nil when unknown (no checkpoint yet).
+	LagSeconds        *float64 `json:"lag_seconds"`
+	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
+	CurrentLSN        string   `json:"current_lsn"`
+	// Streamer says which replica streams: the walsender's pid, the
+	// client's application name and address, from pg_stat_replication.
+	// The server fills it in when the ReplicationFunc leaves it empty; ""
+	// when nobody streams.
 	Streamer string `json:"streamer"`
 }
 

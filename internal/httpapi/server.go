@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/saga"
@@ -161,13 +163,46 @@ func (s *Server) sampleLag(ctx context.Context) (ReplicationStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := s.cfg.Replication(ctx)
+	if err == nil && st.Active && st.Streamer == "" {
+		st.Streamer = s.streamer(ctx, st.Slot)
+	}
 	sample := LagSample{At: time.Now(), OK: err == nil && st.Healthy()}
 	if err == nil {
-		sample.LagBytes, sample.LagSeconds = st.LagBytes, st.LagSeconds
+		sample.LagBytes = st.LagBytes
+		if st.LagSeconds != nil {
+			sample.LagSeconds = *st.LagSeconds
+		}
 	}
 	s.lag.add(sample)
 	return st, err
 }
+
+// streamer names the walsender that holds the slot; "" when it cannot
+// tell (it is a nicety: an error is only logged).
+func (s *Server) streamer(ctx context.Context, slot string) string {
+	var pid int32
+	var app, addr string
+	err := s.cfg.Pool.QueryRow(ctx, sqlStreamer, slot).Scan(&pid, &app, &addr)
+	if err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) {
+			s.log.Warn("monitor: read the slot's walsender", "slot", slot, "err", err)
+		}
+		return ""
+	}
+	out := fmt.Sprintf("walsender pid %d", pid)
+	if app != "" {
+		out += ", application " + app
+	}
+	if addr != "" {
+		out += ", from " + addr
+	}
+	return out
+}
+
+const sqlStreamer = `
+SELECT s.active_pid, coalesce(r.application_name, ''), coalesce(host(r.client_addr), 'local socket')
+FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid
+WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL`
 
 // LagSamples returns the samples kept for the chart, oldest first.
 func (s *Server) LagSamples() []LagSample { return s.lag.samples() }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -456,7 +458,7 @@ func TestReplicationAndReadiness(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	status := httpapi.ReplicationStatus{Slot: "relay_outbox", Exists: true, Active: true, WALStatus: "reserved",
-		LagBytes: 4096, LagSeconds: 1.5, ConfirmedFlushLSN: "0/16B3748", CurrentLSN: "0/16B4748", Streamer: "pid 42 relay@host-a"}
+		LagBytes: 4096, LagSeconds: ptr(1.5), ConfirmedFlushLSN: "0/16B3748", CurrentLSN: "0/16B4748", Streamer: "pid 42 relay@host-a"}
 	var fail error
 	repl := func(context.Context) (httpapi.ReplicationStatus, error) {
 		mu.Lock()
@@ -512,6 +514,47 @@ func TestReplicationAndReadiness(t *testing.T) {
 	}
 	if r := nb.do(t, "GET", "/healthz", ""); r.status != 200 {
 		t.Errorf("healthz: %d", r.status)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestStreamerNamed: when the slot is active, /v1/replication names the
+// walsender that streams it (which replica), from pg_stat_replication.
+func TestStreamerNamed(t *testing.T) {
+	t.Parallel()
+	var slot string
+	repl := func(context.Context) (httpapi.ReplicationStatus, error) {
+		return httpapi.ReplicationStatus{Slot: slot, Exists: true, Active: true, WALStatus: "reserved"}, nil
+	}
+	b := setup(t, options{replication: repl})
+	slot = b.db.Slot
+	ctx := context.Background()
+	if _, err := b.db.Pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgconn.ParseConfig(pgtest.ReplicationURL(b.db.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "relay-replica-a"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := b.do(t, "GET", "/v1/replication", "")
+	streamer, _ := r.json(t)["streamer"].(string)
+	if !strings.Contains(streamer, "walsender pid") || !strings.Contains(streamer, "relay-replica-a") {
+		t.Errorf("streamer %q, want the walsender's pid and application name", streamer)
+	}
+	// The page shows the slot and the lag chart from the kept samples.
+	page := string(b.do(t, "GET", "/", "").body)
+	if !strings.Contains(page, "<polyline") || !strings.Contains(page, "relay-replica-a") {
+		t.Error("the page lacks the lag chart or the streamer")
 	}
 }
 
