@@ -159,13 +159,37 @@ type Journal interface {
 	// Load returns the instance's history in version order: ErrNotFound for an
 	// unknown instance, an empty non-nil slice for one with no events.
 	Load(ctx context.Context, instanceID uuid.UUID) ([]RecordedEvent, error)
-	// LoadSince returns up to limit events with global_seq > after, in
-	// global_seq order, never skipping an event that commits late. limit <= 0
-	// or after < 0 → ErrInvalid; caught up → empty non-nil slice.
+	// LoadSince returns up to limit events that follow the event whose
+	// GlobalSeq is after (0: from the start), in commit order, never skipping
+	// an event that commits late. A tailer passes the GlobalSeq of the last
+	// event it received. Commit order is global_seq order except where
+	// transactions interleave (then an event with a lower GlobalSeq that
+	// committed later comes later); an instance's events always come in
+	// version order. limit <= 0 or after < 0 → ErrInvalid; an after that
+	// names no event → ErrNotFound; caught up → empty non-nil slice.
 	LoadSince(ctx context.Context, after int64, limit int) ([]RecordedEvent, error)
-	// HeadSeq returns the highest global_seq readable by LoadSince (0 when
-	// the journal is empty).
+	// HeadSeq returns the GlobalSeq of the last event LoadSince can return
+	// now (0 when there is none): a tailer whose cursor equals it is caught
+	// up.
 	HeadSeq(ctx context.Context) (int64, error)
+
+	// DeliverReply records a reply for the instance waiting on
+	// correlationID (reply_received): not fenced, it revokes any lease so
+	// that the instance is claimed again at once and a runner still working
+	// on the wait cannot commit. It returns the instance id; no instance
+	// waiting on correlationID → ErrNotFound; a wait that already holds an
+	// unconsumed reply → ErrConflict.
+	DeliverReply(ctx context.Context, correlationID uuid.UUID, reply json.RawMessage, actor string) (uuid.UUID, error)
+	// RequestRetry resumes an instance where it stands (retry_requested):
+	// RUNNING and COMPENSATING instances are due now with their attempt
+	// counters reset, a FAILED one compensates again. Not fenced: it revokes
+	// any lease. Unknown → ErrNotFound; a COMPLETED, COMPENSATED or
+	// TIMED_OUT instance → ErrInvalid.
+	RequestRetry(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
+	// RequestCancel makes a RUNNING instance compensate from where it stands
+	// (cancel_requested). Not fenced: it revokes any lease. Unknown →
+	// ErrNotFound; not RUNNING → ErrInvalid.
+	RequestCancel(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
 }
 
 type txKey struct{}

@@ -1,0 +1,537 @@
+package saga
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Transition is what one event does to an instance: the new projection, the
+// step record to store and the journal entry to append. Both journals store
+// exactly this, so that they cannot disagree about what an event means.
+type Transition struct {
+	// Instance is the new projection, Version already incremented.
+	Instance Instance
+	// Step is the step record to insert or replace; nil when the event
+	// changes no step record.
+	Step *StepRecord
+	// Event is the entry to append. InstanceID, Version and CreatedAt are
+	// set; GlobalSeq is left to the store.
+	Event RecordedEvent
+}
+
+// Valid reports whether k is one of the known event kinds.
+func (k EventKind) Valid() bool {
+	switch k {
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
+		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
+		EventRetryRequested, EventCancelRequested,
+		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
+		return true
+	}
+	return false
+}
+
+// Appendable reports whether a lease holder writes events of this kind with
+// Journal.Append. The others have their own entry points: MarkTerminal for
+// terminal kinds, and the unfenced DeliverReply, RequestRetry and
+// RequestCancel, which revoke the lease instead of checking it.
+func (k EventKind) Appendable() bool {
+	switch k {
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting,
+		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
+		return true
+	}
+	return false
+}
+
+// Terminal reports whether k is the event of a terminal status.
+func (k EventKind) Terminal() bool {
+	_, ok := terminalStatus[k]
+	return ok
+}
+
+var terminalStatus = map[EventKind]Status{
+	EventCompleted:   StatusCompleted,
+	EventCompensated: StatusCompensated,
+	EventFailed:      StatusFailed,
+	EventTimedOut:    StatusTimedOut,
+}
+
+// TerminalKind returns the event kind MarkTerminal records for a terminal
+// status; a non-terminal status is ErrInvalid.
+func TerminalKind(s Status) (EventKind, error) {
+	for k, st := range terminalStatus {
+		if st == s {
+			return k, nil
+		}
+	}
+	return "", Errorf(ErrInvalid, "%q is not a terminal status: MarkTerminal takes COMPLETED, COMPENSATED, FAILED or TIMED_OUT", s)
+}
+
+// HoldsLease reports whether leaseID is inst's live lease at now. At exact
+// expiry the lease is still held: a takeover needs lease_expires_at < now, so
+// the two sides of the boundary never overlap.
+func HoldsLease(inst Instance, leaseID uuid.UUID, now time.Time) bool {
+	return inst.LeaseID.Valid && inst.LeaseID.UUID == leaseID &&
+		inst.LeaseExpiresAt != nil && !inst.LeaseExpiresAt.Before(now)
+}
+
+// Claimable reports whether ClaimPending may lease inst at now: it is RUNNING
+// or COMPENSATING, due, and holds no live lease.
+func Claimable(inst *Instance, now time.Time) bool {
+	if inst.Status != StatusRunning && inst.Status != StatusCompensating {
+		return false
+	}
+	if inst.NextAttemptAt.After(now) {
+		return false
+	}
+	return !inst.LeaseID.Valid || inst.LeaseExpiresAt == nil || inst.LeaseExpiresAt.Before(now)
+}
+
+// Timestamp is t as the journals store it: UTC, truncated to the microsecond
+// that PostgreSQL's timestamptz keeps, so that the memory journal and the
+// PostgreSQL journal compute the same instants.
+func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC() }
+
+// Advance is the one function that says what an event does. It validates ev
+// against the projection inst and the record cur of inst.CurrentStep (nil
+// when that step has no record yet) and returns the transition to store. Any
+// refusal is ErrInvalid (ErrConflict for a second reply to one wait); inst
+// and cur are not modified.
+//
+// Advance does not check leases: the journals check the lease (HoldsLease)
+// before calling it, so that a stale writer learns about its lease first.
+//
+// The effect of each kind (now is the journal's clock):
+//
+//   - step_completed (RUNNING, Step = CurrentStep): the step becomes
+//     COMPLETED with Output; CurrentStep = Step+1, Attempt = 0,
+//     next_attempt_at = now, last_error cleared.
+//   - step_failed (RUNNING, Step = CurrentStep): the step becomes FAILED with
+//     Error; Attempt+1, next_attempt_at = now+RetryIn, last_error = Error.
+//   - step_awaiting (RUNNING, Step = CurrentStep): the step is RUNNING;
+//     awaiting_correlation_id = CorrelationID, awaiting_until =
+//     next_attempt_at = now+AwaitFor.
+//   - reply_received (RUNNING, Step = CurrentStep, awaiting CorrelationID):
+//     reply = Output, the wait is cleared, next_attempt_at = now, lease
+//     revoked. (The correlator writes this event with its own set-based SQL
+//     to the same effect; keep the two in step.)
+//   - compensation_started (RUNNING, -1 <= Step <= CurrentStep):
+//     COMPENSATING, CurrentStep = Step, compensation_reason = Reason,
+//     Attempt = 0, next_attempt_at = now.
+//   - step_compensated (COMPENSATING, Step = CurrentStep): the step becomes
+//     COMPENSATED; CurrentStep = Step-1, Attempt = 0, next_attempt_at = now.
+//   - compensation_skipped (COMPENSATING, Step = CurrentStep): the step
+//     record is left as it is; CurrentStep = Step-1, Attempt = 0,
+//     next_attempt_at = now.
+//   - compensation_failed (COMPENSATING, Step = CurrentStep, a step that can
+//     be compensated): the step's compensation_attempts+1 and last_error;
+//     Attempt+1, next_attempt_at = now+RetryIn, last_error = Error.
+//   - retry_requested (RUNNING, COMPENSATING, or FAILED which becomes
+//     COMPENSATING): Attempt = 0, next_attempt_at = now, the current step's
+//     counter of the phase being resumed reset, lease revoked. No step is
+//     marked done.
+//   - cancel_requested (RUNNING): COMPENSATING from CurrentStep,
+//     compensation_reason = Reason, Attempt = 0, next_attempt_at = now,
+//     lease revoked.
+//   - completed, compensated, failed, timed_out: the terminal status (as
+//     CheckTransition allows; compensated and timed_out only once every step
+//     is compensated or skipped, CurrentStep < 0), completed_at = now, lease
+//     released.
+//
+// Every event that ends a wait (step_completed, step_failed, step_awaiting,
+// compensation_started, cancel_requested, the terminal kinds) clears
+// awaiting_correlation_id, awaiting_until and reply: that is how the runner
+// consumes a delivered reply. A step's attempts count its finished attempts: one per
+// step_completed and step_failed (step_awaiting leaves it, the attempt ends
+// when the reply or the timeout does). State, when set, replaces the context.
+func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transition, error) {
+	now = Timestamp(now)
+	if err := validateEvent(ev); err != nil {
+		return Transition{}, err
+	}
+	if cur != nil && cur.Sequence != inst.CurrentStep {
+		return Transition{}, Errorf(ErrInvalid, "instance %s: step record %d given for current step %d", inst.ID, cur.Sequence, inst.CurrentStep)
+	}
+	if err := checkEventStep(inst, ev); err != nil {
+		return Transition{}, err
+	}
+
+	next := inst
+	var step *StepRecord
+	// loadStep returns a copy of the current step's record to change,
+	// creating a PENDING one for a step that has none yet.
+	loadStep := func() (*StepRecord, error) {
+		s := StepRecord{Sequence: inst.CurrentStep, Name: ev.StepName, Status: StepPending}
+		if cur != nil {
+			s = *cur
+			if ev.StepName != "" && s.Name != "" && s.Name != ev.StepName {
+				return nil, Errorf(ErrInvalid, "instance %s: step %d is %q, the event names %q", inst.ID, inst.CurrentStep, s.Name, ev.StepName)
+			}
+			if s.Name == "" {
+				s.Name = ev.StepName
+			}
+		}
+		return &s, nil
+	}
+	moveStep := func(s *StepRecord, to StepStatus) error {
+		if err := CheckStepTransition(s.Status, to); err != nil {
+			return fmt.Errorf("instance %s step %d, %s: %w", inst.ID, s.Sequence, ev.Kind, err)
+		}
+		s.Status = to
+		return nil
+	}
+	requireStatus := func(want Status) error {
+		if inst.Status != want {
+			return Errorf(ErrInvalid, "instance %s: %s needs a %s instance, it is %s", inst.ID, ev.Kind, want, inst.Status)
+		}
+		return nil
+	}
+	endWait := func() {
+		next.AwaitingCorrelationID = uuid.NullUUID{}
+		next.AwaitingUntil = nil
+		next.Reply = nil
+	}
+	revokeLease := func() {
+		next.LeaseID = uuid.NullUUID{}
+		next.LeaseExpiresAt = nil
+	}
+	at := func(t time.Time) *time.Time { return &t }
+
+	var to Status
+	switch ev.Kind {
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived:
+		to = StatusRunning
+	case EventCompensationStarted, EventCancelRequested:
+		if err := requireStatus(StatusRunning); err != nil {
+			return Transition{}, err
+		}
+		to = StatusCompensating
+	case EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
+		if err := requireStatus(StatusCompensating); err != nil {
+			return Transition{}, err
+		}
+		to = StatusCompensating
+	case EventRetryRequested:
+		to = inst.Status
+		if inst.Status == StatusFailed {
+			to = StatusCompensating
+		}
+	default:
+		to = terminalStatus[ev.Kind]
+	}
+	if err := CheckTransition(inst.Status, to); err != nil {
+		return Transition{}, fmt.Errorf("instance %s, %s: %w", inst.ID, ev.Kind, err)
+	}
+	next.Status = to
+
+	switch ev.Kind {
+	case EventStepCompleted:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepCompleted); err != nil {
+			return Transition{}, err
+		}
+		if len(ev.Output) > 0 {
+			s.Output = ev.Output
+		}
+		if s.StartedAt == nil {
+			s.StartedAt = at(now)
+		}
+		s.CompletedAt = at(now)
+		s.Attempts++
+		step = s
+		next.CurrentStep = ev.Step + 1
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		next.LastError = ""
+		endWait()
+
+	case EventStepFailed:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepFailed); err != nil {
+			return Transition{}, err
+		}
+		if s.StartedAt == nil {
+			s.StartedAt = at(now)
+		}
+		s.Attempts++
+		s.LastError = ev.Error
+		step = s
+		next.Attempt++
+		next.NextAttemptAt = now.Add(ev.RetryIn).Truncate(time.Microsecond)
+		next.LastError = ev.Error
+		endWait()
+
+	case EventStepAwaiting:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepRunning); err != nil {
+			return Transition{}, err
+		}
+		if len(ev.Output) > 0 {
+			s.Output = ev.Output
+		}
+		if s.StartedAt == nil {
+			s.StartedAt = at(now)
+		}
+		step = s
+		until := now.Add(ev.AwaitFor).Truncate(time.Microsecond)
+		endWait()
+		next.AwaitingCorrelationID = uuid.NullUUID{UUID: ev.CorrelationID, Valid: true}
+		next.AwaitingUntil = at(until)
+		next.NextAttemptAt = until
+
+	case EventReplyReceived:
+		if !inst.AwaitingCorrelationID.Valid || inst.AwaitingCorrelationID.UUID != ev.CorrelationID {
+			return Transition{}, Errorf(ErrInvalid, "instance %s does not wait for correlation id %s", inst.ID, ev.CorrelationID)
+		}
+		if inst.Reply != nil {
+			return Transition{}, Errorf(ErrConflict, "instance %s already holds an unconsumed reply for correlation id %s", inst.ID, ev.CorrelationID)
+		}
+		next.Reply = ev.Output
+		next.AwaitingCorrelationID = uuid.NullUUID{}
+		next.AwaitingUntil = nil
+		next.NextAttemptAt = now
+		revokeLease()
+
+	case EventCompensationStarted:
+		next.CurrentStep = ev.Step
+		next.CompensationReason = ev.Reason
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		endWait()
+
+	case EventStepCompensated:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepCompensated); err != nil {
+			return Transition{}, err
+		}
+		s.CompensatedAt = at(now)
+		step = s
+		next.CurrentStep = ev.Step - 1
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		next.LastError = ""
+
+	case EventCompensationSkipped:
+		next.CurrentStep = ev.Step - 1
+		next.Attempt = 0
+		next.NextAttemptAt = now
+
+	case EventCompensationFailed:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := CheckStepTransition(s.Status, StepCompensated); err != nil {
+			return Transition{}, Errorf(ErrInvalid, "instance %s step %d is %s: it has nothing to compensate (append compensation_skipped)", inst.ID, s.Sequence, s.Status)
+		}
+		s.CompensationAttempts++
+		s.LastError = ev.Error
+		step = s
+		next.Attempt++
+		next.NextAttemptAt = now.Add(ev.RetryIn).Truncate(time.Microsecond)
+		next.LastError = ev.Error
+
+	case EventRetryRequested:
+		if cur != nil {
+			s := *cur
+			// Reset the counter of the phase being resumed; the other
+			// phase's count stays as history.
+			if to == StatusRunning {
+				s.Attempts = 0
+			} else {
+				s.CompensationAttempts = 0
+			}
+			step = &s
+		}
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		revokeLease()
+
+	case EventCancelRequested:
+		next.CompensationReason = ev.Reason
+		if next.CompensationReason == "" {
+			next.CompensationReason = "cancel requested"
+		}
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		endWait()
+		revokeLease()
+
+	default: // terminal kinds
+		if (to == StatusCompensated || to == StatusTimedOut) && inst.CurrentStep >= 0 {
+			return Transition{}, Errorf(ErrInvalid, "instance %s cannot end %s: step %d is not compensated or skipped yet", inst.ID, to, inst.CurrentStep)
+		}
+		next.CompletedAt = at(now)
+		endWait()
+		revokeLease()
+	}
+
+	if len(ev.State) > 0 {
+		next.Context = ev.State
+	}
+	next.Version = inst.Version + 1
+	next.UpdatedAt = now
+	return Transition{
+		Instance: next,
+		Step:     step,
+		Event:    RecordedEvent{InstanceID: inst.ID, Version: next.Version, Event: ev, CreatedAt: now},
+	}, nil
+}
+
+// CheckNew validates an instance given to Journal.Enqueue: it needs an id, a
+// saga name and a positive version, valid JSON context, and no progress (an
+// instance starts RUNNING at step 0 with no attempt, lease, wait, reply or
+// event). CreatedAt and UpdatedAt are ignored: the journal stamps them.
+func CheckNew(inst Instance) error {
+	switch {
+	case inst.ID == uuid.Nil:
+		return Errorf(ErrInvalid, "enqueue: the instance has no ID")
+	case inst.SagaName == "":
+		return Errorf(ErrInvalid, "enqueue %s: SagaName is empty", inst.ID)
+	case inst.SagaVersion <= 0:
+		return Errorf(ErrInvalid, "enqueue %s: SagaVersion must be positive, got %d", inst.ID, inst.SagaVersion)
+	case inst.Status != "" && inst.Status != StatusRunning:
+		return Errorf(ErrInvalid, "enqueue %s: an instance starts RUNNING, got %s", inst.ID, inst.Status)
+	case inst.CurrentStep != 0 || inst.Attempt != 0 || inst.Version != 0:
+		return Errorf(ErrInvalid, "enqueue %s: an instance starts at step 0, attempt 0, version 0", inst.ID)
+	case inst.LeaseID.Valid || inst.LeaseExpiresAt != nil:
+		return Errorf(ErrInvalid, "enqueue %s: an instance starts without a lease (ClaimPending grants one)", inst.ID)
+	case inst.AwaitingCorrelationID.Valid || inst.AwaitingUntil != nil || inst.Reply != nil:
+		return Errorf(ErrInvalid, "enqueue %s: an instance starts without a wait or a reply", inst.ID)
+	case inst.LastError != "" || inst.CompensationReason != "" || inst.CompletedAt != nil:
+		return Errorf(ErrInvalid, "enqueue %s: LastError, CompensationReason and CompletedAt start empty", inst.ID)
+	}
+	if err := CheckText(inst.SagaName); err != nil {
+		return Errorf(ErrInvalid, "enqueue %s: SagaName %v", inst.ID, err)
+	}
+	if err := CheckJSON(inst.Context); err != nil {
+		return Errorf(ErrInvalid, "enqueue %s: Context %v", inst.ID, err)
+	}
+	return nil
+}
+
+// checkEventStep checks ev.Step against the instance: step events concern
+// the current step, compensation_started a step at or below it, the others
+// name no step (-1) or the current one.
+func checkEventStep(inst Instance, ev Event) error {
+	switch ev.Kind {
+	case EventCompensationStarted:
+		if ev.Step < -1 || ev.Step > inst.CurrentStep {
+			return Errorf(ErrInvalid, "instance %s: compensation can start at step -1..%d (the steps reached), not %d", inst.ID, inst.CurrentStep, ev.Step)
+		}
+	case EventRetryRequested, EventCancelRequested, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
+		if ev.Step != -1 && ev.Step != inst.CurrentStep {
+			return Errorf(ErrInvalid, "instance %s: %s names step %d, the instance is at step %d", inst.ID, ev.Kind, ev.Step, inst.CurrentStep)
+		}
+	default:
+		if ev.Step != inst.CurrentStep || ev.Step < 0 {
+			return Errorf(ErrInvalid, "instance %s: %s for step %d, the instance is at step %d", inst.ID, ev.Kind, ev.Step, inst.CurrentStep)
+		}
+	}
+	return nil
+}
+
+// validateEvent checks what an event says on its own, before the projection.
+func validateEvent(ev Event) error {
+	if !ev.Kind.Valid() {
+		return Errorf(ErrInvalid, "unknown event kind %q", ev.Kind)
+	}
+	if ev.RetryIn < 0 {
+		return Errorf(ErrInvalid, "%s: RetryIn is negative (%s)", ev.Kind, ev.RetryIn)
+	}
+	if ev.AwaitFor < 0 {
+		return Errorf(ErrInvalid, "%s: AwaitFor is negative (%s)", ev.Kind, ev.AwaitFor)
+	}
+	switch ev.Kind {
+	case EventStepAwaiting:
+		if ev.CorrelationID == uuid.Nil {
+			return Errorf(ErrInvalid, "step_awaiting needs a CorrelationID to match the reply")
+		}
+		if ev.AwaitFor <= 0 {
+			return Errorf(ErrInvalid, "step_awaiting needs a positive AwaitFor, got %s", ev.AwaitFor)
+		}
+	case EventReplyReceived:
+		if ev.CorrelationID == uuid.Nil {
+			return Errorf(ErrInvalid, "reply_received needs the CorrelationID of the wait")
+		}
+		if len(ev.Output) == 0 {
+			return Errorf(ErrInvalid, "reply_received needs the reply payload in Output")
+		}
+	}
+	texts := []struct{ name, s string }{{"StepName", ev.StepName}, {"Error", ev.Error}, {"Reason", ev.Reason}, {"Actor", ev.Actor}}
+	for _, f := range texts {
+		if err := CheckText(f.s); err != nil {
+			return Errorf(ErrInvalid, "%s: %s %v", ev.Kind, f.name, err)
+		}
+	}
+	if err := CheckJSON(ev.State); err != nil {
+		return Errorf(ErrInvalid, "%s: State %v", ev.Kind, err)
+	}
+	if err := CheckJSON(ev.Output); err != nil {
+		return Errorf(ErrInvalid, "%s: Output %v", ev.Kind, err)
+	}
+	return nil
+}
+
+// CheckText rejects text PostgreSQL cannot store: invalid UTF-8 or a NUL
+// byte. Checking it here keeps the two journals' answers identical.
+func CheckText(s string) error {
+	if !utf8.ValidString(s) {
+		return textError("is not valid UTF-8")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return textError("contains a NUL byte, which PostgreSQL text cannot hold")
+	}
+	return nil
+}
+
+// CheckJSON rejects a JSON value that jsonb cannot store: invalid JSON, or a
+// string holding NUL (\u0000). Empty means absent and is accepted.
+func CheckJSON(raw json.RawMessage) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	if !json.Valid(raw) {
+		return textError("is not valid JSON")
+	}
+	if bytes.Contains(raw, []byte(`\u0000`)) && jsonHasNUL(raw) {
+		return textError(`holds \u0000, which PostgreSQL jsonb cannot store`)
+	}
+	return nil
+}
+
+func jsonHasNUL(raw json.RawMessage) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if s, ok := tok.(string); ok && strings.IndexByte(s, 0) >= 0 {
+			return true
+		}
+	}
+}
+
+type textError string
+
+func (e textError) Error() string { return string(e) }
