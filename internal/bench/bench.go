@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/compensa/compensa/internal/pgcluster"
 )
 
 // Config configures a run. The zero value runs every scenario at full size
@@ -126,9 +128,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.env = env
 	r.report.Machine.PostgreSQL = env.pgVersion
 	r.report.Machine.Durable = env.durable
-	if env.cluster != nil {
-		r.report.Machine.Server = "throwaway local cluster (relay bench without --database-url)"
-	} else {
+	switch {
+	case env.cluster != nil && env.cluster.Kind == pgcluster.KindExternal:
+		r.report.Machine.Server = "the server " + pgcluster.EnvURL + " names"
+	case env.cluster != nil:
+		r.report.Machine.Server = fmt.Sprintf("throwaway %s cluster (relay bench without --database-url)", env.cluster.Kind)
+	default:
 		r.report.Machine.Server = "given by --database-url"
 	}
 	if !env.durable {

@@ -111,7 +111,9 @@ func (e *env) close() {
 	if e.pool != nil {
 		e.pool.Close()
 	}
-	if e.dbName != "" && e.cluster == nil {
+	// A throwaway cluster goes with its databases, but Start may have
+	// returned an existing server (RELAY_TEST_DATABASE_URL): drop ours.
+	if e.dbName != "" && (e.cluster == nil || e.cluster.Kind != pgcluster.KindLocal) {
 		dropDatabase(e.adminURL, e.dbName)
 	}
 	if e.cluster != nil {

@@ -98,7 +98,7 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 }
 
 // correlatorAlone feeds the correlator synthetic batches (no stream, no
-// WAL) of 1 and 100 events, each starting one saga per event: the cost of a
+// WAL) of 1, 100 and 1,000 events, each starting one saga per event: the cost of a
 // batch on its own, which bounds what the stream can reach when it hands
 // over one batch per source transaction.
 func (r *run) correlatorAlone(ctx context.Context) error {
@@ -110,7 +110,7 @@ func (r *run) correlatorAlone(ctx context.Context) error {
 	total := min(r.sz.streamEvents, 20000)
 	var lsn pglogrepl.LSN = 0x10000000
 	tenant := uuid.MustParse(benchTenant)
-	for _, size := range []int{1, 100} {
+	for _, size := range []int{1, 100, 1000} {
 		if err := e.reset(ctx); err != nil {
 			return err
 		}

@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentilesAreNearestRank(t *testing.T) {
+	t.Parallel()
+	var l Latencies
+	// 1..100 ms in a shuffled order: the summary must sort them.
+	for i := 100; i >= 1; i-- {
+		l.Add(time.Duration(i) * time.Millisecond)
+	}
+	s := l.Summary()
+	want := LatencySummary{Count: 100, P50: 50, P95: 95, P99: 99, Max: 100}
+	if s != want {
+		t.Fatalf("summary = %+v, want %+v", s, want)
+	}
+	if got := summarize(nil); got != (LatencySummary{}) {
+		t.Fatalf("empty summary = %+v", got)
+	}
+	one := summarize([]time.Duration{7 * time.Millisecond})
+	if one.P50 != 7 || one.P99 != 7 || one.Max != 7 {
+		t.Fatalf("one sample: %+v", one)
+	}
+}
+
+func TestSeqOfReadsTheBenchPayload(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{`{"seq": 42, "currency": "EUR"}`, 42, true},
+		{`{"currency":"EUR","seq":7}`, 7, true},
+		{`{"seq": 0}`, 0, true},
+		{`{"other": 1}`, 0, false},
+		{`{"seq": "x"}`, 0, false},
+	} {
+		got, ok := seqOf([]byte(tc.in))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("seqOf(%s) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestWithDatabaseKeepsEverythingElse(t *testing.T) {
+	t.Parallel()
+	got, err := withDatabase("postgres://u:secret@h:5433/app?sslmode=require", "compensa_bench_1")
+	if err != nil || got != "postgres://u:secret@h:5433/compensa_bench_1?sslmode=require" {
+		t.Fatalf("url: %q, %v", got, err)
+	}
+	got, err = withDatabase("host=h user=u dbname=app", "compensa_bench_1")
+	if err != nil || got != "host=h user=u dbname=app dbname=compensa_bench_1" {
+		t.Fatalf("dsn: %q, %v", got, err)
+	}
+}
+
+func TestPgbenchOutputParses(t *testing.T) {
+	t.Parallel()
+	out := "number of transactions actually processed: 75823\nlatency average = 1.054 ms\ninitial connection time = 9.120 ms\ntps = 7583.673322 (without initial connection time)\n"
+	m := pgbenchTPS.FindStringSubmatch(out)
+	if m == nil || m[1] != "7583.673322" {
+		t.Fatalf("tps match = %v", m)
+	}
+}
+
+// requiredKeys are the keys issue 9 asks of the --json line.
+var requiredKeys = []string{
+	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
+	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",
+	"step_ratio", "peak_rss_mb",
+}
+
+func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
+	t.Parallel()
+	full := &Report{
+		Stream: []StreamCase{
+			{RowsPerTx: 1, Events: 10, RecvlogicalPerSec: 100, StreamPerSec: 95, StreamRatio: 0.95, CorrelatePerSec: 60, CorrelateRatio: 0.6},
+			{RowsPerTx: 100, Events: 10, RecvlogicalPerSec: 200, StreamPerSec: 190, StreamRatio: 0.95, CorrelatePerSec: 120, CorrelateRatio: 0.6},
+		},
+		Latency: []LatencyCase{
+			{Rate: 1000, Start: LatencySummary{P99: 12.5}, FirstStep: LatencySummary{P99: 20}},
+			{Rate: 5000, Start: LatencySummary{P99: 30}, FirstStep: LatencySummary{P99: 45}},
+		},
+		Steps: &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5},
+		Curve: []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
+	}
+	var buf bytes.Buffer
+	if err := full.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(buf.String(), "\n") != 1 {
+		t.Fatalf("the summary is not one line: %q", buf.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range requiredKeys {
+		if v, ok := got[k].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", k, got[k])
+		}
+	}
+	if got["start_p99_ms"] != 12.5 || got["high_rate_start_p99_ms"] != 30.0 {
+		t.Errorf("start_p99_ms must be the first (lower) rate's: %v, %v", got["start_p99_ms"], got["high_rate_start_p99_ms"])
+	}
+	if got["peak_rss_mb"] != 30.0 || got["cpu_seconds_per_100k_events"] != 2.0 {
+		t.Errorf("resources: peak %v, cpu %v", got["peak_rss_mb"], got["cpu_seconds_per_100k_events"])
+	}
+
+	// A run with nothing measured still has every key, as null.
+	buf.Reset()
+	if err := (&Report{}).WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range requiredKeys {
+		if v, ok := got[k]; !ok || v != nil {
+			t.Errorf("empty report: %s = %v (present %v), want null", k, v, ok)
+		}
+	}
+}
