@@ -256,19 +256,69 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 // returns their ids.
 func writeEvents(t testing.TB, pool *pgxpool.Pool, n int, eventType string) []uuid.UUID {
 	t.Helper()
+	ids, err := tryWriteEvents(pool, n, eventType)
+	if err != nil {
+		t.Fatalf("write events: %v", err)
+	}
+	return ids
+}
+
+// tryWriteEvents is writeEvents for goroutines other than the test's.
+func tryWriteEvents(pool *pgxpool.Pool, n int, eventType string) ([]uuid.UUID, error) {
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
 		msgs[i] = outbox.Message{EventType: eventType, Payload: map[string]any{"i": i}}
 	}
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error { return outbox.Write(context.Background(), tx, msgs...) })
 	if err != nil {
-		t.Fatalf("write events: %v", err)
+		return nil, err
 	}
 	ids := make([]uuid.UUID, n)
 	for i := range msgs {
 		ids[i] = msgs[i].ID
 	}
-	return ids
+	return ids, nil
+}
+
+// producer writes small transactions until stopped.
+type producer struct {
+	stop chan struct{}
+	done chan struct{}
+	ids  []uuid.UUID
+	err  error
+}
+
+func startProducer(pool *pgxpool.Pool, perTx int, pause time.Duration) *producer {
+	p := &producer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			ids, err := tryWriteEvents(pool, perTx, "produced")
+			if err != nil {
+				p.err = err
+				return
+			}
+			p.ids = append(p.ids, ids...)
+			time.Sleep(pause)
+		}
+	}()
+	return p
+}
+
+// finish stops the producer and returns what it committed.
+func (p *producer) finish(t testing.TB) []uuid.UUID {
+	t.Helper()
+	close(p.stop)
+	<-p.done
+	if p.err != nil {
+		t.Fatalf("producer: %v", p.err)
+	}
+	return p.ids
 }
 
 func slotState(t testing.TB, pool *pgxpool.Pool, slot string) (confirmed pglogrepl.LSN, active bool) {
@@ -324,3 +374,5 @@ func assertExactlyOnce(t testing.TB, pool *pgxpool.Pool, want []uuid.UUID) {
 }
 
 var _ = fmt.Sprintf
+
+type uuidT = uuid.UUID

@@ -1,0 +1,145 @@
+package cdc_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+// A sink that fails leaves the batch unacknowledged; the stream reconnects
+// and replays it until the sink takes it.
+func TestSinkFailureReplaysTheBatch(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	var failures, attempts atomic.Int32
+	failures.Store(2)
+	var commitLSN atomic.Uint64
+	sink.setBefore(func(_ context.Context, b cdc.Batch) error {
+		if len(b.Events) == 0 {
+			return nil
+		}
+		attempts.Add(1)
+		commitLSN.Store(uint64(b.CommitLSN))
+		if failures.Add(-1) >= 0 {
+			return errors.New("sink unavailable")
+		}
+		return nil
+	})
+	startStream(t, baseConfig(t, db), sink)
+	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+
+	ids := writeEvents(t, db.Pool, 3, "order.placed")
+	deadline := time.Now().Add(30 * time.Second)
+	for handledCounts(t, db.Pool)[ids[0]] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the batch was never handled")
+		}
+		// Until the sink took the batch, PostgreSQL was never told it was
+		// flushed.
+		if c := commitLSN.Load(); c != 0 && failures.Load() >= 0 {
+			if confirmed, _ := slotState(t, db.Pool, db.Slot); confirmed > pglogrepl.LSN(c) {
+				t.Fatalf("confirmed_flush_lsn %s passed the failing batch at %s", confirmed, pglogrepl.LSN(c))
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := attempts.Load(); n != 3 {
+		t.Fatalf("the sink saw the batch %d times, want 3 (two failures, then success)", n)
+	}
+	assertExactlyOnce(t, db.Pool, ids)
+	waitFor(t, 10*time.Second, "confirmed_flush_lsn past the handled batch", func() bool {
+		c, _ := slotState(t, db.Pool, db.Slot)
+		return c > pglogrepl.LSN(commitLSN.Load())
+	})
+}
+
+// While the sink holds a batch, neither keepalives nor heartbeats nor WAL
+// from other tables move the slot past it; a crash at that moment replays it.
+func TestAckNeverPassesABatchInFlight(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	release := make(chan struct{})
+	var held atomic.Uint64
+	sink.setBefore(func(ctx context.Context, b cdc.Batch) error {
+		if len(b.Events) == 0 {
+			return nil
+		}
+		held.Store(uint64(b.CommitLSN))
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	cfg := baseConfig(t, db)
+	first := startStream(t, cfg, sink)
+	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+
+	ids := writeEvents(t, db.Pool, 5, "order.placed")
+	waitFor(t, 10*time.Second, "the sink to hold the batch", func() bool { return held.Load() != 0 })
+	exec(t, db.Pool, `CREATE TABLE other (id int, pad text)`)
+	for i := range 20 {
+		exec(t, db.Pool, `INSERT INTO other SELECT g, repeat('x', 200) FROM generate_series(1, 500) g`)
+		_ = i
+		time.Sleep(50 * time.Millisecond) // heartbeats and status updates flow meanwhile
+		if c, _ := slotState(t, db.Pool, db.Slot); c >= pglogrepl.LSN(held.Load()) {
+			t.Fatalf("confirmed_flush_lsn %s reached the batch in flight at %s", c, pglogrepl.LSN(held.Load()))
+		}
+	}
+	first.crash(t)
+	if c, _ := slotState(t, db.Pool, db.Slot); c >= pglogrepl.LSN(held.Load()) {
+		t.Fatalf("after the crash confirmed_flush_lsn %s is at or past the unhandled batch at %s", c, pglogrepl.LSN(held.Load()))
+	}
+	if n := countHandled(t, db.Pool); n != 0 {
+		t.Fatalf("%d events handled while the sink held them", n)
+	}
+
+	close(release)
+	startStream(t, cfg, sink)
+	waitFor(t, 20*time.Second, "the replayed batch", func() bool { return countHandled(t, db.Pool) == len(ids) })
+	assertExactlyOnce(t, db.Pool, ids)
+}
+
+// Events committed while the relay is down, after a clean stop or a crash,
+// are all delivered on restart, none twice.
+func TestRestartResumesWithoutLoss(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	cfg := baseConfig(t, db)
+	var all []uuidT
+	r := startStream(t, cfg, sink)
+	for range 5 {
+		all = append(all, writeEvents(t, db.Pool, 10, "a")...)
+	}
+	waitFor(t, 20*time.Second, "first events", func() bool { return countHandled(t, db.Pool) == len(all) })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("clean stop: Run returned %v", err)
+	}
+	for range 5 {
+		all = append(all, writeEvents(t, db.Pool, 10, "b")...)
+	}
+	r = startStream(t, cfg, sink)
+	waitFor(t, 20*time.Second, "events written while stopped", func() bool { return countHandled(t, db.Pool) == len(all) })
+
+	// A crash while events keep coming.
+	prod := startProducer(db.Pool, 3, 5*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	r.crash(t)
+	time.Sleep(200 * time.Millisecond)
+	startStream(t, cfg, sink)
+	time.Sleep(300 * time.Millisecond)
+	all = append(all, prod.finish(t)...)
+	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) == len(all) })
+	assertExactlyOnce(t, db.Pool, all)
+}
