@@ -4,8 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	)
+)
 
 // With the outbox idle and another table writing 256 MB of WAL, heartbeats
 // keep the slot's retained WAL (pg_current_wal_lsn() − restart_lsn) small.
