@@ -18,9 +18,14 @@ import (
 // returns a migrated database on it, shaped like pgtest.DB.
 func privateDB(t *testing.T, settings map[string]string) *pgtest.DB {
 	t.Helper()
+	return privateDBOpts(t, pgcluster.Options{Settings: settings})
+}
+
+func privateDBOpts(t *testing.T, opts pgcluster.Options) *pgtest.DB {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: settings})
+	c, err := pgcluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("private cluster: %v", err)
 	}

@@ -175,7 +175,13 @@ func testLogger(t testing.TB) (*slog.Logger, *logBuffer) {
 
 // baseConfig is a stream config with short intervals for tests.
 func baseConfig(t testing.TB, db *pgtest.DB) cdc.Config {
-	log, _ := testLogger(t)
+	cfg, _ := baseConfigLogs(t, db)
+	return cfg
+}
+
+// baseConfigLogs is baseConfig with the stream's logs at hand.
+func baseConfigLogs(t testing.TB, db *pgtest.DB) (cdc.Config, *logBuffer) {
+	log, lb := testLogger(t)
 	return cdc.Config{
 		DatabaseURL:        db.URL,
 		Slot:               db.Slot,
@@ -185,7 +191,7 @@ func baseConfig(t testing.TB, db *pgtest.DB) cdc.Config {
 		LeaderPollInterval: 200 * time.Millisecond,
 		MaxReconnectWait:   500 * time.Millisecond,
 		Logger:             log,
-	}
+	}, lb
 }
 
 // running is a Stream running in the background.
@@ -305,6 +311,27 @@ func startProducer(pool *pgxpool.Pool, perTx int, pause time.Duration) *producer
 			}
 			p.ids = append(p.ids, ids...)
 			time.Sleep(pause)
+		}
+	}()
+	return p
+}
+
+// startRetryingProducer is a producer that rides out a server restart: it
+// records only the events whose commit it saw succeed.
+func startRetryingProducer(pool *pgxpool.Pool) *producer {
+	p := &producer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			if ids, err := tryWriteEvents(pool, 3, "produced"); err == nil {
+				p.ids = append(p.ids, ids...)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	return p
