@@ -34,10 +34,14 @@ type recordingSink struct {
 	// before runs before the transaction; an error fails the batch.
 	before atomic.Pointer[func(context.Context, cdc.Batch) error]
 
+	// keep retains the events themselves, for tests that inspect them.
+	keep bool
+
 	mu      sync.Mutex
 	batches []cdc.Batch // events stripped, for memory
 	fresh   []bool
 	maxLen  int
+	events  []outbox.Event
 }
 
 const handledDDL = `CREATE TABLE IF NOT EXISTS cdc_handled (
@@ -99,6 +103,9 @@ func (s *recordingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		return err
 	}
 	s.mu.Lock()
+	if s.keep && fresh {
+		s.events = append(s.events, b.Events...)
+	}
 	s.maxLen = max(s.maxLen, len(b.Events))
 	meta := b
 	meta.Events = nil
@@ -112,6 +119,12 @@ func (s *recordingSink) snapshot() []cdc.Batch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]cdc.Batch(nil), s.batches...)
+}
+
+func (s *recordingSink) kept() []outbox.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]outbox.Event(nil), s.events...)
 }
 
 // handledCounts returns event id → n.
