@@ -131,9 +131,10 @@ func (r *Runner) process(c claim) {
 			n = w.compensate(leaseCtx)
 		default:
 			// Claimed in a status the runner does not advance (a journal
-			// that claims more than it should): leave it alone.
+			// that claims more than it should): leave it alone, lease and
+			// all, so that it is not claimed again at once.
 			log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
-			n = nextYield
+			n = nextLeave
 		}
 		switch n {
 		case nextContinue:
@@ -856,6 +857,9 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	if IsPermanent(err) {
 		why = fmt.Sprintf("compensation of step %s failed permanently: %s", step.Name, msg)
 	}
+	// The instance's last_error is the last event's Error: make it say
+	// which compensation gave up, for the person who must now act.
+	ev.Error = why
 	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
 			return err
