@@ -827,3 +827,141 @@ func TestRunnerConfigValidation(t *testing.T) {
 		t.Fatalf("nil journal: %v", err)
 	}
 }
+
+func TestRunnerHeartbeatKeepsTheLeaseOfALongStep(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	const lease = 600 * time.Millisecond
+	long := effectStep("long")
+	inner := long.Do
+	long.Do = func(ctx context.Context, s *trail, x *saga.StepTx) error {
+		select {
+		case <-time.After(2 * lease): // well past the lease: only heartbeats keep it
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return inner(ctx, s, x)
+	}
+	def := typedDef("long", long)
+	r.reg.MustRegister(def)
+	// Two runners compete: neither may take the instance from the other
+	// while its holder heartbeats.
+	var h1, h2 hookLog
+	r.run(r.pool(4), nil, &saga.RunnerConfig{LeaseDuration: lease, Hooks: h1.hooks()})
+	r.run(r.pool(4), nil, &saga.RunnerConfig{LeaseDuration: lease, Hooks: h2.hooks()})
+	id := r.start(def, trail{}, 0)
+	r.wait(id, saga.StatusCompleted, 20*time.Second)
+	if lost := h1.count(saga.OutcomeLeaseLost) + h2.count(saga.OutcomeLeaseLost); lost != 0 {
+		t.Fatalf("%d lease losses: the heartbeat did not keep the lease", lost)
+	}
+	if c := r.count(`SELECT count(*) FROM effects WHERE instance_id = $1`, id); c != 1 {
+		t.Fatalf("%d effects, want 1", c)
+	}
+	if rec := r.steps(id)[0]; rec.Attempts != 1 {
+		t.Fatalf("long step took %d attempts, want 1", rec.Attempts)
+	}
+}
+
+func TestRunnerRefusedHeartbeatStopsTheStep(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	entered := make(chan struct{})
+	var once sync.Once
+	wait := saga.TypedStep[trail]{Name: "wait", Do: func(ctx context.Context, s *trail, x *saga.StepTx) error {
+		if _, err := x.Tx.Exec(ctx, `INSERT INTO effects (instance_id, step, attempt) VALUES ($1, 'wait', $2)`, x.Instance.ID, x.Attempt); err != nil {
+			return err
+		}
+		once.Do(func() { close(entered) })
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	def := typedDef("refused", wait)
+	r.reg.MustRegister(def)
+	var h hookLog
+	r.run(nil, nil, &saga.RunnerConfig{LeaseDuration: 600 * time.Millisecond, Hooks: h.hooks()})
+	id := r.start(def, trail{}, 0)
+	<-entered
+	// Someone else holds the instance now (as after an expiry and a claim
+	// elsewhere): the next heartbeat is refused.
+	r.exec(`UPDATE saga_instances SET lease_id = gen_random_uuid(), lease_expires_at = clock_timestamp() + interval '1 hour' WHERE id = $1`, id)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.count(saga.OutcomeLeaseLost) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not stop after its heartbeat was refused")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := r.kinds(id); len(got) != 0 {
+		t.Fatalf("the worker wrote %v after losing its lease", got)
+	}
+	if c := r.count(`SELECT count(*) FROM effects`); c != 0 {
+		t.Fatalf("%d effects committed by a worker without a lease", c)
+	}
+}
+
+func TestRunnerManualRetryResumesAFailedCompensation(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	var refundWorks atomic.Bool
+	charge := effectStep("charge")
+	undo := charge.Compensate
+	charge.CompensationRetry = saga.RetryPolicy{MaxAttempts: 1}
+	charge.Compensate = func(ctx context.Context, s trail, x *saga.StepTx) error {
+		if !refundWorks.Load() {
+			return errors.New("refund API down")
+		}
+		return undo(ctx, s, x)
+	}
+	fail := saga.TypedStep[trail]{Name: "ship", Do: func(context.Context, *trail, *saga.StepTx) error {
+		return saga.Permanent(errors.New("no carrier"))
+	}}
+	def := typedDef("manual", effectStep("reserve"), charge, fail)
+	r.reg.MustRegister(def)
+	r.run(nil, nil, nil)
+	id := r.start(def, trail{}, 0)
+	r.wait(id, saga.StatusFailed, 20*time.Second)
+
+	refundWorks.Store(true)
+	if err := r.journal.RequestRetry(context.Background(), id, "refund API is back", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	r.wait(id, saga.StatusCompensated, 20*time.Second)
+	// Resumed where it stood: charge, then reserve; nothing skipped.
+	if got := r.compOrder(id); !equal(got, []string{"charge", "reserve"}) {
+		t.Fatalf("compensated %v, want [charge reserve]", got)
+	}
+}
+
+func TestRunnerCancelCompensatesFromWhereTheInstanceStands(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	later := saga.TypedStep[trail]{
+		Name:  "later",
+		Retry: saga.RetryPolicy{Base: time.Hour, Max: time.Hour},
+		Do: func(context.Context, *trail, *saga.StepTx) error {
+			return errors.New("not ready")
+		},
+		Compensate: compensateInto("later"),
+	}
+	def := typedDef("cancel", effectStep("first"), later)
+	r.reg.MustRegister(def)
+	r.run(nil, nil, nil)
+	id := r.start(def, trail{}, 0)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(strings.Join(r.kinds(id), " "), "step_failed:1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("step 1 never failed: %v", r.kinds(id))
+		}
+		time.Sleep(15 * time.Millisecond)
+	}
+	if err := r.journal.RequestCancel(context.Background(), id, "customer withdrew", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	inst := r.wait(id, saga.StatusCompensated, 20*time.Second)
+	if got := r.compOrder(id); !equal(got, []string{"first"}) {
+		t.Fatalf("compensated %v, want [first]: 'later' never acted", got)
+	}
+	if !strings.Contains(inst.CompensationReason, "customer withdrew") {
+		t.Fatalf("reason %q", inst.CompensationReason)
+	}
+}
