@@ -117,12 +117,13 @@ func (a *Admin) Show(ctx context.Context, id uuid.UUID) (Detail, error) {
 
 // get reads one instance, locking its row when lock is set.
 func (a *Admin) get(ctx context.Context, q pgx.Tx, id uuid.UUID, lock bool) (Instance, error) {
-	names, versions, known := a.registered()
-	sql := sqlGetItem
 	if lock {
-		sql += sqlLockSuffix
+		if _, err := q.Exec(ctx, sqlLock, id, a.scope); err != nil {
+			return Instance{}, fmt.Errorf("admin: lock instance %s: %w", id, err)
+		}
 	}
-	row := q.QueryRow(ctx, sql, a.cfg.StuckAfter, names, versions, known, id, a.scope)
+	names, versions, known := a.registered()
+	row := q.QueryRow(ctx, sqlGetItem, a.cfg.StuckAfter, names, versions, known, id, a.scope)
 	var inst Instance
 	var err error
 	inst.Item, err = a.scanItem(row, &inst.lastKind, &inst.due,

@@ -4,6 +4,12 @@ package admin
 // constant fragments below (which filters are present picks the fragments);
 // every value is a bind parameter.
 //
+// Clocks: the stuck classification uses now() (a threshold of minutes does
+// not care about the statement's age). lease_live and due use
+// clock_timestamp(), the journal's clock: a transaction that waited for the
+// row lock behind another operator's retry must compare with the instants
+// that retry wrote, which are later than its own now().
+//
 // $1..$4 are the same in every statement that classifies: $1 StuckAfter
 // (interval), $2 and $3 the registered (name, version) pairs as parallel
 // arrays, $4 whether a registry is known at all.
@@ -31,7 +37,7 @@ END`
 const sqlItemColumns = `
 s.id, s.tenant_id, s.saga_name, s.saga_version, s.status::text, s.current_step, s.attempt,
 s.next_attempt_at, s.timeout_at, coalesce(s.last_error, ''), s.lease_expires_at,
-(s.lease_id IS NOT NULL AND s.lease_expires_at >= now()) AS lease_live,
+(s.lease_id IS NOT NULL AND s.lease_expires_at >= clock_timestamp()) AS lease_live,
 s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason`
 
 // sqlListHead starts the list query; where clauses and the order follow.
@@ -58,13 +64,18 @@ const (
 // for none). FOR UPDATE is appended when acting.
 const sqlGetItem = `SELECT ` + sqlItemColumns + `,
   coalesce((SELECT e.kind FROM saga_events e WHERE e.instance_id = s.id ORDER BY e.version DESC LIMIT 1), '') AS last_kind,
-  s.next_attempt_at <= now() AS due,
+  s.next_attempt_at <= clock_timestamp() AS due,
   s.trigger_event_id, s.correlation_id, s.workspace_id, s.context, s.current_version,
   s.awaiting_correlation_id, s.awaiting_until, coalesce(s.compensation_reason, ''), s.completed_at
 FROM saga_instances s
 WHERE s.id = $5 AND ($6::uuid IS NULL OR s.tenant_id = $6)`
 
-const sqlLockSuffix = ` FOR UPDATE OF s`
+// sqlLock takes the instance's row lock before sqlGetItem reads it. Two
+// statements, not one SELECT ... FOR UPDATE: under READ COMMITTED a statement
+// that waited for the lock re-reads the locked row but not the journal
+// subquery, which would still miss the event the other operator's retry
+// just committed. The read that follows the lock gets a fresh snapshot.
+const sqlLock = `SELECT 1 FROM saga_instances WHERE id = $1 AND ($2::uuid IS NULL OR tenant_id = $2) FOR UPDATE`
 
 // sqlSteps reads an instance's step records.
 const sqlSteps = `
