@@ -63,7 +63,7 @@ func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{
 			streamEvents: 5000, streamShapes: []int{1, 100},
-			latencyRates: []int{1000, 5000}, latencyDuration: 2 * time.Second,
+			latencyRates: []int{1000, 5000}, latencyDuration: time.Second,
 			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,
 		}

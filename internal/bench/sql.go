@@ -41,7 +41,7 @@ END $$`
 // the statement's time, not the transaction's start.
 const sqlProduceOne = `
 INSERT INTO outbox (id, tenant_id, aggregate_type, aggregate_id, event_type, payload, created_at)
-VALUES (gen_random_uuid(), '` + benchTenant + `'::uuid, 'order', $1::text, $2,
+VALUES (gen_random_uuid(), '` + benchTenant + `'::uuid, 'order', ($1::bigint)::text, $2,
         jsonb_build_object('seq', $1::bigint, 'order_id', gen_random_uuid(), 'amount_cents', 4200, 'currency', 'EUR'),
         clock_timestamp())`
 

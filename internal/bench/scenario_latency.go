@@ -1,0 +1,257 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// latencyScenario is scenario 2: the whole relay (stream, correlator, step
+// runner, wired as `relay run` wires them) runs in this process while a
+// producer commits single-row outbox transactions at a fixed rate. For each
+// event it records, on this process's monotonic clock:
+//
+//   - when the producer's commit was acknowledged;
+//   - when the correlator's transaction that started its saga had committed
+//     (the sink's HandleBatch returned);
+//   - when the saga's first step had committed (the runner's OnStep hook,
+//     called after the commit).
+//
+// One clock for all three avoids comparing the server's now() (a
+// transaction's start, not its commit) with another machine's.
+func (r *run) latencyScenario(ctx context.Context) error {
+	e := r.env
+	if err := e.reset(ctx); err != nil {
+		return err
+	}
+	slot := e.slotName("latency")
+	if _, err := e.createSlot(ctx, slot, true); err != nil {
+		return err
+	}
+	total := 1 // the warm-up event, seq 0
+	for _, rt := range r.sz.latencyRates {
+		total += int(float64(rt) * r.sz.latencyDuration.Seconds())
+	}
+	tl := newTimeline(total)
+
+	var bySeq sync.Map // instance id → seq, from the first step's Do
+	reg := benchRegistry(func(x *saga.StepTx) {
+		if seq, ok := seqOf(x.State); ok {
+			bySeq.Store(x.Instance.ID, seq)
+		}
+	})
+	cfg := (&saga.RunnerConfig{}).WithDefaults()
+	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	journal, err := pgjournal.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
+		Logger: r.log.With("component", "runner"),
+		Hooks: saga.Hooks{OnStep: func(ev saga.StepEvent) {
+			if ev.Compensation || ev.StepName != "reserve" || ev.Outcome != saga.OutcomeCompleted {
+				return
+			}
+			if seq, ok := bySeq.LoadAndDelete(ev.InstanceID); ok {
+				tl.mark(tl.step, seq.(int64))
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	corr, err := correlator.New(pool, &correlator.Config{Registry: reg, Wake: runner.Wake, Logger: r.log.With("component", "correlator")})
+	if err != nil {
+		return err
+	}
+	sink := newCountingSink(corr, 0)
+	sink.onBatch = func(b *cdc.Batch) {
+		for i := range b.Events {
+			if seq, ok := seqOf(b.Events[i].Payload); ok {
+				tl.mark(tl.start, seq)
+			}
+		}
+	}
+	stream, err := cdc.NewStream(cdc.Config{DatabaseURL: e.url, Slot: slot, Publication: e.pub,
+		Logger: r.log.With("component", "cdc")}, sink)
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	if err := runner.Start(runCtx); err != nil {
+		return err
+	}
+	streamErr := make(chan error, 1)
+	go func() { streamErr <- stream.Run(runCtx) }()
+	defer func() {
+		cancel()
+		<-streamErr
+		stopCtx, c := context.WithTimeout(context.Background(), 30*time.Second)
+		defer c()
+		runner.Stop(stopCtx)
+	}()
+
+	prod, err := newProducer(ctx, e.url, tl)
+	if err != nil {
+		return err
+	}
+	defer prod.close()
+
+	// Warm up: one event all the way through before the clock counts.
+	if err := prod.produce(ctx, 0, 1, 1); err != nil {
+		return err
+	}
+	if err := tl.wait(ctx, 0, 1, 60*time.Second, streamErr); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	next := int64(1)
+	for _, rt := range r.sz.latencyRates {
+		count := int(float64(rt) * r.sz.latencyDuration.Seconds())
+		r.progress("latency: %d events/s for %s", rt, r.sz.latencyDuration)
+		began := time.Now()
+		if err := prod.produce(ctx, next, count, rt); err != nil {
+			return err
+		}
+		produced := time.Since(began)
+		if err := tl.wait(ctx, next, count, r.sz.timeout, streamErr); err != nil {
+			return fmt.Errorf("%d events/s: %w", rt, err)
+		}
+		c := LatencyCase{Rate: rt, Seconds: produced.Seconds(), Produced: count, AchievedRate: rate(count, produced)}
+		c.Start, c.FirstStep = tl.summaries(next, count)
+		r.report.Latency = append(r.report.Latency, c)
+		r.progress("latency: %d events/s (achieved %.0f): start p50 %.1f p99 %.1f max %.1f ms; first step p50 %.1f p99 %.1f max %.1f ms",
+			rt, c.AchievedRate, c.Start.P50, c.Start.P99, c.Start.Max, c.FirstStep.P50, c.FirstStep.P99, c.FirstStep.Max)
+		next += int64(count)
+	}
+	return nil
+}
+
+// timeline holds, per event sequence number, the nanoseconds (since base)
+// of its producer commit, saga start and first step; 0 is "not yet".
+type timeline struct {
+	base                time.Time
+	commit, start, step []atomic.Int64
+}
+
+func newTimeline(n int) *timeline {
+	return &timeline{base: time.Now(), commit: make([]atomic.Int64, n), start: make([]atomic.Int64, n), step: make([]atomic.Int64, n)}
+}
+
+func (t *timeline) mark(col []atomic.Int64, seq int64) {
+	if seq < 0 || seq >= int64(len(col)) {
+		return
+	}
+	col[seq].CompareAndSwap(0, int64(time.Since(t.base))+1)
+}
+
+// wait blocks until events [from, from+n) have had their first step.
+func (t *timeline) wait(ctx context.Context, from int64, n int, limit time.Duration, streamErr <-chan error) error {
+	deadline := time.Now().Add(limit)
+	for i := from; i < from+int64(n); {
+		if t.step[i].Load() != 0 {
+			i++
+			continue
+		}
+		select {
+		case err := <-streamErr:
+			return fmt.Errorf("the relay's stream stopped: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("event %d had no first step after %s", i, limit)
+		}
+	}
+	return nil
+}
+
+func (t *timeline) summaries(from int64, n int) (start, step LatencySummary) {
+	var s, f []time.Duration
+	for i := from; i < from+int64(n); i++ {
+		c := t.commit[i].Load()
+		if c == 0 {
+			continue
+		}
+		if v := t.start[i].Load(); v != 0 {
+			s = append(s, time.Duration(max(0, v-c)))
+		}
+		if v := t.step[i].Load(); v != 0 {
+			f = append(f, time.Duration(max(0, v-c)))
+		}
+	}
+	return summarize(s), summarize(f)
+}
+
+// producer commits single-row outbox transactions on a schedule.
+type producer struct {
+	pool *pgxpool.Pool
+	tl   *timeline
+}
+
+const producerConns = 8
+
+func newProducer(ctx context.Context, url string, tl *timeline) (*producer, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = producerConns
+	cfg.MinConns = producerConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &producer{pool: pool, tl: tl}, nil
+}
+
+func (p *producer) close() { p.pool.Close() }
+
+// produce commits events [first, first+count) at perSec, open loop: event k
+// is due at start + k/perSec whether or not earlier ones were slow, so a
+// stall shows up as latency instead of a lower rate.
+func (p *producer) produce(ctx context.Context, first int64, count, perSec int) error {
+	start := time.Now()
+	interval := time.Second / time.Duration(perSec)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, producerConns)
+	for range producerConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := next.Add(1) - 1
+				if k >= int64(count) {
+					return
+				}
+				if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
+					time.Sleep(d)
+				}
+				seq := first + k
+				if _, err := p.pool.Exec(ctx, sqlProduceOne, seq, benchEventType); err != nil {
+					errs <- fmt.Errorf("producer: %w", err)
+					return
+				}
+				p.tl.mark(p.tl.commit, seq)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// stepsScenario is scenario 3: sagas of three trivial steps run by the step
+// runner with its default settings, then pgbench running the shape of one
+// step (one INSERT plus one UPDATE by primary key per transaction, 8
+// clients) for the same time.
+func (r *run) stepsScenario(ctx context.Context) error {
+	e := r.env
+	n := r.sz.stepSagas
+	if err := e.reset(ctx); err != nil {
+		return err
+	}
+	reg := benchRegistry(nil)
+	r.progress("steps: starting %d sagas through the correlator", n)
+	if err := seedSagas(ctx, e.pool, reg, e.slotName("seed"), n); err != nil {
+		return err
+	}
+	if _, err := e.pool.Exec(ctx, `ANALYZE saga_instances`); err != nil {
+		return err
+	}
+	e.checkpoint(ctx)
+
+	cfg := (&saga.RunnerConfig{}).WithDefaults()
+	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var completed atomic.Int64
+	var once sync.Once
+	done := make(chan struct{})
+	var doneAt time.Time
+	journal, err := pgjournal.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
+		Logger: r.log.With("component", "runner"),
+		Hooks: saga.Hooks{OnTerminal: func(ev saga.TerminalEvent) {
+			if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(n) {
+				once.Do(func() { doneAt = time.Now(); close(done) })
+			}
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	r.progress("steps: running them (%s)", cfg)
+	began := time.Now()
+	if err := runner.Start(ctx); err != nil {
+		return err
+	}
+	timer := time.NewTimer(r.sz.timeout)
+	defer timer.Stop()
+	var waitErr error
+	select {
+	case <-done:
+	case <-timer.C:
+		waitErr = fmt.Errorf("%d of %d sagas completed after %s", completed.Load(), n, r.sz.timeout)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := runner.Stop(stopCtx); err != nil && waitErr == nil {
+		waitErr = err
+	}
+	if waitErr != nil {
+		return waitErr
+	}
+	took := doneAt.Sub(began)
+	var finished int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`).Scan(&finished); err != nil {
+		return err
+	}
+	if finished != n {
+		return fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
+	}
+	res := &StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga, Workers: cfg.Workers, Seconds: took.Seconds(),
+		StepsPerSec: rate(n*benchStepsPerSaga, took)}
+	r.progress("steps: %.0f steps/s; pgbench with the step's shape for %s", res.StepsPerSec, took.Round(time.Second))
+	pg, err := e.runPgbenchSteps(ctx, took, n)
+	if err != nil {
+		return err
+	}
+	res.PgbenchTPS, res.PgbenchClients, res.PgbenchSeconds = pg.TPS, pg.Clients, pg.Duration.Seconds()
+	if pg.TPS > 0 {
+		res.Ratio = res.StepsPerSec / pg.TPS
+	}
+	r.report.Steps = res
+	r.progress("steps: %.0f steps/s vs pgbench %.0f tps: ratio %.2f", res.StepsPerSec, pg.TPS, res.Ratio)
+	return nil
+}
+
+// openRelayPool sizes a pool as `relay run` does: a connection per worker
+// plus room for claims, heartbeats and the correlator.
+func openRelayPool(ctx context.Context, url string, workers int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(workers + 8)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// seedSagas starts n bench sagas through the correlator in batches of 1,000
+// synthetic events: the real start path, without a stream.
+func seedSagas(ctx context.Context, pool *pgxpool.Pool, reg *saga.Registry, slot string, n int) error {
+	corr, err := correlator.New(pool, &correlator.Config{Registry: reg, DisableNotify: true})
+	if err != nil {
+		return err
+	}
+	tenant := uuid.MustParse(benchTenant)
+	var lsn pglogrepl.LSN = 0x10000000
+	for done := 0; done < n; {
+		size := min(1000, n-done)
+		evs := make([]outbox.Event, size)
+		lsn += 0x1000
+		for j := range evs {
+			seq := done + j
+			evs[j] = outbox.Event{ID: uuid.New(), TenantID: tenant, AggregateType: "order", AggregateID: fmt.Sprint(seq),
+				EventType: benchEventType, Payload: fmt.Appendf(nil, `{"seq": %d, "currency": "EUR", "amount_cents": 4200}`, seq), LSN: uint64(lsn)}
+		}
+		if err := corr.HandleBatch(ctx, cdc.Batch{Slot: slot, Events: evs, CommitLSN: lsn, EndLSN: lsn + 0x10, CommitTime: time.Now()}); err != nil {
+			return err
+		}
+		done += size
+	}
+	return nil
+}
