@@ -169,6 +169,15 @@ func (s *Stream) setLeader(v bool) {
 
 // lead prepares the slot and streams.
 func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	// What will not heal by retrying is fatal: check it every session, it
+	// costs one query.
+	srv, err := inspectServer(ctx, pool)
+	if err != nil {
+		return false, err
+	}
+	if err := srv.check(); err != nil {
+		return false, err
+	}
 	t, err := inspectTable(ctx, pool, &s.cfg)
 	if err != nil {
 		return false, err
