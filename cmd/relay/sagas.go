@@ -1,0 +1,366 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+func init() { registerCommand(newSagasCmd) }
+
+// newSagasCmd is `relay sagas`: the operator's commands, run against the
+// database directly (no relay needs to be running) through saga/admin, the
+// same code behind the HTTP API.
+func newSagasCmd(opts *rootOptions) *cobra.Command {
+	var stuckAfter time.Duration
+	cmd := &cobra.Command{
+		Use:   "sagas",
+		Short: "List, inspect, retry and cancel saga instances (works without a running relay)",
+		Long: "Operator commands on saga instances, against the database directly and with\n" +
+			"the same semantics as the HTTP API (/v1/sagas): one implementation behind both.\n" +
+			"Retry and cancel are journaled with your OS user name (cli:<user>) and the time.",
+	}
+	cmd.PersistentFlags().DurationVar(&stuckAfter, "stuck-after", admin.DefaultStuckAfter,
+		"a RUNNING or COMPENSATING instance whose next attempt is overdue by more than this, with no runner holding it, is stuck (env RELAY_STUCK_AFTER)")
+
+	// withAdmin opens a small pool, runs f and closes the pool.
+	withAdmin := func(cmd *cobra.Command, f func(a *admin.Admin) error) error {
+		pool, err := openPool(cmd.Context(), opts, 2)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		a, err := newSagaAdmin(pool, stuckAfter)
+		if err != nil {
+			return err
+		}
+		return f(a)
+	}
+
+	var (
+		f      admin.Filter
+		tenant string
+		status string
+		asJSON bool
+	)
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List saga instances, newest first (--stuck: only the stuck ones, with the reason)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.Status = saga.Status(status)
+			if tenant != "" {
+				id, err := uuid.Parse(tenant)
+				if err != nil {
+					return fmt.Errorf("--tenant %q is not a UUID", tenant)
+				}
+				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
+			}
+			return withAdmin(cmd, func(a *admin.Admin) error {
+				page, err := a.List(cmd.Context(), f)
+				if err != nil {
+					return err
+				}
+				out := cmd.OutOrStdout()
+				if asJSON {
+					var next *string
+					if page.NextCursor != "" {
+						next = &page.NextCursor
+					}
+					items := page.Items
+					if items == nil {
+						items = []admin.Item{}
+					}
+					return writeIndentedJSON(out, struct {
+						Items      []admin.Item `json:"items"`
+						NextCursor *string      `json:"next_cursor"`
+					}{items, next})
+				}
+				printSagaItems(out, page.Items, f.Stuck)
+				if page.NextCursor != "" {
+					fmt.Fprintf(out, "\nmore: add --cursor %s\n", page.NextCursor)
+				}
+				return nil
+			})
+		},
+	}
+	lf := list.Flags()
+	lf.BoolVar(&f.Stuck, "stuck", false, "only stuck instances (FAILED, overdue with no runner, or an unregistered version)")
+	lf.StringVar(&status, "status", "", "only this status: RUNNING, COMPENSATING, FAILED, COMPLETED, COMPENSATED or TIMED_OUT")
+	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
+	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
+	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (at most %d)", admin.MaxLimit))
+	lf.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (printed at its end)")
+	lf.BoolVar(&asJSON, "json", false, `print {"items": [...], "next_cursor": ...} as the API does`)
+
+	var showJSON bool
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show an instance: where it stands, its steps and its journal",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			return withAdmin(cmd, func(a *admin.Admin) error {
+				d, err := a.Show(cmd.Context(), id)
+				if err != nil {
+					return err
+				}
+				if showJSON {
+					return writeIndentedJSON(cmd.OutOrStdout(), d)
+				}
+				printSagaDetail(cmd.OutOrStdout(), d)
+				return nil
+			})
+		},
+	}
+	show.Flags().BoolVar(&showJSON, "json", false, "print the instance, its steps and its events as the API does")
+
+	var retryReason string
+	retry := &cobra.Command{
+		Use:   "retry ID --reason TEXT",
+		Short: "Resume an instance exactly where it stands (never skips or marks a step done)",
+		Long: "A FAILED instance goes back to COMPENSATING at the compensation that failed:\n" +
+			"the runner re-runs it, then the compensations below it in reverse order. A stuck\n" +
+			"RUNNING or COMPENSATING instance has its current step (or compensation) run now,\n" +
+			"with its attempt count reset. No step is marked done and none is skipped. The\n" +
+			"reason, the time and your user name are journaled. Asking again while a retry is\n" +
+			"still pending changes nothing. COMPLETED, COMPENSATED and TIMED_OUT instances\n" +
+			"cannot be retried.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(retryReason) == "" {
+				return fmt.Errorf("--reason is required: say why you retry (it is journaled with your name)")
+			}
+			return withAdmin(cmd, func(a *admin.Admin) error {
+				res, err := a.Retry(cmd.Context(), id, retryReason, cliActor())
+				if err != nil {
+					return err
+				}
+				printSagaResult(cmd.OutOrStdout(), "retry", res)
+				return nil
+			})
+		},
+	}
+	retry.Flags().StringVar(&retryReason, "reason", "", "why (required; journaled)")
+
+	var cancelReason string
+	cancel := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Compensate a RUNNING instance: undo its done steps in reverse order",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			return withAdmin(cmd, func(a *admin.Admin) error {
+				res, err := a.Cancel(cmd.Context(), id, cancelReason, cliActor())
+				if err != nil {
+					return err
+				}
+				printSagaResult(cmd.OutOrStdout(), "cancel", res)
+				return nil
+			})
+		},
+	}
+	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+")")
+
+	cmd.AddCommand(list, show, retry, cancel)
+	return cmd
+}
+
+// newSagaAdmin builds the admin the way `relay run` does, with this binary's
+// saga definitions, so that the CLI's view of "stuck" matches the API's.
+func newSagaAdmin(pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: defaultRegistry(), StuckAfter: stuckAfter})
+}
+
+func parseInstanceID(s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil || len(s) != 36 {
+		return uuid.Nil, fmt.Errorf("%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", s)
+	}
+	return id, nil
+}
+
+// cliActor names the person in the journal: cli:<OS user>.
+func cliActor() string {
+	name := ""
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = os.Getenv("USER")
+	}
+	if name == "" {
+		name = "unknown"
+	}
+	return "cli:" + name
+}
+
+func writeIndentedJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+const sagaTimeLayout = "2006-01-02 15:04:05Z"
+
+func clipText(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+func stepLabel(i int, name string) string {
+	if name == "" {
+		return fmt.Sprint(i)
+	}
+	return fmt.Sprintf("%d %s", i, name)
+}
+
+func printSagaItems(out io.Writer, items []admin.Item, stuckOnly bool) {
+	if len(items) == 0 {
+		if stuckOnly {
+			fmt.Fprintln(out, "nothing is stuck")
+		} else {
+			fmt.Fprintln(out, "no saga instances")
+		}
+		return
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSAGA\tSTATUS\tSTEP\tATTEMPT\tNEXT ATTEMPT\tSTUCK\tLAST ERROR")
+	for _, it := range items {
+		stuck := it.StuckReason
+		if stuck == "" {
+			stuck = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s@v%d\t%s\t%s\t%d\t%s\t%s\t%s\n", it.ID, it.SagaName, it.SagaVersion, it.Status,
+			stepLabel(it.CurrentStep, it.CurrentStepName), it.Attempt, it.NextAttemptAt.UTC().Format(sagaTimeLayout), stuck, clipText(it.LastError, 60))
+	}
+	tw.Flush()
+	if stuckOnly {
+		fmt.Fprintln(out)
+		for _, it := range items {
+			fmt.Fprintf(out, "%s: %s\n", it.ID, it.StuckDetail)
+		}
+	}
+}
+
+func sagaTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(sagaTimeLayout)
+}
+
+func printSagaDetail(out io.Writer, d admin.Detail) {
+	in := d.Instance
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "instance\t%s\n", in.ID)
+	fmt.Fprintf(tw, "saga\t%s version %d%s\n", in.SagaName, in.SagaVersion, map[bool]string{true: "", false: " (not registered in this binary)"}[d.Registered])
+	fmt.Fprintf(tw, "tenant\t%s\n", in.TenantID)
+	fmt.Fprintf(tw, "status\t%s\n", in.Status)
+	if in.StuckReason != "" {
+		fmt.Fprintf(tw, "stuck\t%s: %s\n", in.StuckReason, in.StuckDetail)
+	}
+	fmt.Fprintf(tw, "current step\t%s, attempt %d\n", stepLabel(in.CurrentStep, in.CurrentStepName), in.Attempt)
+	fmt.Fprintf(tw, "next attempt\t%s\n", in.NextAttemptAt.UTC().Format(sagaTimeLayout))
+	fmt.Fprintf(tw, "deadline\t%s\n", sagaTime(in.TimeoutAt))
+	fmt.Fprintf(tw, "lease until\t%s\n", sagaTime(in.LeaseExpiresAt))
+	if in.LastError != "" {
+		fmt.Fprintf(tw, "last error\t%s\n", clipText(in.LastError, 200))
+	}
+	if in.CompensationReason != "" {
+		fmt.Fprintf(tw, "compensating because\t%s\n", clipText(in.CompensationReason, 200))
+	}
+	fmt.Fprintf(tw, "created / updated\t%s / %s\n", in.CreatedAt.UTC().Format(sagaTimeLayout), in.UpdatedAt.UTC().Format(sagaTimeLayout))
+	tw.Flush()
+
+	fmt.Fprintln(out, "\nsteps:")
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  #\tNAME\tSTATUS\tATTEMPTS\tCOMP. ATTEMPTS\tCOMPLETED\tCOMPENSATED\tLAST ERROR")
+	for _, s := range d.Steps {
+		mark := " "
+		if s.Sequence == in.CurrentStep {
+			mark = ">"
+		}
+		fmt.Fprintf(tw, "%s %d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", mark, s.Sequence, s.Name, s.Status, s.Attempts, s.CompensationAttempts,
+			sagaTime(s.CompletedAt), sagaTime(s.CompensatedAt), clipText(s.LastError, 60))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(out, "\njournal:")
+	if d.EventsTruncated {
+		fmt.Fprintf(out, "  (only the newest %d events)\n", admin.MaxEvents)
+	}
+	tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  V\tTIME\tEVENT\tSTEP\tDETAILS")
+	for _, e := range d.Events {
+		step := "-"
+		if e.Step != nil && *e.Step >= 0 {
+			step = fmt.Sprint(*e.Step)
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", e.Version, e.CreatedAt.UTC().Format(sagaTimeLayout), e.Kind, step, sagaEventDetails(e.Payload))
+	}
+	tw.Flush()
+}
+
+// sagaEventDetails picks the fields of a journal payload a person reads first.
+func sagaEventDetails(raw json.RawMessage) string {
+	var ev saga.Event
+	if json.Unmarshal(raw, &ev) != nil {
+		return ""
+	}
+	var parts []string
+	if ev.Reason != "" {
+		parts = append(parts, "reason: "+clipText(ev.Reason, 80))
+	}
+	if ev.Actor != "" {
+		parts = append(parts, "by "+ev.Actor)
+	}
+	if ev.Error != "" {
+		parts = append(parts, "error: "+clipText(ev.Error, 80))
+	}
+	if ev.RetryIn > 0 {
+		parts = append(parts, "retry in "+ev.RetryIn.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func printSagaResult(out io.Writer, action string, res admin.Result) {
+	it := res.Instance
+	if res.AlreadyRequested {
+		fmt.Fprintf(out, "%s already requested and still pending; nothing changed: %s is %s at step %s\n",
+			action, it.ID, it.Status, stepLabel(it.CurrentStep, it.CurrentStepName))
+		return
+	}
+	fmt.Fprintf(out, "%s requested: %s is now %s at step %s, attempt %d; a runner picks it up at its next claim\n",
+		action, it.ID, it.Status, stepLabel(it.CurrentStep, it.CurrentStepName), it.Attempt)
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/internal/briefs"
+	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/migrations"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// runSagas runs `relay <args>` in process and returns its output.
+func runSagas(t *testing.T, url string, args ...string) (string, error) {
+	t.Helper()
+	opts := &rootOptions{}
+	root := newRootCmd(opts)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(append(args, "--database-url", url))
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+// TestSagasCLI runs list, show, retry and cancel against a real database
+// with no relay running, as an operator would.
+func TestSagasCLI(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Options{WithExamples: true}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	pool, err := pgxpool.New(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A FAILED brief enrichment: step 0 done, its compensation given up.
+	failed := uuid.New()
+	start := func(id uuid.UUID) {
+		t.Helper()
+		if err := j.Enqueue(ctx, saga.Instance{ID: id, TenantID: uuid.New(), SagaName: briefs.SagaName, SagaVersion: briefs.SagaVersion,
+			Status: saga.StatusRunning, TriggerEventID: uuid.New(), Context: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(failed)
+	claimed, err := j.ClaimPending(ctx, 1, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	lease := claimed[0].LeaseID.UUID
+	for _, ev := range []saga.Event{
+		{Kind: saga.EventStepCompleted, Step: 0, StepName: briefs.StepClaim},
+		{Kind: saga.EventCompensationStarted, Step: 0, Reason: "attach failed"},
+		{Kind: saga.EventCompensationFailed, Step: 0, StepName: briefs.StepClaim, Error: "briefs table locked"},
+	} {
+		if _, err := j.Append(ctx, failed, lease, ev); err != nil {
+			t.Fatalf("append %s: %v", ev.Kind, err)
+		}
+	}
+	if ok, err := j.MarkTerminal(ctx, failed, lease, saga.StatusFailed, "briefs table locked"); !ok || err != nil {
+		t.Fatalf("MarkTerminal: %v %v", ok, err)
+	}
+	running := uuid.New()
+	start(running)
+
+	out, err := runSagas(t, c.URL, "sagas", "list", "--stuck")
+	if err != nil {
+		t.Fatalf("list --stuck: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, failed.String()) || strings.Contains(out, running.String()) || !strings.Contains(out, "exhausted its attempts") {
+		t.Errorf("list --stuck:\n%s", out)
+	}
+
+	out, err = runSagas(t, c.URL, "sagas", "list", "--json", "--limit", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page struct {
+		Items []struct {
+			ID uuid.UUID `json:"id"`
+		} `json:"items"`
+		NextCursor *string `json:"next_cursor"`
+	}
+	if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Items) != 1 || page.NextCursor == nil {
+		t.Fatalf("list --json --limit 1: %v\n%s", err, out)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "list", "--json", "--limit", "1", "--cursor", *page.NextCursor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := page.Items[0].ID
+	if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Items) != 1 || page.Items[0].ID == first || page.NextCursor != nil {
+		t.Errorf("second page: %v\n%s", err, out)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "list", "--status", "DONE"); !errors.Is(err, saga.ErrInvalid) {
+		t.Errorf("list --status DONE: %v, want an invalid-input error", err)
+	}
+
+	out, err = runSagas(t, c.URL, "sagas", "show", failed.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"FAILED", briefs.StepClaim, "compensation_failed", "briefs table locked", "steps:", "journal:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+
+	if _, err := runSagas(t, c.URL, "sagas", "retry", failed.String()); err == nil || !strings.Contains(err.Error(), "--reason is required") {
+		t.Errorf("retry without --reason: %v", err)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "retry", failed.String(), "--reason", "lock released")
+	if err != nil || !strings.Contains(out, "retry requested") || !strings.Contains(out, "COMPENSATING") {
+		t.Fatalf("retry: %v\n%s", err, out)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "retry", failed.String(), "--reason", "again")
+	if err != nil || !strings.Contains(out, "already requested") {
+		t.Errorf("second retry: %v\n%s", err, out)
+	}
+	evs, err := j.Load(ctx, failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	if last.Kind != saga.EventRetryRequested || last.Reason != "lock released" || !strings.HasPrefix(last.Actor, "cli:") || len(last.Actor) <= len("cli:") {
+		t.Errorf("journaled retry: %s reason %q actor %q", last.Kind, last.Reason, last.Actor)
+	}
+
+	out, err = runSagas(t, c.URL, "sagas", "cancel", running.String(), "--reason", "customer withdrew")
+	if err != nil || !strings.Contains(out, "cancel requested") {
+		t.Errorf("cancel: %v\n%s", err, out)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "cancel", failed.String()); !errors.Is(err, saga.ErrConflict) {
+		t.Errorf("cancel of a compensating instance: %v, want a conflict", err)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "show", "nope"); err == nil || !strings.Contains(err.Error(), "not a saga instance id") {
+		t.Errorf("show nope: %v", err)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "show", uuid.NewString()); !errors.Is(err, saga.ErrNotFound) {
+		t.Errorf("show of an unknown id: %v", err)
+	}
+}
