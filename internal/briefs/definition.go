@@ -2,7 +2,9 @@ package briefs
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -76,6 +78,31 @@ var (
 // produce in the database, not here, so the state never goes stale.
 type State struct {
 	BriefID uuid.UUID `json:"brief_id"`
+}
+
+// UnmarshalJSON decodes a trigger's payload with errors that name the field,
+// since they end up as the reason of a parked event.
+func (s *State) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		BriefID *string `json:"brief_id"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	s.BriefID = uuid.Nil
+	if raw.BriefID == nil {
+		return nil // Check reports the missing id
+	}
+	id, err := uuid.Parse(*raw.BriefID)
+	if err != nil {
+		shown := *raw.BriefID
+		if len(shown) > 64 {
+			shown = shown[:64] + "…"
+		}
+		return fmt.Errorf(`"brief_id" %q is not a UUID: %v`, shown, err)
+	}
+	s.BriefID = id
+	return nil
 }
 
 // Definition returns `brief_enrichment` version 1.
