@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,6 +321,8 @@ func TestErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{token: token, journal: true})
 	done := b.insert(t, tenantA, saga.StatusCompleted, 3, 0)
+	compensated := b.insert(t, tenantA, saga.StatusCompensated, -1, 0)
+	timedOut := b.insert(t, tenantA, saga.StatusTimedOut, -1, 0)
 	failed := b.insert(t, tenantA, saga.StatusFailed, 1, 0)
 
 	cases := []struct {
@@ -348,6 +351,8 @@ func TestErrors(t *testing.T) {
 		{"POST", "/v1/sagas/" + failed.String() + "/retry", ``, 400, "reason is required"},
 		{"POST", "/v1/sagas/" + failed.String() + "/retry", `{"reason":"` + strings.Repeat("x", 70000) + `"}`, 400, "larger than"},
 		{"POST", "/v1/sagas/" + done.String() + "/retry", `{"reason":"x"}`, 409, "COMPLETED"},
+		{"POST", "/v1/sagas/" + compensated.String() + "/retry", `{"reason":"x"}`, 409, "COMPENSATED"},
+		{"POST", "/v1/sagas/" + timedOut.String() + "/retry", `{"reason":"x"}`, 409, "TIMED_OUT"},
 		{"POST", "/v1/sagas/" + failed.String() + "/cancel", ``, 409, "only a RUNNING instance"},
 		{"GET", "/v1/sagas/" + failed.String() + "/retry", "", 405, "POST"},
 		{"DELETE", "/v1/sagas", "", 405, "GET"},
@@ -555,6 +560,45 @@ func TestStreamerNamed(t *testing.T) {
 	page := string(b.do(t, "GET", "/", "").body)
 	if !strings.Contains(page, "<polyline") || !strings.Contains(page, "relay-replica-a") {
 		t.Error("the page lacks the lag chart or the streamer")
+	}
+}
+
+// TestLagSampler: Run samples the lag at its interval into a bounded ring,
+// oldest first, and returns when its context ends.
+func TestLagSampler(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int64
+	repl := func(context.Context) (httpapi.ReplicationStatus, error) {
+		v := n.Add(1)
+		return httpapi.ReplicationStatus{Slot: "s", Exists: true, WALStatus: "reserved", LagBytes: v}, nil
+	}
+	db := pgtest.NewDB(t)
+	srv, err := httpapi.New(httpapi.Config{Pool: db.Pool, Replication: repl, LagSampleInterval: 10 * time.Millisecond, LagSamples: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for n.Load() < 12 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	samples := srv.LagSamples()
+	if len(samples) != 5 {
+		t.Fatalf("%d samples kept, want the ring's 5", len(samples))
+	}
+	for i := 1; i < len(samples); i++ {
+		if samples[i].LagBytes <= samples[i-1].LagBytes || samples[i].At.Before(samples[i-1].At) {
+			t.Errorf("samples out of order: %+v", samples)
+		}
+	}
+	if last := samples[len(samples)-1].LagBytes; last < 10 {
+		t.Errorf("newest sample %d: the ring kept old samples", last)
 	}
 }
 
