@@ -965,3 +965,45 @@ func TestRunnerCancelCompensatesFromWhereTheInstanceStands(t *testing.T) {
 		t.Fatalf("reason %q", inst.CompensationReason)
 	}
 }
+
+func TestRunnerStepMistakes(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	// A panic fails the attempt, not the process.
+	panicky := effectStep("panicky")
+	inner := panicky.Do
+	panicky.Retry = saga.RetryPolicy{MaxAttempts: 3, Base: 10 * time.Millisecond, Jitter: -1}
+	panicky.Do = func(ctx context.Context, s *trail, x *saga.StepTx) error {
+		if x.Attempt == 1 {
+			panic("nil map somewhere")
+		}
+		return inner(ctx, s, x)
+	}
+	// A waiting step that sends no command can never be answered: a
+	// permanent failure, not a wait until the reply timeout.
+	silent := saga.TypedStep[trail]{Name: "silent", ReplyTimeout: time.Hour,
+		Do: func(context.Context, *trail, *saga.StepTx) error { return nil }}
+	// A step that does not wait cannot send a command.
+	var cmdErr atomic.Value
+	eager := saga.TypedStep[trail]{Name: "eager", Do: func(ctx context.Context, s *trail, x *saga.StepTx) error {
+		cmdErr.Store(x.EmitCommand(ctx, outbox.Message{EventType: "x"}))
+		return nil
+	}}
+	okDef := typedDef("panics", panicky, eager)
+	badDef := typedDef("silent", effectStep("before"), silent)
+	r.reg.MustRegister(okDef, badDef)
+	r.run(nil, nil, nil)
+	a := r.start(okDef, trail{}, 0)
+	b := r.start(badDef, trail{}, 0)
+	r.wait(a, saga.StatusCompleted, 20*time.Second)
+	if rec := r.steps(a)[0]; rec.Attempts != 2 || !strings.Contains(rec.LastError, "panicked") {
+		t.Fatalf("panicky %+v: want 2 attempts and the panic as last error", rec)
+	}
+	if err, _ := cmdErr.Load().(error); !errors.Is(err, saga.ErrInvalid) {
+		t.Fatalf("EmitCommand in a step without ReplyTimeout: %v, want ErrInvalid", err)
+	}
+	inst := r.wait(b, saga.StatusCompensated, 20*time.Second)
+	if !strings.Contains(inst.CompensationReason, "EmitCommand") {
+		t.Fatalf("reason %q does not tell the author what is missing", inst.CompensationReason)
+	}
+}
