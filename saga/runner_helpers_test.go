@@ -41,6 +41,11 @@ func newRig(t *testing.T) *rig {
 	r.exec(`CREATE TABLE comp_log (id bigserial PRIMARY KEY, instance_id uuid NOT NULL, step text NOT NULL,
 		attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	t.Cleanup(func() {
+		// The worker's copy of the projection must follow the journal's
+		// without reading it back.
+		if strings.Contains(r.logs.String(), "local advance refused") {
+			t.Error("the runner's local projection diverged from the journal's")
+		}
 		if t.Failed() {
 			t.Log("runner logs:\n" + r.logs.String())
 		}
