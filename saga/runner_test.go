@@ -1007,3 +1007,77 @@ func TestRunnerStepMistakes(t *testing.T) {
 		t.Fatalf("reason %q does not tell the author what is missing", inst.CompensationReason)
 	}
 }
+
+func TestRunnerListenSurvivesALostConnection(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	entered := make(chan struct{}, 4)
+	first := saga.TypedStep[trail]{Name: "first", Do: func(context.Context, *trail, *saga.StepTx) error {
+		entered <- struct{}{}
+		return nil
+	}}
+	def := typedDef("relisten", first)
+	r.reg.MustRegister(def)
+	r.run(nil, nil, &saga.RunnerConfig{PollInterval: 30 * time.Second, MaxPollInterval: 30 * time.Second})
+	time.Sleep(100 * time.Millisecond)
+	// Kill the LISTEN session, as a failover or an idle-session killer would.
+	if n := r.count(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`); n != 1 {
+		t.Fatalf("terminated %d LISTEN sessions, want 1", n)
+	}
+	// The reconnection wakes the runner once (notifications may have been
+	// lost); drain that, then check that NOTIFY works again.
+	time.Sleep(500 * time.Millisecond)
+	r.start(def, trail{}, 0)
+	deadline := time.After(10 * time.Second)
+	for {
+		if err := saga.NotifyRunners(context.Background(), r.db.Pool); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-entered:
+			return
+		case <-deadline:
+			t.Fatal("no wake-up after the LISTEN connection was lost")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func TestRunnerStartStopStress(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	def := typedDef("churn", effectStep("a"), effectStep("b"))
+	r.reg.MustRegister(def)
+	const n = 60
+	r.startMany(def, n)
+	for i := range 12 {
+		run, err := saga.NewRunner(r.journal, r.db.Pool, r.reg, r.cfg(&saga.RunnerConfig{Workers: 4}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Stop(context.Background()); err != nil {
+			t.Fatalf("Stop before Start: %v", err)
+		}
+		if err := run.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Start(context.Background()); !errors.Is(err, saga.ErrInvalid) {
+			t.Fatalf("second Start: %v, want ErrInvalid", err)
+		}
+		time.Sleep(time.Duration(i%4) * 15 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := run.Stop(ctx); err != nil {
+			t.Fatalf("cycle %d: Stop: %v", i, err)
+		}
+		if err := run.Stop(ctx); err != nil {
+			t.Fatalf("cycle %d: second Stop: %v", i, err)
+		}
+		cancel()
+	}
+	r.run(nil, nil, nil)
+	r.waitAll(30 * time.Second)
+	if c := r.count(`SELECT count(*) FROM (SELECT DISTINCT instance_id, step FROM effects) d`); c != 2*n || r.count(`SELECT count(*) FROM effects`) != 2*n {
+		t.Fatalf("effects %d distinct of %d, want %d once each", c, r.count(`SELECT count(*) FROM effects`), 2*n)
+	}
+}
