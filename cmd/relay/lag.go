@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/cdc"
+)
+
+func init() { registerCommand(newLagCmd) }
+
+// newLagCmd is `relay lag`: the slot's replication lag, read with read-only
+// queries, so that it works from another shell while the relay runs.
+func newLagCmd(opts *rootOptions) *cobra.Command {
+	var (
+		follow   bool
+		asJSON   bool
+		interval time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "lag",
+		Short: "Print the replication lag of the relay's slot (read-only)",
+		Long: "Prints the slot, whether a relay streams it (active), its wal_status, the lag in bytes\n" +
+			"(pg_current_wal_lsn() - confirmed_flush_lsn, human and exact) and in seconds (time since the\n" +
+			"relay last committed a checkpoint: a batch or a heartbeat).\n" +
+			"--json prints one object per line with the keys slot, active, wal_status, lag_bytes,\n" +
+			"lag_seconds, confirmed_flush_lsn and current_lsn. --follow prints one line per --interval.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if interval <= 0 {
+				return fmt.Errorf("--interval must be positive, got %s", interval)
+			}
+			ctx := cmd.Context()
+			pool, err := openPool(ctx, opts, 1)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for {
+				rep, err := cdc.QueryLag(ctx, pool, opts.Slot)
+				switch {
+				case err != nil && ctx.Err() != nil:
+					return nil
+				case err != nil && !follow:
+					return err
+				case err != nil:
+					// Following through a restart or a missing slot: say so
+					// and keep going.
+					fmt.Fprintln(cmd.ErrOrStderr(), "relay lag: "+redact(err.Error(), opts.databaseURL()))
+				default:
+					if werr := cdc.WriteLag(cmd.OutOrStdout(), rep, asJSON); werr != nil {
+						return werr
+					}
+				}
+				if !follow {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-tick.C:
+				}
+			}
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&follow, "follow", "f", false, "print one line per --interval until interrupted")
+	f.DurationVar(&interval, "interval", 2*time.Second, "time between lines with --follow")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object per line")
+	return cmd
+}
