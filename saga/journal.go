@@ -173,12 +173,14 @@ type Journal interface {
 	// up.
 	HeadSeq(ctx context.Context) (int64, error)
 
-	// DeliverReply records a reply for the instance waiting on
-	// correlationID (reply_received): not fenced, it revokes any lease so
-	// that the instance is claimed again at once and a runner still working
-	// on the wait cannot commit. It returns the instance id; no instance
-	// waiting on correlationID → ErrNotFound; a wait that already holds an
-	// unconsumed reply → ErrConflict.
+	// DeliverReply records a reply for the RUNNING instance waiting on
+	// correlationID (reply_received, which ends the wait): not fenced, it
+	// revokes any lease so that the instance is claimed again at once and a
+	// runner still working on the wait cannot commit. It returns the
+	// instance id; no instance waiting on correlationID (a late or unknown
+	// reply) → ErrNotFound; more than one → ErrConflict. The correlator
+	// delivers a batch's replies with its own set-based SQL to the same
+	// effect; this is the one-at-a-time form.
 	DeliverReply(ctx context.Context, correlationID uuid.UUID, reply json.RawMessage, actor string) (uuid.UUID, error)
 	// RequestRetry resumes an instance where it stands (retry_requested):
 	// RUNNING and COMPENSATING instances are due now with their attempt

@@ -98,9 +98,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS saga_step_uq
     ON saga_steps (saga_instance_id, sequence);
 
 -- saga_events is the append-only journal. (instance_id, version) makes versions
--- monotonic per instance; global_seq orders events for tailers, and xid lets a
--- tailer read only below the oldest running transaction so that it never skips
--- an event whose transaction commits late.
+-- monotonic per instance; global_seq numbers events. Tailers read in
+-- (xid, global_seq) order and only below the oldest running transaction
+-- (pg_snapshot_xmin), so that they never skip an event whose transaction
+-- commits late: every event a later commit can still add has a higher xid.
 CREATE TABLE IF NOT EXISTS saga_events (
     instance_id  uuid NOT NULL REFERENCES saga_instances (id) ON DELETE CASCADE,
     version      bigint NOT NULL,
@@ -113,7 +114,28 @@ CREATE TABLE IF NOT EXISTS saga_events (
     PRIMARY KEY (instance_id, version)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS saga_events_global_seq_uq ON saga_events (global_seq);
-CREATE INDEX IF NOT EXISTS saga_events_xid_idx ON saga_events (xid);
+CREATE INDEX IF NOT EXISTS saga_events_xid_idx ON saga_events (xid, global_seq);
+
+-- An event's xid is its writer's transaction id, raised to the xid of the
+-- instance's previous event when that is higher (a transaction that got its id
+-- before the previous event's transaction did). Tailers then see each
+-- instance's events in version order, and an event still never passes below
+-- pg_snapshot_xmin before its own transaction ends, since its xid is at least
+-- its writer's. A trigger, so that every writer (the journal, the correlator's
+-- batch SQL) keeps the rule.
+CREATE OR REPLACE FUNCTION saga_events_order_key() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.xid := GREATEST(pg_current_xact_id(),
+        (SELECT e.xid FROM saga_events e
+          WHERE e.instance_id = NEW.instance_id AND e.version = NEW.version - 1));
+    RETURN NEW;
+END $$;
+
+DO $$ BEGIN
+    CREATE TRIGGER saga_events_order_key BEFORE INSERT ON saga_events
+        FOR EACH ROW EXECUTE FUNCTION saga_events_order_key();
+EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 
 -- One row per replication slot: the end LSN of the newest source transaction
 -- whose effects are committed here. Written in the same transaction as those

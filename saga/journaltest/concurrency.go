@@ -38,15 +38,17 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 		batchSize      = 6
 		tick           = time.Second
 		tickEvery      = 48
-		leaseTicks     = 4
+		leaseTicks     = 8
 		leaseD         = leaseTicks * tick
-		stallEvery     = 7
+		stallEvery     = 20
 	)
 	journals := []saga.Journal{h.Journal, h.Journal}
 	if h.Peer != nil {
 		journals[1] = h.Peer(t)
 	}
+	began := time.Now()
 	seed(t, h.Journal, n)
+	seeded := time.Now()
 
 	var (
 		gate sync.RWMutex // readers: calls in flight; writer: the clock moving
@@ -141,7 +143,7 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 					batches++
 					if batches%stallEvery == 0 {
 						// A zombie: it stalls past its leases, then carries on.
-						stallUntil(h.Clock, batch[len(batch)-1].LeaseExpiresAt.Add(time.Microsecond), advance)
+						stallUntil(h.Clock, batch[len(batch)-1].LeaseExpiresAt.Add(time.Microsecond), &ops, advance)
 					}
 					for _, inst := range batch {
 						id, lease := inst.ID, inst.LeaseID.UUID
@@ -212,6 +214,7 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 			t.Fatalf("instance %s marked terminal %d times", id, c)
 		}
 	}
+	t.Logf("seeded in %s, ran in %s", seeded.Sub(began).Round(time.Millisecond), time.Since(seeded).Round(time.Millisecond))
 	t.Logf("%d instances, %d operations, %d takeovers; stale writes rejected: %d heartbeats, %d appends, %d mark-terminals",
 		n, ops.Load(), takeovers.Load(), staleBeats.Load(), staleAppends.Load(), staleTerminals.Load())
 	if takeovers.Load() == 0 || staleBeats.Load() == 0 || staleAppends.Load() == 0 || staleTerminals.Load() == 0 {
@@ -226,18 +229,23 @@ type holding struct {
 	released bool
 }
 
-// stallUntil waits for the other workers to move the clock to at; if they
-// do not (they may have nothing left to do) it moves the clock itself.
-func stallUntil(c *Clock, at time.Time, advance func(time.Duration)) {
-	give := time.Now().Add(20 * time.Millisecond)
+// stallUntil waits for the other workers to move the clock to at. If they
+// stop moving it (nothing left for them to do) it moves the clock itself;
+// jumping while they work would expire every lease at once.
+func stallUntil(c *Clock, at time.Time, ops *atomic.Int64, advance func(time.Duration)) {
+	last, idleSince := ops.Load(), time.Now()
 	for c.Now().Before(at) {
-		if time.Now().After(give) {
+		time.Sleep(200 * time.Microsecond)
+		if n := ops.Load(); n != last {
+			last, idleSince = n, time.Now()
+			continue
+		}
+		if time.Since(idleSince) > 20*time.Millisecond {
 			if d := at.Sub(c.Now()); d > 0 {
 				advance(d)
 			}
 			return
 		}
-		time.Sleep(100 * time.Microsecond)
 	}
 }
 
@@ -271,22 +279,14 @@ func seed(t *testing.T, j saga.Journal, n int) {
 func checkHistories(t *testing.T, j saga.Journal, n int) {
 	t.Helper()
 	kinds := map[uuid.UUID][]saga.EventKind{}
-	cursor := int64(0)
-	for {
-		page, err := j.LoadSince(ctx, cursor, 2000)
-		if err != nil {
-			t.Fatalf("load since %d: %v", cursor, err)
+	evs := tailN(t, j, 0, 2*n, 2000)
+	// Nothing beyond the 2n events either.
+	waitHead(t, j, evs[len(evs)-1].GlobalSeq)
+	for _, ev := range evs {
+		if int64(len(kinds[ev.InstanceID])+1) != ev.Version {
+			t.Fatalf("instance %s: version %d after %d events", ev.InstanceID, ev.Version, len(kinds[ev.InstanceID]))
 		}
-		if len(page) == 0 {
-			break
-		}
-		for _, ev := range page {
-			if int64(len(kinds[ev.InstanceID])+1) != ev.Version {
-				t.Fatalf("instance %s: version %d after %d events", ev.InstanceID, ev.Version, len(kinds[ev.InstanceID]))
-			}
-			kinds[ev.InstanceID] = append(kinds[ev.InstanceID], ev.Kind)
-		}
-		cursor = page[len(page)-1].GlobalSeq
+		kinds[ev.InstanceID] = append(kinds[ev.InstanceID], ev.Kind)
 	}
 	if len(kinds) != n {
 		t.Fatalf("journal holds events of %d instances, want %d", len(kinds), n)

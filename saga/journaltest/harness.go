@@ -17,13 +17,9 @@
 package journaltest
 
 import (
-	"context"
-	"encoding/json"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/compensa/compensa/saga"
 )
@@ -41,12 +37,6 @@ type Harness struct {
 	// would hold it (for PostgreSQL: its own connection pool). Nil means
 	// Journal itself.
 	Peer func(t *testing.T) saga.Journal
-}
-
-// Replier is how a journal delivers a reply outside the correlator's batch
-// SQL. Both of ours implement it and the suite requires it.
-type Replier interface {
-	DeliverReply(ctx context.Context, correlationID uuid.UUID, reply json.RawMessage, actor string) (uuid.UUID, error)
 }
 
 // Clock is a settable clock, safe for concurrent use. Its Now is what the

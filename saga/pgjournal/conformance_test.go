@@ -1,0 +1,59 @@
+package pgjournal_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/journaltest"
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// newPool opens a pool of 8 connections on url, closed when t ends: the
+// concurrency test runs 8 workers per pool.
+func newPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newJournal(t *testing.T, pool *pgxpool.Pool, clock *journaltest.Clock) *pgjournal.Journal {
+	t.Helper()
+	j, err := pgjournal.New(pool, &pgjournal.Config{Now: clock.PtrNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// TestConformance runs the shared suite on PostgreSQL. Time is controlled
+// through Config.Now: every statement takes the test clock's reading as its
+// one clock, so a test sets the clock to a lease's expiry exactly.
+func TestConformance(t *testing.T) {
+	journaltest.Run(t, func(t *testing.T) journaltest.Harness {
+		db := pgtest.NewDB(t)
+		clock := journaltest.NewClock(journaltest.Epoch)
+		return journaltest.Harness{
+			Journal: newJournal(t, newPool(t, db.URL), clock),
+			Clock:   clock,
+			Peer: func(t *testing.T) saga.Journal {
+				return newJournal(t, newPool(t, db.URL), clock)
+			},
+		}
+	})
+}

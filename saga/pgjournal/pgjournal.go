@@ -1,0 +1,536 @@
+package pgjournal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga"
+)
+
+// Config tunes a Journal. A nil *Config means the defaults.
+type Config struct {
+	// Now, when set and returning non-nil, is the journal's one clock
+	// instead of PostgreSQL's clock_timestamp(). Every instant the journal
+	// uses (claims, lease expiry and fences, next_attempt_at, event and
+	// instance stamps) then comes from it: it is how tests cross a lease's
+	// expiry to the microsecond. Production leaves it nil.
+	Now func() *time.Time
+}
+
+// Journal is the PostgreSQL saga.Journal over saga_instances, saga_steps and
+// saga_events. It is safe for concurrent use.
+type Journal struct {
+	pool *pgxpool.Pool
+	now  func() *time.Time
+}
+
+var _ saga.Journal = (*Journal)(nil)
+
+// New returns a journal over pool. A nil pool is ErrInvalid.
+func New(pool *pgxpool.Pool, cfg *Config) (*Journal, error) {
+	if pool == nil {
+		return nil, saga.Errorf(saga.ErrInvalid, "pgjournal: the pool is nil")
+	}
+	j := &Journal{pool: pool}
+	if cfg != nil {
+		j.now = cfg.Now
+	}
+	return j, nil
+}
+
+// clock is the value of the statements' clock parameter: the injected time,
+// or NULL for the statement's clock_timestamp().
+func (j *Journal) clock() any {
+	if j.now == nil {
+		return nil
+	}
+	if t := j.now(); t != nil {
+		return *t
+	}
+	return nil
+}
+
+// querier is what both a pool and a transaction offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// q returns the caller's transaction when ctx carries one, else the pool.
+func (j *Journal) q(ctx context.Context) querier {
+	if tx, ok := saga.TxFromContext(ctx); ok {
+		return tx
+	}
+	return j.pool
+}
+
+// Enqueue implements saga.Journal.
+func (j *Journal) Enqueue(ctx context.Context, inst saga.Instance) error {
+	if err := saga.CheckNew(inst); err != nil {
+		return err
+	}
+	var next any
+	if !inst.NextAttemptAt.IsZero() {
+		next = inst.NextAttemptAt
+	}
+	ctxJSON := inst.Context
+	if len(ctxJSON) == 0 {
+		ctxJSON = json.RawMessage(`{}`)
+	}
+	_, err := j.q(ctx).Exec(ctx, sqlEnqueue, inst.ID, inst.TenantID, inst.WorkspaceID, inst.SagaName,
+		inst.SagaVersion, inst.TriggerEventID, inst.CorrelationID, []byte(ctxJSON), next, inst.TimeoutAt, j.clock())
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			if pgErr.ConstraintName == "saga_trigger_uq" {
+				return saga.Errorf(saga.ErrConflict, "trigger event %s already started %s v%d", inst.TriggerEventID, inst.SagaName, inst.SagaVersion)
+			}
+			return saga.Errorf(saga.ErrConflict, "saga instance %s already exists", inst.ID)
+		}
+		return fmt.Errorf("pgjournal: enqueue %s: %w", inst.ID, err)
+	}
+	return nil
+}
+
+// ClaimPending implements saga.Journal in one statement.
+func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
+	if batchSize <= 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)
+	}
+	if d < time.Microsecond {
+		return nil, saga.Errorf(saga.ErrInvalid, "claim: lease duration must be at least 1µs, got %s", d)
+	}
+	rows, err := j.q(ctx).Query(ctx, sqlClaim, j.clock(), batchSize, d.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: claim: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (saga.Instance, error) {
+		var inst saga.Instance
+		err := r.Scan(instanceDest(&inst)...)
+		return normInstance(inst), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: claim: %w", err)
+	}
+	if out == nil {
+		out = []saga.Instance{}
+	}
+	return out, nil
+}
+
+// Heartbeat implements saga.Journal in one statement.
+func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.Duration) (bool, error) {
+	if d < time.Microsecond {
+		// The lease is checked first, so that a zombie learns nothing from
+		// a bad argument either.
+		var held bool
+		if err := j.q(ctx).QueryRow(ctx, sqlHoldsLease, id, leaseID, j.clock()).Scan(&held); err != nil {
+			return false, fmt.Errorf("pgjournal: heartbeat %s: %w", id, err)
+		}
+		if !held {
+			return false, nil
+		}
+		return false, saga.Errorf(saga.ErrInvalid, "heartbeat: lease duration must be at least 1µs, got %s", d)
+	}
+	tag, err := j.q(ctx).Exec(ctx, sqlHeartbeat, id, leaseID, d.Microseconds(), j.clock())
+	if err != nil {
+		return false, fmt.Errorf("pgjournal: heartbeat %s: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Append implements saga.Journal in two round trips: the locked read, then
+// the write (with BEGIN and COMMIT riding along when the journal opens the
+// transaction itself).
+func (j *Journal) Append(ctx context.Context, id, leaseID uuid.UUID, ev saga.Event) (int64, error) {
+	var version int64
+	err := j.mutate(ctx, sqlLockByID, id, func(rows []locked) (*saga.Transition, error) {
+		if len(rows) == 0 {
+			return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+		}
+		r := rows[0]
+		if !saga.HoldsLease(r.inst, leaseID, r.now) {
+			return nil, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
+		}
+		if !ev.Kind.Appendable() {
+			return nil, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
+		}
+		tr, err := saga.Advance(r.inst, r.cur, ev, r.now)
+		if err != nil {
+			return nil, err
+		}
+		version = tr.Instance.Version
+		return &tr, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return version, nil
+}
+
+// MarkTerminal implements saga.Journal, in two round trips like Append.
+func (j *Journal) MarkTerminal(ctx context.Context, id, leaseID uuid.UUID, final saga.Status, reason string) (bool, error) {
+	var done bool
+	err := j.mutate(ctx, sqlLockByID, id, func(rows []locked) (*saga.Transition, error) {
+		if len(rows) == 0 || !saga.HoldsLease(rows[0].inst, leaseID, rows[0].now) {
+			return nil, nil
+		}
+		kind, err := saga.TerminalKind(final)
+		if err != nil {
+			return nil, err
+		}
+		tr, err := saga.Advance(rows[0].inst, rows[0].cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, rows[0].now)
+		if err != nil {
+			return nil, err
+		}
+		done = true
+		return &tr, nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return done, nil
+}
+
+// RequestRetry implements saga.Journal.
+func (j *Journal) RequestRetry(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(ctx, id, saga.Event{Kind: saga.EventRetryRequested, Step: -1, Reason: reason, Actor: actor})
+}
+
+// RequestCancel implements saga.Journal.
+func (j *Journal) RequestCancel(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(ctx, id, saga.Event{Kind: saga.EventCancelRequested, Step: -1, Reason: reason, Actor: actor})
+}
+
+func (j *Journal) request(ctx context.Context, id uuid.UUID, ev saga.Event) error {
+	return j.mutate(ctx, sqlLockByID, id, func(rows []locked) (*saga.Transition, error) {
+		if len(rows) == 0 {
+			return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+		}
+		tr, err := saga.Advance(rows[0].inst, rows[0].cur, ev, rows[0].now)
+		if err != nil {
+			return nil, err
+		}
+		return &tr, nil
+	})
+}
+
+// DeliverReply implements saga.Journal.
+func (j *Journal) DeliverReply(ctx context.Context, correlationID uuid.UUID, reply json.RawMessage, actor string) (uuid.UUID, error) {
+	var id uuid.UUID
+	err := j.mutate(ctx, sqlLockByCorrelation, correlationID, func(rows []locked) (*saga.Transition, error) {
+		switch len(rows) {
+		case 0:
+			return nil, saga.Errorf(saga.ErrNotFound, "no RUNNING instance waits on correlation id %s (a late or unknown reply)", correlationID)
+		case 1:
+		default:
+			return nil, saga.Errorf(saga.ErrConflict, "%d instances wait on correlation id %s", len(rows), correlationID)
+		}
+		r := rows[0]
+		ev := saga.Event{Kind: saga.EventReplyReceived, Step: r.inst.CurrentStep, CorrelationID: correlationID, Output: reply, Actor: actor}
+		tr, err := saga.Advance(r.inst, r.cur, ev, r.now)
+		if err != nil {
+			return nil, err
+		}
+		id = r.inst.ID
+		return &tr, nil
+	})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	return id, nil
+}
+
+// locked is one row of a locking read: the projection, its current step's
+// record and the statement's clock.
+type locked struct {
+	inst saga.Instance
+	cur  *saga.StepRecord
+	now  time.Time
+}
+
+// mutate is every write but Enqueue, Claim and Heartbeat: read and lock the
+// rows (lockSQL with key and the clock), let decide say what to store, and
+// store it. decide returning (nil, nil) writes nothing. In the caller's
+// transaction that is two round trips; in its own, BEGIN rides with the read
+// and COMMIT with the write, so it is two as well.
+func (j *Journal) mutate(ctx context.Context, lockSQL string, key uuid.UUID, decide func([]locked) (*saga.Transition, error)) (err error) {
+	s, err := j.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+
+	read := &pgx.Batch{}
+	if s.own() {
+		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	}
+	read.Queue(lockSQL, key, j.clock())
+	rows, err := s.readLocked(ctx, read)
+	if err != nil {
+		return fmt.Errorf("pgjournal: read %s: %w", key, err)
+	}
+	tr, err := decide(rows)
+	if err != nil || tr == nil {
+		return err
+	}
+
+	write := &pgx.Batch{}
+	write.Queue(sqlWrite, writeArgs(*tr)...)
+	if s.own() {
+		write.Queue("COMMIT")
+	}
+	br := s.q.SendBatch(ctx, write)
+	var seq int64
+	err = br.QueryRow().Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
+	}
+	if err == nil && s.own() {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
+	}
+	return nil
+}
+
+// session is where one mutation runs: the caller's transaction, or a
+// connection of the pool on which the journal runs its own.
+type session struct {
+	q    querier
+	conn *pgxpool.Conn // nil in the caller's transaction
+}
+
+func (j *Journal) open(ctx context.Context) (*session, error) {
+	if tx, ok := saga.TxFromContext(ctx); ok {
+		return &session{q: tx}, nil
+	}
+	c, err := j.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: acquire a connection: %w", err)
+	}
+	return &session{q: c, conn: c}, nil
+}
+
+func (s *session) own() bool { return s.conn != nil }
+
+// close ends the journal's own transaction if it is still open (a refused
+// or failed mutation: nothing was written) and returns the connection. In
+// the caller's transaction it does nothing: the caller commits or rolls
+// back.
+func (s *session) close() {
+	if s.conn == nil {
+		return
+	}
+	if s.conn.Conn().PgConn().TxStatus() != 'I' && !s.conn.Conn().IsClosed() {
+		// Detached from the caller's context: a cancelled caller must still
+		// release the row lock now, not when the connection is reaped.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = s.conn.Exec(ctx, "ROLLBACK")
+		cancel()
+	}
+	// A connection still in a transaction is destroyed by Release.
+	s.conn.Release()
+}
+
+func (s *session) readLocked(ctx context.Context, b *pgx.Batch) ([]locked, error) {
+	br := s.q.SendBatch(ctx, b)
+	if s.own() {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, err
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (locked, error) {
+		var l locked
+		var st stepRow
+		dest := append(instanceDest(&l.inst), st.dest()...)
+		dest = append(dest, &l.now)
+		if err := r.Scan(dest...); err != nil {
+			return l, err
+		}
+		l.inst = normInstance(l.inst)
+		l.cur = st.record()
+		l.now = l.now.UTC()
+		return l, nil
+	})
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return out, err
+}
+
+// writeArgs are sqlWrite's parameters for a transition.
+func writeArgs(tr saga.Transition) []any {
+	in := tr.Instance
+	args := []any{
+		in.ID, string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
+		in.LastError, in.LeaseID, in.LeaseExpiresAt, in.Version, in.AwaitingCorrelationID,
+		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
+		in.Version - 1,
+	}
+	if s := tr.Step; s != nil {
+		args = append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,
+			jsonArg(s.Output), s.LastError, s.StartedAt, s.CompletedAt, s.CompensatedAt)
+	} else {
+		args = append(args, 0, false, "", string(saga.StepPending), 0, 0, nil, "", nil, nil, nil)
+	}
+	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+}
+
+// jsonArg passes absent JSON as SQL NULL.
+func jsonArg(raw json.RawMessage) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	return []byte(raw)
+}
+
+// Get implements saga.Journal.
+func (j *Journal) Get(ctx context.Context, id uuid.UUID) (saga.Instance, error) {
+	var inst saga.Instance
+	err := j.q(ctx).QueryRow(ctx, sqlGet, id).Scan(instanceDest(&inst)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return saga.Instance{}, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+	}
+	if err != nil {
+		return saga.Instance{}, fmt.Errorf("pgjournal: get %s: %w", id, err)
+	}
+	return normInstance(inst), nil
+}
+
+// Steps implements saga.Journal.
+func (j *Journal) Steps(ctx context.Context, id uuid.UUID) ([]saga.StepRecord, error) {
+	rows, err := j.q(ctx).Query(ctx, sqlSteps, id)
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: steps of %s: %w", id, err)
+	}
+	defer rows.Close()
+	found := false
+	out := []saga.StepRecord{}
+	for rows.Next() {
+		var iid uuid.UUID
+		var st stepRow
+		if err := rows.Scan(append([]any{&iid}, st.dest()...)...); err != nil {
+			return nil, fmt.Errorf("pgjournal: steps of %s: %w", id, err)
+		}
+		found = true
+		if r := st.record(); r != nil {
+			out = append(out, *r)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgjournal: steps of %s: %w", id, err)
+	}
+	if !found {
+		return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+	}
+	return out, nil
+}
+
+// Load implements saga.Journal.
+func (j *Journal) Load(ctx context.Context, id uuid.UUID) ([]saga.RecordedEvent, error) {
+	rows, err := j.q(ctx).Query(ctx, sqlLoad, id)
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: load %s: %w", id, err)
+	}
+	defer rows.Close()
+	found := false
+	out := []saga.RecordedEvent{}
+	for rows.Next() {
+		var er eventRow
+		if err := rows.Scan(er.dest()...); err != nil {
+			return nil, fmt.Errorf("pgjournal: load %s: %w", id, err)
+		}
+		found = true
+		ev, ok, err := er.event()
+		if err != nil {
+			return nil, fmt.Errorf("pgjournal: load %s: %w", id, err)
+		}
+		if ok {
+			out = append(out, ev)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgjournal: load %s: %w", id, err)
+	}
+	if !found {
+		return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+	}
+	return out, nil
+}
+
+// LoadSince implements saga.Journal: see sql.go for why the order is
+// (xid, global_seq) below pg_snapshot_xmin.
+func (j *Journal) LoadSince(ctx context.Context, after int64, limit int) ([]saga.RecordedEvent, error) {
+	if limit <= 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "load since: limit must be positive, got %d", limit)
+	}
+	if after < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "load since: global sequence must not be negative, got %d", after)
+	}
+	var rows pgx.Rows
+	var err error
+	if after == 0 {
+		rows, err = j.q(ctx).Query(ctx, sqlLoadFirst, limit)
+	} else {
+		rows, err = j.q(ctx).Query(ctx, sqlLoadAfter, after, limit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: load since %d: %w", after, err)
+	}
+	defer rows.Close()
+	out := []saga.RecordedEvent{}
+	cursorFound := after == 0
+	for rows.Next() {
+		var exists bool
+		var er eventRow
+		if err := rows.Scan(append([]any{&exists}, er.dest()...)...); err != nil {
+			return nil, fmt.Errorf("pgjournal: load since %d: %w", after, err)
+		}
+		cursorFound = cursorFound || exists
+		ev, ok, err := er.event()
+		if err != nil {
+			return nil, fmt.Errorf("pgjournal: load since %d: %w", after, err)
+		}
+		if ok {
+			out = append(out, ev)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgjournal: load since %d: %w", after, err)
+	}
+	if !cursorFound {
+		return nil, saga.Errorf(saga.ErrNotFound, "load since: no event has global sequence %d", after)
+	}
+	return out, nil
+}
+
+// HeadSeq implements saga.Journal.
+func (j *Journal) HeadSeq(ctx context.Context) (int64, error) {
+	var head int64
+	if err := j.q(ctx).QueryRow(ctx, sqlHeadSeq).Scan(&head); err != nil {
+		return 0, fmt.Errorf("pgjournal: head sequence: %w", err)
+	}
+	return head, nil
+}

@@ -1,0 +1,114 @@
+package pgjournal
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/saga"
+)
+
+// instanceDest returns scan targets for instanceCols.
+func instanceDest(i *saga.Instance) []any {
+	return []any{
+		&i.ID, &i.TenantID, &i.WorkspaceID, &i.SagaName, &i.SagaVersion, &i.Status,
+		&i.CurrentStep, &i.TriggerEventID, &i.CorrelationID, &i.Context, &i.Attempt, &i.NextAttemptAt,
+		&i.TimeoutAt, &i.LastError, &i.LeaseID, &i.LeaseExpiresAt, &i.Version,
+		&i.AwaitingCorrelationID, &i.AwaitingUntil, &i.Reply, &i.CompensationReason,
+		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt,
+	}
+}
+
+// normInstance puts every time in UTC, as the memory journal keeps them.
+func normInstance(i saga.Instance) saga.Instance {
+	i.NextAttemptAt = i.NextAttemptAt.UTC()
+	i.CreatedAt = i.CreatedAt.UTC()
+	i.UpdatedAt = i.UpdatedAt.UTC()
+	i.TimeoutAt = utc(i.TimeoutAt)
+	i.LeaseExpiresAt = utc(i.LeaseExpiresAt)
+	i.AwaitingUntil = utc(i.AwaitingUntil)
+	i.CompletedAt = utc(i.CompletedAt)
+	return i
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// stepRow scans stepCols, which are all NULL when a LEFT JOIN found no step.
+type stepRow struct {
+	sequence                        *int
+	name, status, lastError         *string
+	attempts, compensationAttempts  *int
+	output                          json.RawMessage
+	started, completed, compensated *time.Time
+}
+
+func (s *stepRow) dest() []any {
+	return []any{&s.sequence, &s.name, &s.status, &s.attempts, &s.compensationAttempts,
+		&s.output, &s.lastError, &s.started, &s.completed, &s.compensated}
+}
+
+func (s *stepRow) record() *saga.StepRecord {
+	if s.sequence == nil {
+		return nil
+	}
+	r := &saga.StepRecord{
+		Sequence:             *s.sequence,
+		Name:                 *s.name,
+		Status:               saga.StepStatus(*s.status),
+		Attempts:             *s.attempts,
+		CompensationAttempts: *s.compensationAttempts,
+		Output:               s.output,
+		StartedAt:            utc(s.started),
+		CompletedAt:          utc(s.completed),
+		CompensatedAt:        utc(s.compensated),
+	}
+	if s.lastError != nil {
+		r.LastError = *s.lastError
+	}
+	return r
+}
+
+// eventRow scans eventCols, which are NULL (but for the instance id in Load)
+// when there is no event.
+type eventRow struct {
+	instanceID uuid.NullUUID
+	version    *int64
+	globalSeq  *int64
+	kind       *string
+	step       *int
+	payload    []byte
+	createdAt  *time.Time
+}
+
+func (e *eventRow) dest() []any {
+	return []any{&e.instanceID, &e.version, &e.globalSeq, &e.kind, &e.step, &e.payload, &e.createdAt}
+}
+
+// event decodes the row; ok is false when the row holds no event.
+func (e *eventRow) event() (ev saga.RecordedEvent, ok bool, err error) {
+	if e.version == nil {
+		return ev, false, nil
+	}
+	if err := json.Unmarshal(e.payload, &ev.Event); err != nil {
+		return ev, false, fmt.Errorf("event %s v%d: payload: %w", e.instanceID.UUID, *e.version, err)
+	}
+	// The columns are authoritative over the payload's copy.
+	ev.Kind = saga.EventKind(*e.kind)
+	ev.Step = -1
+	if e.step != nil {
+		ev.Step = *e.step
+	}
+	ev.InstanceID = e.instanceID.UUID
+	ev.Version = *e.version
+	ev.GlobalSeq = *e.globalSeq
+	ev.CreatedAt = e.createdAt.UTC()
+	return ev, true, nil
+}

@@ -1,0 +1,172 @@
+package pgjournal
+
+// The journal's SQL, in one place. $-parameters only; nothing is built from
+// input. Every statement that needs the time takes it as one parameter,
+// COALESCE($n::timestamptz, clock_timestamp()): the injected clock when set,
+// else the statement's own clock. clock_timestamp(), not now(): now() is
+// frozen at the start of the transaction, so a step transaction that began
+// before its lease expired would pass a now() fence long after it.
+
+// instanceCols are the saga_instances columns in scanInstance's order.
+const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_version, i.status::text,
+	i.current_step, i.trigger_event_id, i.correlation_id, i.context, i.attempt, i.next_attempt_at,
+	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
+	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
+	i.created_at, i.updated_at, i.completed_at`
+
+// stepCols are the saga_steps columns in scanStep's order (NULL throughout
+// when a LEFT JOIN found no step).
+const stepCols = `s.sequence, s.step_name, s.status::text, s.attempts, s.compensation_attempts,
+	s.output, s.last_error, s.started_at, s.completed_at, s.compensated_at`
+
+const eventCols = `e.instance_id, e.version, e.global_seq, e.kind, e.step, e.payload, e.created_at`
+
+const sqlEnqueue = `
+INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, status, current_step,
+	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at)
+SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now
+FROM (SELECT COALESCE($11::timestamptz, clock_timestamp()) AS now) c`
+
+// sqlClaim leases up to $2 due instances in one statement: each row gets its
+// own fresh lease id. SKIP LOCKED lets concurrent claimers (and fenced
+// writers holding a row) pass each other instead of queueing. A live lease
+// (expiry >= now) is never taken over.
+const sqlClaim = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
+due AS (
+	SELECT i.id FROM saga_instances i, clock c
+	WHERE i.status IN ('RUNNING', 'COMPENSATING')
+	  AND i.next_attempt_at <= c.now
+	  AND (i.lease_id IS NULL OR i.lease_expires_at IS NULL OR i.lease_expires_at < c.now)
+	ORDER BY i.next_attempt_at, i.id
+	LIMIT $2
+	FOR UPDATE OF i SKIP LOCKED
+),
+claimed AS (
+	UPDATE saga_instances i
+	SET lease_id = gen_random_uuid(), lease_expires_at = c.now + $3 * interval '1 microsecond'
+	FROM due, clock c
+	WHERE i.id = due.id
+	RETURNING i.*
+)
+SELECT ` + instanceCols + ` FROM claimed i ORDER BY i.next_attempt_at, i.id`
+
+const sqlHeartbeat = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($4::timestamptz, clock_timestamp()) AS now)
+UPDATE saga_instances i SET lease_expires_at = c.now + $3 * interval '1 microsecond'
+FROM clock c
+WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now`
+
+const sqlHoldsLease = `
+SELECT EXISTS (SELECT 1 FROM saga_instances i
+	WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= COALESCE($3::timestamptz, clock_timestamp()))`
+
+// sqlLockByID reads an instance, the record of its current step and the
+// clock, locking the instance row until the transaction ends. The fence is
+// checked in Go (saga.HoldsLease) against this statement's clock, read after
+// the lock is granted; every later write of the transaction happens under the
+// lock, so no claimer can take the row between the check and the commit.
+const sqlLockByID = `
+SELECT ` + instanceCols + `, ` + stepCols + `, COALESCE($2::timestamptz, clock_timestamp())
+FROM saga_instances i
+LEFT JOIN saga_steps s ON s.saga_instance_id = i.id AND s.sequence = i.current_step
+WHERE i.id = $1
+FOR UPDATE OF i`
+
+// sqlLockByCorrelation is sqlLockByID for the instances waiting on a
+// correlation id (at most two are read: one is expected).
+const sqlLockByCorrelation = `
+SELECT ` + instanceCols + `, ` + stepCols + `, COALESCE($2::timestamptz, clock_timestamp())
+FROM saga_instances i
+LEFT JOIN saga_steps s ON s.saga_instance_id = i.id AND s.sequence = i.current_step
+WHERE i.awaiting_correlation_id = $1 AND i.status = 'RUNNING'
+ORDER BY i.id
+LIMIT 2
+FOR UPDATE OF i`
+
+// sqlWrite stores a saga.Transition in one statement: the projection, the
+// step record (when $19 is true) and the event, whose global_seq it returns.
+// The step and event rows are written only if the projection row still has
+// the version that was read ($17): under the row lock it always has, and if
+// it ever did not, nothing at all would be written.
+const sqlWrite = `
+WITH u AS (
+	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
+		attempt = $5, next_attempt_at = $6, last_error = NULLIF($7, ''), lease_id = $8,
+		lease_expires_at = $9, current_version = $10, awaiting_correlation_id = $11,
+		awaiting_until = $12, reply = $13, compensation_reason = NULLIF($14, ''),
+		updated_at = $15, completed_at = $16
+	WHERE id = $1 AND current_version = $17
+	RETURNING id
+),
+st AS (
+	INSERT INTO saga_steps AS s (saga_instance_id, sequence, step_name, status, attempts,
+		compensation_attempts, output, last_error, started_at, completed_at, compensated_at)
+	SELECT u.id, $18, $20, $21::text::saga_step_status, $22, $23, $24, NULLIF($25, ''), $26, $27, $28
+	FROM u WHERE $19::boolean
+	ON CONFLICT (saga_instance_id, sequence) DO UPDATE SET
+		step_name = EXCLUDED.step_name, status = EXCLUDED.status, attempts = EXCLUDED.attempts,
+		compensation_attempts = EXCLUDED.compensation_attempts, output = EXCLUDED.output,
+		last_error = EXCLUDED.last_error, started_at = EXCLUDED.started_at,
+		completed_at = EXCLUDED.completed_at, compensated_at = EXCLUDED.compensated_at
+	RETURNING 1
+)
+INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
+SELECT u.id, $10, $29, $30, $31, $15 FROM u
+RETURNING global_seq`
+
+const sqlGet = `SELECT ` + instanceCols + ` FROM saga_instances i WHERE i.id = $1`
+
+const sqlSteps = `
+SELECT i.id, ` + stepCols + `
+FROM saga_instances i LEFT JOIN saga_steps s ON s.saga_instance_id = i.id
+WHERE i.id = $1
+ORDER BY s.sequence`
+
+const sqlLoad = `
+SELECT i.id, e.version, e.global_seq, e.kind, e.step, e.payload, e.created_at
+FROM saga_instances i LEFT JOIN saga_events e ON e.instance_id = i.id
+WHERE i.id = $1
+ORDER BY e.version`
+
+// Tailers read in (xid, global_seq) order, and only events whose xid is
+// below pg_snapshot_xmin of the statement's snapshot: those transactions have
+// all ended, and every event a running or future transaction can still add
+// has an xid at or above it, so nothing can appear behind a tailer's cursor.
+// (global_seq alone is not enough: a transaction that drew a lower global_seq
+// can commit after one that drew a higher, even with its own lower xid.)
+// The migration's trigger raises an event's xid to its predecessor's, so that
+// an instance's events keep version order in this order too.
+
+// sqlLoadFirst reads from the start of the journal.
+const sqlLoadFirst = `
+SELECT true, ` + eventCols + `
+FROM saga_events e
+WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY e.xid, e.global_seq
+LIMIT $1`
+
+// sqlLoadAfter reads after the event numbered $1. The first column says
+// whether that event exists; one row with NULL event columns is returned
+// when nothing follows, so that "caught up" and "no such cursor" differ.
+const sqlLoadAfter = `
+WITH cur AS (SELECT c.xid FROM saga_events c WHERE c.global_seq = $1)
+SELECT EXISTS (SELECT 1 FROM cur),
+	p.instance_id, p.version, p.global_seq, p.kind, p.step, p.payload, p.created_at
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (
+	SELECT e.xid, ` + eventCols + `
+	FROM saga_events e
+	WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
+	  AND (e.xid, e.global_seq) > ((SELECT xid FROM cur), $1)
+	ORDER BY e.xid, e.global_seq
+	LIMIT $2
+) p ON true
+ORDER BY p.xid, p.global_seq`
+
+const sqlHeadSeq = `
+SELECT COALESCE((
+	SELECT e.global_seq FROM saga_events e
+	WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
+	ORDER BY e.xid DESC, e.global_seq DESC
+	LIMIT 1), 0)`
