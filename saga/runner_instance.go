@@ -713,7 +713,7 @@ func (w *work) compensationStart(ctx context.Context, failed *Event) (int, error
 	if failed != nil && mayHaveActed(failed.Reason) {
 		return i, nil
 	}
-	acted, err := w.acted(ctx, i)
+	acted, _, err := w.acted(ctx, i)
 	if err != nil {
 		return 0, err
 	}
@@ -725,26 +725,29 @@ func (w *work) compensationStart(ctx context.Context, failed *Event) (int, error
 
 // acted reports, from the instance's history, whether step i completed or
 // may have acted: it committed, it committed a command (step_awaiting), or
-// an attempt of it ran out of time or got a reply.
-func (w *work) acted(ctx context.Context, i int) (bool, error) {
+// an attempt of it ran out of time or got a reply. command is the id of the
+// last command the step sent, if any, for its compensation to cancel.
+func (w *work) acted(ctx context.Context, i int) (acted bool, command uuid.UUID, err error) {
 	hist, err := w.r.journal.Load(ctx, w.inst.ID)
 	if err != nil {
-		return false, err
+		return false, uuid.Nil, err
 	}
 	for _, e := range hist {
 		if e.Step != i {
 			continue
 		}
 		switch e.Kind {
-		case EventStepCompleted, EventStepAwaiting, EventReplyReceived:
-			return true, nil
+		case EventStepAwaiting:
+			acted, command = true, e.CorrelationID
+		case EventStepCompleted, EventReplyReceived:
+			acted = true
 		case EventStepFailed:
 			if mayHaveActed(e.Reason) {
-				return true, nil
+				acted = true
 			}
 		}
 	}
-	return false, nil
+	return acted, command, nil
 }
 
 // compensate runs one unit of a COMPENSATING instance: the compensation of
@@ -767,7 +770,7 @@ func (w *work) compensate(ctx context.Context) next {
 		return nextLeave
 	}
 	step := w.def.Steps[i]
-	acted, err := w.acted(ctx, i)
+	acted, command, err := w.acted(ctx, i)
 	if err != nil {
 		w.log.Error("saga compensation: reading the history failed", "err", err)
 		return nextDrop
@@ -789,6 +792,7 @@ func (w *work) compensate(ctx context.Context) next {
 		return nextDrop
 	}
 	x := w.stepTx(tx, step, attempt)
+	x.CommandID = command
 	if x.Output, err = w.recordedOutput(ctx, i); err != nil {
 		rollback(tx)
 		w.log.Error("saga compensation: reading the step's output failed", "step", step.Name, "err", err)

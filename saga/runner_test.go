@@ -414,7 +414,11 @@ func TestRunnerReplyTimeoutCompensatesTheWaitingStep(t *testing.T) {
 		Do: func(ctx context.Context, s *trail, x *saga.StepTx) error {
 			return x.EmitCommand(ctx, outbox.Message{EventType: "quote.requested"})
 		},
-		Compensate: compensateInto("ask"),
+	}
+	var cancelled atomic.Value
+	ask.Compensate = func(ctx context.Context, st trail, x *saga.StepTx) error {
+		cancelled.Store(x.CommandID) // the command to cancel
+		return compensateInto("ask")(ctx, st, x)
 	}
 	def := typedDef("reply-timeout", effectStep("book"), ask)
 	r.reg.MustRegister(def)
@@ -423,6 +427,13 @@ func TestRunnerReplyTimeoutCompensatesTheWaitingStep(t *testing.T) {
 	r.wait(id, saga.StatusCompensated, 20*time.Second)
 	if got := r.compOrder(id); !equal(got, []string{"ask", "book"}) {
 		t.Fatalf("compensated %v, want [ask book]", got)
+	}
+	var cmd uuid.UUID
+	if err := r.db.Pool.QueryRow(context.Background(), `SELECT id FROM outbox WHERE event_type = 'quote.requested'`).Scan(&cmd); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := cancelled.Load().(uuid.UUID); got != cmd {
+		t.Fatalf("Compensate saw CommandID %s, want the command sent %s", got, cmd)
 	}
 	if !strings.Contains(strings.Join(r.kinds(id), " "), "step_awaiting:1") {
 		t.Fatalf("history %v lacks the wait", r.kinds(id))

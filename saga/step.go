@@ -104,7 +104,8 @@ type StepTx struct {
 	Output json.RawMessage
 	// CommandID is, for a step that waits for a reply, the id that
 	// EmitCommand gives the command; the reply carries it as its
-	// correlation id. A new one per attempt.
+	// correlation id. A new one per attempt. Compensate sees the id of the
+	// last command the step sent, so that it can cancel it.
 	CommandID uuid.UUID
 
 	emitter
