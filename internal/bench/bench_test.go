@@ -1,0 +1,103 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// buildRelay builds cmd/relay without the race detector: what CI runs, and a
+// benchmark binary under -race would measure the detector.
+func buildRelay(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	bin := filepath.Join(t.TempDir(), "relay")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/relay")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/relay: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestQuickBenchCommand is the smoke test issue 9 asks of CI: `relay bench
+// --quick --json` on a throwaway PostgreSQL finishes in well under two
+// minutes, measures every headline figure and prints them as the last line.
+func TestQuickBenchCommand(t *testing.T) {
+	bin := buildRelay(t)
+	// The budget is two minutes on a quiet machine; the hard limit leaves
+	// room for a loaded one (the figures then mean little, the test only
+	// checks that everything runs).
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "--quick", "--json")
+	// No --database-url, as CI runs it: a throwaway cluster (or the server
+	// RELAY_TEST_DATABASE_URL names, as the harness would use).
+	cmd.Env = withoutEnv(os.Environ(), "RELAY_DATABASE_URL", "DATABASE_URL")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	began := time.Now()
+	err := cmd.Run()
+	took := time.Since(began)
+	if err != nil {
+		t.Fatalf("relay bench --quick: %v after %s\nstdout:\n%s\nstderr:\n%s", err, took, stdout.String(), stderr.String())
+	}
+	t.Logf("relay bench --quick took %s\n%s", took.Round(time.Second), stdout.String())
+	if took > 2*time.Minute {
+		t.Logf("relay bench --quick took %s, more than the two-minute budget: is the machine loaded? (load average %.2f)", took, loadAverage())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &got); err != nil {
+		t.Fatalf("the last line is not a JSON object: %q: %v", lines[len(lines)-1], err)
+	}
+	for _, k := range requiredKeys {
+		if v, ok := got[k].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", k, got[k])
+		}
+	}
+	if got["resources_in_process"] != false {
+		t.Errorf("resources_in_process = %v: the quick run must measure a child relay", got["resources_in_process"])
+	}
+	for _, want := range []string{"1. stream throughput", "2. latency", "3. step throughput", "4/5. stream+correlator cost curve"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("the table lacks %q", want)
+		}
+	}
+}
+
+func withoutEnv(env []string, names ...string) []string {
+	var out []string
+next:
+	for _, kv := range env {
+		for _, n := range names {
+			if strings.HasPrefix(kv, n+"=") {
+				continue next
+			}
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// TestOnlyRejectsAnUnknownScenario: a typo fails at once, before any
+// PostgreSQL is started, naming the choices.
+func TestOnlyRejectsAnUnknownScenario(t *testing.T) {
+	t.Parallel()
+	_, err := Run(context.Background(), Config{Only: "streem"})
+	if err == nil || !strings.Contains(err.Error(), "stream, latency, steps, curve") {
+		t.Fatalf("err = %v", err)
+	}
+}
