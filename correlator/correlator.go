@@ -34,7 +34,10 @@ type Config struct {
 	// Notify also sends pg_notify(WakeChannel) in the batch's transaction,
 	// for runners in other processes. Default true; see DisableNotify.
 	DisableNotify bool
-	Logger        *slog.Logger
+	// OnStarted is told, after each commit, how many instances of each saga
+	// the batch started (for per-saga metrics). Optional.
+	OnStarted func(saga string, n int)
+	Logger    *slog.Logger
 }
 
 func (c *Config) withDefaults() Config {
@@ -126,6 +129,7 @@ func LoadCheckpoint(ctx context.Context, q interface {
 type outcome struct {
 	replayed                bool
 	started, dup            int
+	startedBySaga           map[string]int
 	delivered, late, parked int
 }
 
@@ -155,6 +159,11 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	c.parked.Add(uint64(out.parked))
 	if out.parked > 0 {
 		c.cfg.Logger.Warn("events parked as dead letters", "slot", b.Slot, "lsn", b.EndLSN.String(), "count", out.parked)
+	}
+	if c.cfg.OnStarted != nil {
+		for name, n := range out.startedBySaga {
+			c.cfg.OnStarted(name, n)
+		}
 	}
 	if (out.started > 0 || out.delivered > 0) && c.cfg.Wake != nil {
 		c.cfg.Wake()
@@ -235,12 +244,22 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	}
 	br := tx.SendBatch(ctx, &batch)
 	if startQ != nil {
-		var n int
-		if err := br.QueryRow().Scan(&n); err != nil {
+		rows, err := br.Query()
+		if err == nil {
+			out.startedBySaga = map[string]int{}
+			var name string
+			var n int
+			_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+				out.startedBySaga[name] += n
+				out.started += n
+				return nil
+			})
+		}
+		if err != nil {
 			br.Close()
 			return fmt.Errorf("correlator: start sagas at %s: %w", b.EndLSN, err)
 		}
-		out.started, out.dup = n, len(p.startSaga)-n
+		out.dup = len(p.startSaga) - out.started
 	}
 	if replyQ != nil {
 		if err := br.QueryRow().Scan(&out.delivered, &out.late); err != nil {

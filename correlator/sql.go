@@ -13,7 +13,7 @@ WHERE c.lsn < EXCLUDED.lsn`
 
 // sqlStart starts one instance per (saga, version, trigger event); the unique
 // index saga_trigger_uq turns a second start into nothing. It returns how
-// many instances it created.
+// many instances it created, per saga.
 const sqlStart = `
 WITH ins AS (
   INSERT INTO saga_instances (tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
@@ -24,8 +24,8 @@ WITH ins AS (
   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[])
        AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us)
   ON CONFLICT (saga_name, saga_version, trigger_event_id) DO NOTHING
-  RETURNING 1)
-SELECT count(*) FROM ins`
+  RETURNING saga_name)
+SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
 
 // sqlReplies delivers replies to instances waiting on the correlation id. The
 // inbox row goes in first (ON CONFLICT DO NOTHING): only an event that was not

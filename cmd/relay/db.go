@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,17 +75,21 @@ func connectError(host string, port uint16, user, database string, err error) er
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("cannot reach PostgreSQL at %s: is the server running and is --database-url right? (%v)", where, rootCause(err))
+		return fmt.Errorf("cannot reach PostgreSQL at %s: is the server running and is --database-url right? (%s)", where, rootCause(err))
 	}
-	return fmt.Errorf("cannot connect to PostgreSQL at %s: %v; check --database-url", where, rootCause(err))
+	return fmt.Errorf("cannot connect to PostgreSQL at %s: %s; check --database-url", where, rootCause(err))
 }
 
-func rootCause(err error) error {
+// rootCause returns the innermost error's text on one line: pgconn joins the
+// failures of every address it tried with newlines, which repeat each other.
+func rootCause(err error) string {
 	for {
 		u := errors.Unwrap(err)
 		if u == nil {
-			return err
+			break
 		}
 		err = u
 	}
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	return lines[len(lines)-1]
 }

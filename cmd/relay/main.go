@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -34,15 +35,20 @@ func run(args []string) int {
 	if err == nil {
 		return 0
 	}
+	code, msg := 1, err.Error()
 	var ee exitError
 	if errors.As(err, &ee) {
-		if ee.msg != "" {
-			fmt.Fprintln(os.Stderr, "relay: "+redact(ee.msg, opts.databaseURL()))
-		}
-		return ee.code
+		code, msg = ee.code, ee.msg
 	}
-	fmt.Fprintln(os.Stderr, "relay: "+redact(err.Error(), opts.databaseURL()))
-	return 1
+	if msg != "" {
+		fmt.Fprintln(os.Stderr, "relay: "+oneLine(redactAll(msg, opts.secrets())))
+	}
+	return code
+}
+
+// oneLine folds a multi-line error into one line: an SRE greps for it.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ; ")), " ")
 }
 
 // exitError carries a specific exit code.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -13,14 +12,16 @@ import (
 // rootOptions are the flags every command shares. Each flag falls back to an
 // environment variable (RELAY_<FLAG>), and --database-url also to DATABASE_URL.
 type rootOptions struct {
-	DatabaseURL    string
-	Slot           string
-	Publication    string
-	HTTPAddr       string
-	OutboxTable    string
-	OutboxColumns  string
-	StatusInterval time.Duration
-	logLevel       string
+	DatabaseURL   string
+	Slot          string
+	Publication   string
+	HTTPAddr      string
+	OutboxTable   string
+	OutboxColumns string
+	logLevel      string
+	// extraSecrets are values (an API token given as a flag) that logs and
+	// errors must never show.
+	extraSecrets []string
 }
 
 func (o *rootOptions) bind(cmd *cobra.Command) {
@@ -75,6 +76,11 @@ func (o *rootOptions) secrets() []string {
 	}
 	if t := os.Getenv("RELAY_API_TOKEN"); t != "" {
 		s = append(s, t)
+	}
+	for _, x := range o.extraSecrets {
+		if x != "" {
+			s = append(s, x)
+		}
 	}
 	return s
 }

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/correlator"
+)
+
+func init() { registerCommand(newDeadLettersCmd) }
+
+func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "deadletters",
+		Aliases: []string{"dead-letters"},
+		Short:   "List and re-drive events the relay parked because it could not use them",
+	}
+	var (
+		all    bool
+		limit  int
+		asJSON bool
+	)
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List parked events, newest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := openPool(ctx, opts, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			if err != nil {
+				return err
+			}
+			items, err := corr.ListDeadLetters(ctx, !all, limit)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				for _, d := range items {
+					if err := enc.Encode(d); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			if len(items) == 0 {
+				fmt.Fprintln(out, "no parked events")
+				return nil
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tPARKED AT\tLSN\tEVENT TYPE\tEVENT ID\tRETRIES\tREASON")
+			for _, d := range items {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\n", d.ID, d.ParkedAt.UTC().Format("2006-01-02 15:04:05"),
+					d.LSN, d.EventType, d.EventID, d.RetryCount, d.Reason)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&all, "all", false, "include events already re-driven")
+	list.Flags().IntVar(&limit, "limit", 100, "how many to show")
+	list.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+
+	retry := &cobra.Command{
+		Use:   "retry ID",
+		Short: "Re-drive a parked event once its cause is fixed",
+		Long: "Runs the parked event through routing and validation again, as if it had just\n" +
+			"been streamed. A saga it triggers starts at most once (the unique index on\n" +
+			"(saga_name, saga_version, trigger_event_id) absorbs repeats). An event that is\n" +
+			"still unusable stays parked with its new reason, and the command exits 1.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil || id <= 0 {
+				return fmt.Errorf("dead letter id %q is not a positive number (see `relay deadletters list`)", args[0])
+			}
+			ctx := cmd.Context()
+			pool, err := openPool(ctx, opts, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			if err != nil {
+				return err
+			}
+			d, err := corr.RetryDeadLetter(ctx, id)
+			if errors.Is(err, correlator.ErrStillPoison) {
+				return exitError{code: 1, msg: fmt.Sprintf("dead letter %d is still unusable: %s", id, d.Reason)}
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d re-driven (event %s, %s)\n", d.ID, d.EventID, d.EventType)
+			return nil
+		},
+	}
+	cmd.AddCommand(list, retry)
+	return cmd
+}

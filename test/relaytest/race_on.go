@@ -1,0 +1,5 @@
+//go:build race
+
+package relaytest
+
+const raceEnabled = true
