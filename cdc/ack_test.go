@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,4 +143,36 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 	all = append(all, prod.finish(t)...)
 	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) == len(all) })
 	assertExactlyOnce(t, db.Pool, all)
+}
+
+// With periodic status updates effectively off, the stream still answers
+// the server's reply-requested keepalives: a 2 s wal_sender_timeout never
+// cuts it, and the slot advances after a batch.
+func TestRepliesWhenTheServerAsks(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	cfg, logs := baseConfigLogs(t, db)
+	cfg.DatabaseURL = db.URL + "&options=-c%20wal_sender_timeout%3D2s"
+	cfg.StatusInterval = time.Hour
+	cfg.HeartbeatInterval = time.Hour
+	startStream(t, cfg, sink)
+	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	ids := writeEvents(t, db.Pool, 3, "x")
+	waitFor(t, 10*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
+	var end pglogrepl.LSN
+	for _, b := range sink.snapshot() {
+		if len(b.Events) == 0 && !b.Snapshot {
+			continue
+		}
+		end = max(end, b.EndLSN)
+	}
+	time.Sleep(5 * time.Second) // more than two wal_sender_timeouts
+	if strings.Contains(logs.String(), "reconnecting") {
+		t.Fatalf("the walsender timed the stream out:\n%s", logs.String())
+	}
+	if c, active := slotState(t, db.Pool, db.Slot); !active || c < end {
+		t.Fatalf("slot active %t confirmed %s; want active and past the batch at %s", active, c, end)
+	}
+	assertExactlyOnce(t, db.Pool, ids)
 }
