@@ -40,8 +40,13 @@ type relayBundle struct {
 	tenant  uuid.UUID
 }
 
-func startRelay(t *testing.T) *relayBundle {
+// startRelay runs a relay with the given definitions (default: the real
+// brief_enrichment).
+func startRelay(t *testing.T, defs ...saga.Definition) *relayBundle {
 	t.Helper()
+	if len(defs) == 0 {
+		defs = []saga.Definition{briefs.Definition()}
+	}
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	// The harness's pool is sized for a test's own queries; the runner's
@@ -58,7 +63,7 @@ func startRelay(t *testing.T) *relayBundle {
 	t.Cleanup(pool.Close)
 
 	reg := saga.NewRegistry()
-	if err := briefs.Register(reg); err != nil {
+	if err := reg.Register(defs...); err != nil {
 		t.Fatal(err)
 	}
 	journal, err := pgjournal.New(pool, nil)
@@ -181,8 +186,8 @@ func (b *relayBundle) waitEnded(t *testing.T, n int, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		got := b.count(t, `SELECT count(*) FROM saga_instances WHERE saga_name = $1
-			AND status IN ('COMPLETED','COMPENSATED','FAILED','TIMED_OUT')`, briefs.SagaName)
+		got := b.count(t, `SELECT count(*) FROM saga_instances
+			WHERE status IN ('COMPLETED','COMPENSATED','FAILED','TIMED_OUT')`)
 		if got >= n {
 			return
 		}
@@ -453,5 +458,42 @@ func TestSecondTriggerForAnEnrichedBriefChangesNothing(t *testing.T) {
 	after := b.brief(t, id)
 	if after.status != briefs.StatusEnriched || after.sources != before.sources || after.enriched != 1 || after.reverted != 0 {
 		t.Fatalf("brief after the second saga: %+v, before %+v", after, before)
+	}
+}
+
+// publish_brief is the last step, so nothing after it can fail in
+// brief_enrichment itself: a variant with one more step that fails for good
+// makes the runner compensate all four, publish_brief's included.
+func TestEveryCompensationThroughTheRunner(t *testing.T) {
+	t.Parallel()
+	def := briefs.Definition()
+	def.Name = "brief_enrichment_then_fail"
+	def.Steps = append(def.Steps, saga.Step{Name: "explode", Do: func(context.Context, *saga.StepTx) error {
+		return saga.Permanent(errors.New("explode: fails for good"))
+	}})
+	b := startRelay(t, def)
+	id := b.create(t, "Moving freight by rail", "intermodal containers and freight corridors")
+	b.waitEnded(t, 1, 60*time.Second)
+	inst, st := b.instanceOf(t, id)
+	if st != saga.StatusCompensated {
+		t.Fatalf("instance is %s, want COMPENSATED", st)
+	}
+	got := strings.Join(b.compensations(t, inst), " ")
+	want := "step_compensated:publish_brief step_compensated:score_brief step_compensated:attach_sources step_compensated:claim_brief"
+	if got != want {
+		t.Fatalf("compensations %q, want %q", got, want)
+	}
+	r := b.brief(t, id)
+	if r.status != briefs.StatusDraft || r.sources != 0 || r.enrichment != nil || r.enriched != 1 || r.reverted != 1 {
+		t.Fatalf("brief %+v, want DRAFT, nothing attached, one enriched and one reverted event", r)
+	}
+	// The reverted event follows the enriched one and names the brief.
+	var payload []byte
+	var later bool
+	err := b.pool.QueryRow(b.ctx, `SELECT r.payload, r.created_at >= e.created_at FROM outbox r, outbox e
+		WHERE r.event_type = $1 AND e.event_type = $2 AND r.aggregate_id = $3::text AND e.aggregate_id = $3::text`,
+		briefs.EventEnrichmentReverted, briefs.EventEnriched, id).Scan(&payload, &later)
+	if err != nil || !later || !strings.Contains(string(payload), id.String()) {
+		t.Fatalf("reverted event %s later=%v (%v)", payload, later, err)
 	}
 }
