@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -69,6 +70,16 @@ func newDemoCmd(opts *rootOptions) *cobra.Command {
 				// on this screen the summary tells them.
 				opts.logLevel = "error"
 			}
+			// A new user's `make demo` should not fail because something
+			// else holds the default port: without an explicit address the
+			// demo takes a free one (it prints the URL).
+			if f := cmd.Flag("http-addr"); f != nil && !f.Changed && os.Getenv("RELAY_HTTP_ADDR") == "" {
+				if ln, err := net.Listen("tcp", opts.HTTPAddr); err != nil {
+					opts.HTTPAddr = "127.0.0.1:0"
+				} else {
+					ln.Close()
+				}
+			}
 			return runDemo(cmd.Context(), d, opts, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -85,9 +96,21 @@ func newDemoCmd(opts *rootOptions) *cobra.Command {
 // runDemo is the whole demo; stdout gets the summary, stderr the progress.
 func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stderr io.Writer) (err error) {
 	log := newLogger(opts)
+	// Ctrl-C at any point stops the demo and removes what it made; with
+	// --exit-when-done it also means the demo did not finish.
+	interrupted := func() error {
+		if d.exitWhenDone {
+			return exitError{code: 130, msg: "interrupted before the sagas ended"}
+		}
+		fmt.Fprintln(stderr, "interrupted")
+		return nil
+	}
 	fmt.Fprintln(stderr, "starting a throwaway PostgreSQL ...")
 	cluster, err := startDemoCluster(ctx, pgcluster.Options{})
 	if err != nil {
+		if ctx.Err() != nil {
+			return interrupted()
+		}
 		if errors.Is(err, pgcluster.ErrNoPostgres) {
 			return exitError{code: 1, msg: pgcluster.InstallHint}
 		}
@@ -155,6 +178,9 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	fmt.Fprintf(stderr, "relay running; writing %d research briefs (%d marked %s) ...\n", d.briefs, d.fail, briefs.FailScoreMarker)
 	wrote := time.Now()
 	if err := writeDemoBriefs(ctx, pool, d.briefs, d.fail); err != nil {
+		if ctx.Err() != nil {
+			return interrupted()
+		}
 		return exitError{code: 1, msg: err.Error()}
 	}
 	log.Info("briefs written", "count", d.briefs, "took", time.Since(wrote))
@@ -167,11 +193,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	}
 	waitErr := watchProgress(waitCtx, pool, a, d.briefs, stderr)
 	if ctx.Err() != nil {
-		if d.exitWhenDone {
-			return exitError{code: 130, msg: "interrupted before the sagas ended"}
-		}
-		fmt.Fprintln(stderr, "interrupted")
-		return nil
+		return interrupted()
 	}
 
 	sum, err := readDemoSummary(context.WithoutCancel(ctx), pool)
