@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -62,6 +63,26 @@ func TestSinkFailureReplaysTheBatch(t *testing.T) {
 	})
 }
 
+// A sink error that wraps ErrStop ends Run with it instead of a replay.
+func TestSinkCanStopTheStream(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	sink.setBefore(func(_ context.Context, b cdc.Batch) error {
+		if len(b.Events) > 0 {
+			return fmt.Errorf("%w: the schema is too old", cdc.ErrStop)
+		}
+		return nil
+	})
+	r := startStream(t, baseConfig(t, db), sink)
+	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	writeEvents(t, db.Pool, 1, "x")
+	err, done := r.wait(20 * time.Second)
+	if !done || !errors.Is(err, cdc.ErrStop) || !strings.Contains(err.Error(), "the schema is too old") {
+		t.Fatalf("Run = %v (returned %t), want the sink's ErrStop", err, done)
+	}
+}
+
 // While the sink holds a batch, neither keepalives nor heartbeats nor WAL
 // from other tables move the slot past it; a crash at that moment replays it.
 func TestAckNeverPassesABatchInFlight(t *testing.T) {
@@ -117,7 +138,7 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	sink := newSink(t, db.Pool)
-	cfg := baseConfig(t, db)
+	cfg, logs := baseConfigLogs(t, db)
 	var all []uuidT
 	r := startStream(t, cfg, sink)
 	for range 5 {
@@ -132,6 +153,9 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 	}
 	r = startStream(t, cfg, sink)
 	waitFor(t, 20*time.Second, "events written while stopped", func() bool { return countHandled(t, db.Pool) == len(all) })
+	if !strings.Contains(logs.String(), "resuming") || !strings.Contains(logs.String(), "checkpoint=") {
+		t.Fatalf("the restart did not log the checkpoint against the slot's position:\n%s", logs.String())
+	}
 
 	// A crash while events keep coming.
 	prod := startProducer(db.Pool, 3, 5*time.Millisecond)

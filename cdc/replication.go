@@ -191,7 +191,13 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	if cause := context.Cause(rctx); cause != nil && (err == nil || isCtxErr(err)) {
 		err = cause
 	}
-	return handled.Load() > 0 || time.Since(began) > 30*time.Second, err
+	// A session counts as progress (the backoff starts over) when it ran a
+	// while, or handed batches over and did not end on a sink failure: a
+	// sink that fails every time must not be retried in a tight loop just
+	// because heartbeats got through.
+	var sf *sinkFailure
+	progressed = time.Since(began) > 30*time.Second || handled.Load() > 0 && !errors.As(err, &sf)
+	return progressed, err
 }
 
 func isCtxErr(err error) bool {
@@ -412,7 +418,7 @@ func (s *Stream) runSink(sinkCtx, stop context.Context, batches <-chan Batch, co
 func (s *Stream) handle(ctx context.Context, b Batch) error {
 	began := time.Now()
 	if err := s.sink.HandleBatch(ctx, b); err != nil {
-		return fmt.Errorf("cdc: the sink failed on the batch at %s (%d events); nothing past the previous batch is acknowledged and this one will be replayed: %w", b.EndLSN, len(b.Events), err)
+		return &sinkFailure{fmt.Errorf("cdc: the sink failed on the batch at %s (%d events); nothing past the previous batch is acknowledged and this one will be replayed: %w", b.EndLSN, len(b.Events), err)}
 	}
 	if !b.Partial && !b.CommitTime.IsZero() {
 		s.lastCommit.Store(b.CommitTime.UnixNano())
@@ -431,6 +437,12 @@ func (s *Stream) handle(ctx context.Context, b Batch) error {
 		Snapshot: b.Snapshot, Heartbeat: b.Heartbeat, EndLSN: b.EndLSN, Duration: time.Since(began)})
 	return nil
 }
+
+// sinkFailure marks an error the sink returned.
+type sinkFailure struct{ err error }
+
+func (e *sinkFailure) Error() string { return e.err.Error() }
+func (e *sinkFailure) Unwrap() error { return e.err }
 
 func firstPoison(evs []outbox.Event) string {
 	for i := range evs {

@@ -182,6 +182,9 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if err := checkTablePrivileges(t, &s.cfg, srv.role); err != nil {
+		return false, err
+	}
 	created, err := ensurePublication(ctx, pool, t, s.cfg.Publication)
 	if err != nil {
 		return false, err
