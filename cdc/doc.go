@@ -39,4 +39,31 @@
 // Transient failures (server restart, walsender terminated, connection cut,
 // a sink error) end the current session; Run reconnects with capped
 // exponential backoff and resumes from the slot's confirmed position.
+//
+// # Least privilege
+//
+// The stream needs no superuser:
+//
+//	CREATE ROLE relay LOGIN REPLICATION PASSWORD '...';
+//	GRANT SELECT ON outbox, relay_checkpoints TO relay; -- first-start read, checkpoint
+//	GRANT DELETE ON outbox TO relay;                     -- only with Retention
+//
+// plus the correlator's grants on its own tables. The publication is created
+// by Run when the role may (it must own the outbox table and have CREATE on
+// the database); otherwise create it once as the table's owner, with Setup
+// (`relay migrate --create-slot`) or by hand:
+//
+//	CREATE PUBLICATION relay_outbox_pub FOR TABLE outbox WITH (publish = 'insert');
+//
+// A logical replication connection (replication=database) matches the
+// ordinary pg_hba.conf lines of its database; the DSN's sslmode and other
+// settings apply to every connection the stream opens.
+//
+// # Lag
+//
+// Stream.Lag is the in-process view (bytes behind the newest server position
+// seen, seconds since the newest handled commit or heartbeat). QueryLag is
+// the view from any process: bytes are pg_current_wal_lsn() −
+// confirmed_flush_lsn; seconds are the age of relay_checkpoints.updated_at,
+// the last time the sink committed anything (a batch or a heartbeat).
 package cdc

@@ -169,3 +169,28 @@ func TestWALLevelNotLogicalIsTold(t *testing.T) {
 		t.Fatalf("Run = %v (returned %t), want ErrWALLevel", runErr, done)
 	}
 }
+
+// The DSN's sslmode applies to every connection the stream opens: require
+// TLS from a server without it, and the stream never connects (it keeps
+// retrying, saying why).
+func TestSSLModeIsHonoured(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	if !strings.Contains(db.URL, "sslmode=disable") {
+		t.Fatalf("test URL %q has no sslmode to change", db.URL)
+	}
+	cfg, logs := baseConfigLogs(t, db)
+	cfg.DatabaseURL = strings.Replace(db.URL, "sslmode=disable", "sslmode=require", 1)
+	r := startStream(t, cfg, newSink(t, db.Pool))
+	waitFor(t, 20*time.Second, "a refused connection", func() bool {
+		l := strings.ToLower(logs.String())
+		return strings.Contains(l, "reconnecting") && (strings.Contains(l, "tls") || strings.Contains(l, "ssl"))
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("a slot was created over a connection that should not exist (%d, %v)", n, err)
+	}
+}

@@ -358,7 +358,7 @@ func classifyConnect(err error) error {
 		case "42501":
 			return wrapf(ErrReplicationPrivilege, err, "the role may not open a replication connection: ALTER ROLE <role> REPLICATION")
 		case "28000", "28P01":
-			return wrapf(ErrPrivilege, err, "cannot log in: check the user and password of the database URL, and pg_hba.conf (a replication connection needs a `replication` line)")
+			return wrapf(ErrPrivilege, err, "cannot log in: check the user and password of the database URL, and pg_hba.conf")
 		case "3D000":
 			return wrapf(ErrConfig, err, "the database of the database URL does not exist")
 		}
