@@ -171,7 +171,7 @@ func checkTablePrivileges(t *tableInfo, cfg *Config, role string) error {
 }
 
 const sqlPublication = `
-SELECT p.pubinsert, p.puballtables,
+SELECT p.pubinsert, p.puballtables, p.pubviaroot,
        EXISTS (SELECT 1 FROM pg_publication_tables pt
                WHERE pt.pubname = p.pubname AND pt.schemaname = $2 AND pt.tablename = $3)
 FROM pg_publication p WHERE p.pubname = $1`
@@ -179,8 +179,8 @@ FROM pg_publication p WHERE p.pubname = $1`
 // checkPublication reports whether the publication exists, and an error when
 // it exists but cannot serve the outbox table.
 func checkPublication(ctx context.Context, q Querier, t *tableInfo, pub string) (bool, error) {
-	var insert, all, covers bool
-	err := q.QueryRow(ctx, sqlPublication, pub, t.name.Schema, t.name.Name).Scan(&insert, &all, &covers)
+	var insert, all, viaRoot, covers bool
+	err := q.QueryRow(ctx, sqlPublication, pub, t.name.Schema, t.name.Name).Scan(&insert, &all, &viaRoot, &covers)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -190,6 +190,11 @@ func checkPublication(ctx context.Context, q Querier, t *tableInfo, pub string) 
 	qp := pgx.Identifier{pub}.Sanitize()
 	if !insert {
 		return true, errorf(ErrPublication, "publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", qp, qp)
+	}
+	if t.relkind == "p" && !viaRoot {
+		// Inserts would arrive under the partitions' names, which the stream
+		// does not take for the outbox: they would be skipped.
+		return true, errorf(ErrPublication, "publication %s publishes the partitions of %s under their own names: ALTER PUBLICATION %s SET (publish_via_partition_root = true)", qp, t.quoted(), qp)
 	}
 	if !covers && !all {
 		return true, errorf(ErrPublication, "publication %s does not include the outbox table %s: ALTER PUBLICATION %s ADD TABLE %s", qp, t.quoted(), qp, t.quoted())
