@@ -44,7 +44,7 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	var completed atomic.Int64
+	var completed, claims, claimed, claimNanos atomic.Int64
 	var once sync.Once
 	done := make(chan struct{})
 	var doneAt time.Time
@@ -54,11 +54,18 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	}
 	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
 		Logger: r.log.With("component", "runner"),
-		Hooks: saga.Hooks{OnTerminal: func(ev saga.TerminalEvent) {
-			if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(n) {
-				once.Do(func() { doneAt = time.Now(); close(done) })
-			}
-		}},
+		Hooks: saga.Hooks{
+			OnTerminal: func(ev saga.TerminalEvent) {
+				if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(n) {
+					once.Do(func() { doneAt = time.Now(); close(done) })
+				}
+			},
+			OnClaim: func(k int, took time.Duration) {
+				claims.Add(1)
+				claimed.Add(int64(k))
+				claimNanos.Add(int64(took))
+			},
+		},
 	})
 	if err != nil {
 		return err
@@ -95,8 +102,13 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		return fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
 	}
 	res := &StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga, Workers: cfg.Workers, Seconds: took.Seconds(),
-		StepsPerSec: rate(n*benchStepsPerSaga, took)}
-	r.progress("steps: %.0f steps/s; pgbench with the step's shape for %s", res.StepsPerSec, took.Round(time.Second))
+		StepsPerSec: rate(n*benchStepsPerSaga, took), Claims: int(claims.Load()),
+		ClaimSeconds: time.Duration(claimNanos.Load()).Seconds()}
+	if c := claims.Load(); c > 0 {
+		res.PerClaim = float64(claimed.Load()) / float64(c)
+	}
+	r.progress("steps: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
+		res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
 	pg, err := e.runPgbenchSteps(ctx, took, n)
 	if err != nil {
 		return err
