@@ -15,8 +15,8 @@ import (
 
 // testConcurrentClaims runs 2 journals (two pools in PostgreSQL) with 8
 // workers each over 10,000 instances (1,000 with -short). Each worker claims
-// a batch, then for every instance heartbeats, completes step 0 (unless a
-// previous holder did) and marks it COMPLETED.
+// a batch, heartbeats its first instance, then for every instance completes
+// step 0 (unless a previous holder did) and marks it COMPLETED.
 //
 // Time is the harness clock, moved by the test: every tickEvery operations it
 // advances by one tick, and leases last leaseTicks ticks, so that a worker
@@ -35,7 +35,7 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 	}
 	const (
 		pools, workers = 2, 8
-		batchSize      = 6
+		batchSize      = 10
 		tick           = time.Second
 		tickEvery      = 48
 		leaseTicks     = 8
@@ -145,24 +145,29 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 						// A zombie: it stalls past its leases, then carries on.
 						stallUntil(h.Clock, batch[len(batch)-1].LeaseExpiresAt.Add(time.Microsecond), &ops, advance)
 					}
-					for _, inst := range batch {
+					for i, inst := range batch {
 						id, lease := inst.ID, inst.LeaseID.UUID
-						call(func(now time.Time) {
-							want := live(id, lease, now)
-							ok, err := j.Heartbeat(ctx, id, lease, leaseD)
-							mu.Lock()
-							defer mu.Unlock()
-							switch {
-							case err != nil:
-								violate("heartbeat: %v", err)
-							case ok != want:
-								violate("heartbeat %s at %v: ok=%t, lease live=%t", id, now, ok, want)
-							case ok:
-								holders[id].expires = now.Add(leaseD)
-							default:
-								staleBeats.Add(1)
-							}
-						})
+						// A runner heartbeats now and then, not before every
+						// step; the first of a batch is enough to test it
+						// (and after a stall it is stale).
+						if i == 0 {
+							call(func(now time.Time) {
+								want := live(id, lease, now)
+								ok, err := j.Heartbeat(ctx, id, lease, leaseD)
+								mu.Lock()
+								defer mu.Unlock()
+								switch {
+								case err != nil:
+									violate("heartbeat: %v", err)
+								case ok != want:
+									violate("heartbeat %s at %v: ok=%t, lease live=%t", id, now, ok, want)
+								case ok:
+									holders[id].expires = now.Add(leaseD)
+								default:
+									staleBeats.Add(1)
+								}
+							})
+						}
 						if inst.CurrentStep == 0 {
 							call(func(now time.Time) {
 								want := live(id, lease, now)

@@ -2,6 +2,7 @@ package pgjournal_test
 
 import (
 	"context"
+	"flag"
 	"os"
 	"testing"
 
@@ -13,7 +14,17 @@ import (
 	"github.com/compensa/compensa/test/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	// The model test is bounded to 50 random sequences unless -rapid.checks
+	// says otherwise: each one runs against a real database.
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if !set {
+		_ = flag.Set("rapid.checks", "50")
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // newPool opens a pool of 8 connections on url, closed when t ends: the
 // concurrency test runs 8 workers per pool.
