@@ -40,6 +40,11 @@ type Batch struct {
 	// Heartbeat marks the transaction of a relay heartbeat: no events, but
 	// the checkpoint moves.
 	Heartbeat bool
+	// Transactions is how many source transactions the batch holds: the
+	// stream merges whole transactions that queued up while the sink was
+	// busy into one batch (its CommitLSN, EndLSN and CommitTime are the
+	// newest one's). Zero for snapshot batches and parts.
+	Transactions int
 }
 
 // Sink handles batches. HandleBatch must commit the batch's effects and, for a

@@ -119,18 +119,29 @@ type receiver struct {
 	// keepalive's WAL end received outside a transaction, or the end of a
 	// transaction without outbox rows. It may be reported only when nothing
 	// is in flight.
-	idle       pglogrepl.LSN
-	received   pglogrepl.LSN
-	sent       pglogrepl.LSN
-	nextStatus time.Time
+	idle pglogrepl.LSN
+	// pending holds whole transactions that arrived while the sink was busy,
+	// merged into one batch (see hold); it is handed over as soon as the
+	// sink can take it.
+	pending *Batch
+	// replayUntil: transactions ending at or before it are replays of work
+	// the sink already committed; they are never merged (see hold).
+	replayUntil pglogrepl.LSN
+	received    pglogrepl.LSN
+	sent        pglogrepl.LSN
+	nextStatus  time.Time
 }
 
 // replicate streams from start until ctx ends or something fails.
-func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, t *tableInfo, start pglogrepl.LSN) (progressed bool, err error) {
+//
+// Transactions ending at or before replayUntil (the sink's checkpoint, when it
+// is ahead of the slot) are replays: each is handed over alone, never merged
+// with a new one, so that the sink recognises it whole.
+func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, t *tableInfo, start, replayUntil pglogrepl.LSN) (progressed bool, err error) {
 	began := time.Now()
 	s.flushed.Store(uint64(start))
 	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
-		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now()}
+		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now(), replayUntil: replayUntil}
 	r.committed.Store(uint64(start))
 	s.log.Info("streaming", "from", start.String())
 
@@ -212,7 +223,16 @@ func (r *receiver) receive(ctx context.Context) error {
 				return err
 			}
 		}
-		dctx, cancel := context.WithDeadline(ctx, r.nextStatus)
+		deadline := r.nextStatus
+		if r.pending != nil {
+			if r.offer() {
+				continue
+			}
+			// The sink is busy: look again soon, since nothing else wakes
+			// this loop when it frees up.
+			deadline = minTime(deadline, time.Now().Add(pendingPoll))
+		}
+		dctx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := r.conn.ReceiveMessage(dctx)
 		cancel()
 		if err != nil {
@@ -309,6 +329,9 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
 			r.tx.events = nil
 			r.tx.parts++
+			if err := r.flushPending(ctx); err != nil {
+				return err
+			}
 			return r.queue(ctx, b)
 		}
 	case *pglogrepl.LogicalDecodingMessage:
@@ -328,14 +351,84 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 			return nil
 		}
 		b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: m.CommitLSN, EndLSN: end,
-			CommitTime: m.CommitTime, Heartbeat: r.tx.heartbeat && len(r.tx.events) == 0 && r.tx.parts == 0}
+			CommitTime: m.CommitTime, Heartbeat: r.tx.heartbeat && len(r.tx.events) == 0 && r.tx.parts == 0,
+			Transactions: 1}
 		r.tx.events = nil
 		r.queuedEnd = end
-		return r.queue(ctx, b)
+		if r.tx.parts > 0 {
+			return r.queue(ctx, b)
+		}
+		return r.hold(ctx, b)
 	}
 	// Update, delete, truncate, type and origin messages carry nothing for
 	// us: the publication publishes inserts.
 	return nil
+}
+
+// pendingPoll is how soon the receive loop looks again whether the sink can
+// take the pending batch.
+const pendingPoll = time.Millisecond
+
+// hold hands a whole transaction to the sink if it is free, and otherwise
+// merges it into the pending batch, so that a burst of small source
+// transactions costs one sink transaction instead of one each. The sink
+// commits their effects and the checkpoint at the newest end LSN together,
+// which is exactly as safe: a replay of any of them is behind the
+// checkpoint. An idle stream hands each transaction over at once; memory
+// stays bounded by MaxBatchEvents per batch, with at most one batch in the
+// sink, one queued and one pending.
+func (r *receiver) hold(ctx context.Context, b Batch) error {
+	if b.EndLSN <= r.replayUntil {
+		// A replay goes alone, so that the sink sees it as one.
+		if err := r.flushPending(ctx); err != nil {
+			return err
+		}
+		return r.queue(ctx, b)
+	}
+	if p := r.pending; p != nil {
+		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents {
+			p.Events = append(p.Events, b.Events...)
+			p.CommitLSN, p.EndLSN, p.CommitTime = b.CommitLSN, b.EndLSN, b.CommitTime
+			p.Heartbeat = p.Heartbeat && b.Heartbeat
+			p.Transactions += b.Transactions
+			r.offer()
+			return nil
+		}
+		if err := r.flushPending(ctx); err != nil {
+			return err
+		}
+	}
+	r.pending = &b
+	r.offer()
+	return nil
+}
+
+// offer hands the pending batch to the sink if it can take it now.
+func (r *receiver) offer() bool {
+	select {
+	case r.batches <- *r.pending:
+		r.pending = nil
+		return true
+	default:
+		return false
+	}
+}
+
+// flushPending hands the pending batch over, waiting for the sink if needed.
+func (r *receiver) flushPending(ctx context.Context) error {
+	if r.pending == nil {
+		return nil
+	}
+	b := *r.pending
+	r.pending = nil
+	return r.queue(ctx, b)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // queue hands a batch to the sink goroutine, sending status updates while it

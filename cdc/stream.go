@@ -253,7 +253,11 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return s.replicate(ctx, pool, repl, t, start)
+	replayUntil := pglogrepl.LSN(0)
+	if hasCkpt && ckpt > start {
+		replayUntil = ckpt
+	}
+	return s.replicate(ctx, pool, repl, t, start, replayUntil)
 }
 
 // createAndStream creates the slot with an exported snapshot, hands over the
@@ -285,7 +289,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 		s.closeConn(repl)
 		return false, err
 	}
-	return s.replicate(ctx, pool, repl, t, at)
+	return s.replicate(ctx, pool, repl, t, at, 0)
 }
 
 func (s *Stream) loadCheckpoint(ctx context.Context, pool *pgxpool.Pool) (pglogrepl.LSN, bool, error) {
