@@ -127,7 +127,7 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
 			return a.correlator.LoadCheckpoint(ctx, cfg.Slot)
 		},
-		Logger: log.With("component", "cdc", "slot", cfg.Slot),
+		Logger: log.With("component", "cdc"),
 	}
 	if !cfg.NoStream {
 		if err := cdc.Preflight(ctx, pool, streamCfg); err != nil {
