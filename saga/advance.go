@@ -420,10 +420,10 @@ func CheckNew(inst Instance) error {
 	case inst.LastError != "" || inst.CompensationReason != "" || inst.CompletedAt != nil:
 		return Errorf(ErrInvalid, "enqueue %s: LastError, CompensationReason and CompletedAt start empty", inst.ID)
 	}
-	if err := CheckText(inst.SagaName); err != nil {
+	if err := storableText(inst.SagaName); err != nil {
 		return Errorf(ErrInvalid, "enqueue %s: SagaName %v", inst.ID, err)
 	}
-	if err := CheckJSON(inst.Context); err != nil {
+	if err := storableJSON(inst.Context); err != nil {
 		return Errorf(ErrInvalid, "enqueue %s: Context %v", inst.ID, err)
 	}
 	return nil
@@ -479,22 +479,22 @@ func validateEvent(ev Event) error {
 	}
 	texts := []struct{ name, s string }{{"StepName", ev.StepName}, {"Error", ev.Error}, {"Reason", ev.Reason}, {"Actor", ev.Actor}}
 	for _, f := range texts {
-		if err := CheckText(f.s); err != nil {
+		if err := storableText(f.s); err != nil {
 			return Errorf(ErrInvalid, "%s: %s %v", ev.Kind, f.name, err)
 		}
 	}
-	if err := CheckJSON(ev.State); err != nil {
+	if err := storableJSON(ev.State); err != nil {
 		return Errorf(ErrInvalid, "%s: State %v", ev.Kind, err)
 	}
-	if err := CheckJSON(ev.Output); err != nil {
+	if err := storableJSON(ev.Output); err != nil {
 		return Errorf(ErrInvalid, "%s: Output %v", ev.Kind, err)
 	}
 	return nil
 }
 
-// CheckText rejects text PostgreSQL cannot store: invalid UTF-8 or a NUL
+// storableText rejects text PostgreSQL cannot store: invalid UTF-8 or a NUL
 // byte. Checking it here keeps the two journals' answers identical.
-func CheckText(s string) error {
+func storableText(s string) error {
 	if !utf8.ValidString(s) {
 		return textError("is not valid UTF-8")
 	}
@@ -504,9 +504,9 @@ func CheckText(s string) error {
 	return nil
 }
 
-// CheckJSON rejects a JSON value that jsonb cannot store: invalid JSON, or a
+// storableJSON rejects a JSON value that jsonb cannot store: invalid JSON, or a
 // string holding NUL (\u0000). Empty means absent and is accepted.
-func CheckJSON(raw json.RawMessage) error {
+func storableJSON(raw json.RawMessage) error {
 	if len(raw) == 0 {
 		return nil
 	}

@@ -87,16 +87,20 @@ func (j *Journal) Enqueue(ctx context.Context, inst saga.Instance) error {
 	if len(ctxJSON) == 0 {
 		ctxJSON = json.RawMessage(`{}`)
 	}
-	_, err := j.q(ctx).Exec(ctx, sqlEnqueue, inst.ID, inst.TenantID, inst.WorkspaceID, inst.SagaName,
-		inst.SagaVersion, inst.TriggerEventID, inst.CorrelationID, []byte(ctxJSON), next, inst.TimeoutAt, j.clock())
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-			if pgErr.ConstraintName == "saga_trigger_uq" {
-				return saga.Errorf(saga.ErrConflict, "trigger event %s already started %s v%d", inst.TriggerEventID, inst.SagaName, inst.SagaVersion)
-			}
+	var inserted bool
+	err := j.q(ctx).QueryRow(ctx, sqlEnqueue, inst.ID, inst.TenantID, inst.WorkspaceID, inst.SagaName,
+		inst.SagaVersion, inst.TriggerEventID, inst.CorrelationID, []byte(ctxJSON), next, inst.TimeoutAt, j.clock()).Scan(&inserted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		var idTaken bool
+		if err := j.q(ctx).QueryRow(ctx, sqlEnqueueConflict, inst.ID).Scan(&idTaken); err != nil {
+			return fmt.Errorf("pgjournal: enqueue %s: %w", inst.ID, err)
+		}
+		if idTaken {
 			return saga.Errorf(saga.ErrConflict, "saga instance %s already exists", inst.ID)
 		}
+		return saga.Errorf(saga.ErrConflict, "trigger event %s already started %s v%d", inst.TriggerEventID, inst.SagaName, inst.SagaVersion)
+	}
+	if err != nil {
 		return fmt.Errorf("pgjournal: enqueue %s: %w", inst.ID, err)
 	}
 	return nil

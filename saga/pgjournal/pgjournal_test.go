@@ -445,3 +445,32 @@ func tail(t *testing.T, j *pgjournal.Journal, after int64, n int) []saga.Recorde
 	}
 	return got
 }
+
+// TestEnqueueConflictKeepsTheCallersTransaction: a duplicate start is
+// ErrConflict, not a unique violation that would abort the caller's
+// transaction.
+func TestEnqueueConflictKeepsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	inst := saga.Instance{ID: uuid.New(), TenantID: uuid.New(), SagaName: "pg", SagaVersion: 1, TriggerEventID: uuid.New()}
+	tx := begin(t, b.db.Pool)
+	in := saga.ContextWithTx(ctx, tx)
+	if err := b.j.Enqueue(in, inst); err != nil {
+		t.Fatal(err)
+	}
+	sameID := inst
+	sameID.TriggerEventID = uuid.New()
+	sameTrigger := inst
+	sameTrigger.ID = uuid.New()
+	for _, dup := range []saga.Instance{sameID, sameTrigger} {
+		if err := b.j.Enqueue(in, dup); !errors.Is(err, saga.ErrConflict) {
+			t.Fatalf("duplicate: %v, want ErrConflict", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit after conflicts: %v", err)
+	}
+	if _, err := b.j.Get(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+}

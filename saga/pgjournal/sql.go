@@ -25,7 +25,14 @@ const sqlEnqueue = `
 INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, status, current_step,
 	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at)
 SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now
-FROM (SELECT COALESCE($11::timestamptz, clock_timestamp()) AS now) c`
+FROM (SELECT COALESCE($11::timestamptz, clock_timestamp()) AS now) c
+ON CONFLICT DO NOTHING
+RETURNING true`
+
+// sqlEnqueueConflict says which uniqueness an enqueue ran into. (ON CONFLICT
+// DO NOTHING, not a unique violation, so that a caller's transaction
+// survives the conflict.)
+const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id = $1)`
 
 // sqlClaim leases up to $2 due instances in one statement: each row gets its
 // own fresh lease id. SKIP LOCKED lets concurrent claimers (and fenced
