@@ -11,11 +11,11 @@
 // (saga.ContextWithTx), so that the runner commits a step's writes, its
 // outbox rows and its journal entry together. The journal expects READ
 // COMMITTED there. A refused write (ErrNotFound, ErrConflict, ErrLeaseLost,
-// ErrInvalid)
-// leaves the caller's transaction usable. Without one, the journal runs its
-// own: BEGIN rides in the same round trip as the locking read and COMMIT in
-// the same as the write, so Append and MarkTerminal cost two round trips
-// either way; ClaimPending and Heartbeat are one statement each.
+// ErrInvalid) leaves the caller's transaction usable. Without one, the
+// journal runs its own: BEGIN rides in the same round trip as the locking
+// read and COMMIT in the same as the write, so Append and MarkTerminal cost
+// two round trips either way; ClaimPending and Heartbeat are one statement
+// each.
 //
 // # Clock and fencing
 //
