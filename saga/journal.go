@@ -134,8 +134,10 @@ type RecordedEvent struct {
 // context carries one (ContextWithTx), so that a step's writes, its outbox
 // rows and its journal entry commit together.
 type Journal interface {
-	// Enqueue inserts a RUNNING instance with no events. A duplicate id is
-	// ErrConflict.
+	// Enqueue inserts a RUNNING instance with no events. A duplicate id, or
+	// a second start of one saga version by one trigger event, is
+	// ErrConflict; an instance that does not start clean is ErrInvalid
+	// (CheckNew).
 	Enqueue(ctx context.Context, inst Instance) error
 	// ClaimPending leases up to batchSize due instances (RUNNING or
 	// COMPENSATING, next_attempt_at <= now, no live lease), each under a
@@ -145,7 +147,8 @@ type Journal interface {
 	// stores it; it returns the new version. Fenced by the lease.
 	Append(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event) (int64, error)
 	// Heartbeat extends a live lease to now + d. (false, nil) for a stale
-	// lease and for an unknown instance alike.
+	// lease and for an unknown instance alike; d under a microsecond on a
+	// live lease is ErrInvalid.
 	Heartbeat(ctx context.Context, instanceID, leaseID uuid.UUID, d time.Duration) (bool, error)
 	// MarkTerminal moves the instance to a terminal status, appends the
 	// matching terminal event and releases the lease, atomically. Fenced:
