@@ -141,7 +141,7 @@ func testConcurrentClaims(t *testing.T, h Harness) {
 						continue
 					}
 					batches++
-					if batches%stallEvery == 0 {
+					if batches%stallEvery == 3 {
 						// A zombie: it stalls past its leases, then carries on.
 						stallUntil(h.Clock, batch[len(batch)-1].LeaseExpiresAt.Add(time.Microsecond), &ops, advance)
 					}
