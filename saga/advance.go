@@ -323,6 +323,9 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		if err := moveStep(s, StepCompensated); err != nil {
 			return Transition{}, err
 		}
+		// Like Attempts for Do, the count includes the attempt that
+		// succeeded.
+		s.CompensationAttempts++
 		s.CompensatedAt = at(now)
 		step = s
 		next.CurrentStep = ev.Step - 1
