@@ -98,7 +98,15 @@ func splitIdent(s string) ([]string, error) {
 			if c := s[start]; c >= '0' && c <= '9' || c == '$' {
 				return nil, fmt.Errorf("an unquoted name cannot start with %q", c)
 			}
-			part.WriteString(strings.ToLower(s[start:i]))
+			// PostgreSQL folds only ASCII letters of an unquoted name (in
+			// a multibyte server encoding); strings.ToLower would also fold
+			// "Ü" and mangle invalid UTF-8, naming another table.
+			for _, c := range []byte(s[start:i]) {
+				if c >= 'A' && c <= 'Z' {
+					c += 'a' - 'A'
+				}
+				part.WriteByte(c)
+			}
 		}
 		if part.Len() > 63 {
 			return nil, fmt.Errorf("name part longer than 63 bytes")
