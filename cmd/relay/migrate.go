@@ -5,11 +5,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/migrations"
+	"github.com/compensa/compensa/outbox"
 )
 
 func newMigrateCmd(opts *rootOptions) *cobra.Command {
-	var withExamples bool
+	var withExamples, createSlot bool
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply the relay's schema migrations (idempotent)",
@@ -30,14 +32,31 @@ func newMigrateCmd(opts *rootOptions) *cobra.Command {
 			out := cmd.OutOrStdout()
 			if len(ran) == 0 {
 				fmt.Fprintln(out, "schema is up to date")
-				return nil
 			}
 			for _, m := range ran {
 				fmt.Fprintf(out, "applied %s %04d_%s\n", m.Set, m.Version, m.Name)
 			}
+			if !createSlot {
+				return nil
+			}
+			table, err := outbox.ParseTableName(opts.OutboxTable)
+			if err != nil {
+				return fmt.Errorf("--outbox-table: %w", err)
+			}
+			cols, err := outbox.ParseColumnMap(opts.OutboxColumns)
+			if err != nil {
+				return err
+			}
+			if err := cdc.Setup(ctx, conn, cdc.Config{DatabaseURL: opts.DatabaseURL, Slot: opts.Slot,
+				Publication: opts.Publication, Table: table, Columns: cols}); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "publication %s and slot %s are in place: outbox rows committed from now on will be streamed\n",
+				opts.Publication, opts.Slot)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&withExamples, "with-examples", false, "also apply the example application schema (research briefs) used by the demo")
+	cmd.Flags().BoolVar(&createSlot, "create-slot", false, "also create the publication and the replication slot, so that nothing written after the migration is missed")
 	return cmd
 }

@@ -187,3 +187,8 @@ func ReplicationURL(url string) string {
 	}
 	return url + sep + "replication=database"
 }
+
+// Connect opens a pool on url (a database the test created itself).
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return pgxpool.New(ctx, url)
+}
