@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
 
@@ -142,6 +145,17 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		p.add(c.routes, &b.Events[i])
 	}
 	out, err := c.commit(ctx, b, &p)
+	if err != nil && isDataError(err) {
+		// A value PostgreSQL refuses got past the checks in plan.add. A
+		// replay would fail the same way and stall the stream, so find the
+		// events that carry one, park them, and commit the rest.
+		var refused int
+		if p, refused = c.replanRefused(ctx, b); refused > 0 {
+			c.cfg.Logger.Warn("PostgreSQL refused values in a batch: parking the events that carry them",
+				"slot", b.Slot, "lsn", b.EndLSN.String(), "count", refused, "err", err)
+			out, err = c.commit(ctx, b, &p)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -277,4 +291,38 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 		return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
 	}
 	return nil
+}
+
+// isDataError reports a statement that failed on a value (SQLSTATE class 22,
+// data exception), not on the database itself.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+}
+
+// replanRefused asks PostgreSQL, event by event, whether it accepts each
+// payload the plan would send as jsonb, and plans the batch again with the
+// refused ones marked as poison. It costs a round trip per event, on a path
+// that only a value our checks missed can take.
+func (c *Correlator) replanRefused(ctx context.Context, b cdc.Batch) (plan, int) {
+	events := make([]outbox.Event, len(b.Events))
+	copy(events, b.Events)
+	refused := 0
+	for i := range events {
+		ev := &events[i]
+		if ev.Poison != "" || len(ev.Payload) == 0 {
+			continue
+		}
+		if _, err := c.pool.Exec(ctx, `SELECT $1::text::jsonb`, string(ev.Payload)); err != nil && isDataError(err) {
+			var pgErr *pgconn.PgError
+			errors.As(err, &pgErr)
+			ev.Poison = "payload refused by PostgreSQL's jsonb: " + pgErr.Message
+			refused++
+		}
+	}
+	var p plan
+	for i := range events {
+		p.add(c.routes, &events[i])
+	}
+	return p, refused
 }

@@ -2,6 +2,8 @@ package correlator
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
@@ -37,6 +39,8 @@ type plan struct {
 	deadLSN       []string
 	deadReason    []string
 	deadRaw       []string
+	// noID numbers poison rows without an id per commit LSN.
+	noID map[uint64]int
 }
 
 func (p *plan) empty() bool {
@@ -112,30 +116,30 @@ func (p *plan) park(ev *outbox.Event, reason string) {
 	if id == "" && ev.ID != uuid.Nil {
 		id = ev.ID.String()
 	}
-	p.deadEventID = append(p.deadEventID, stripNUL(id))
-	p.deadEventType = append(p.deadEventType, stripNUL(ev.EventType))
+	if id == "" {
+		// Rows without an id must not collide on the dead-letter key
+		// (lsn, event_id, event_type): number them within their source
+		// transaction, which a replay numbers the same way.
+		if p.noID == nil {
+			p.noID = map[uint64]int{}
+		}
+		p.noID[ev.LSN]++
+		id = fmt.Sprintf("(no id) #%d", p.noID[ev.LSN])
+	}
+	p.deadEventID = append(p.deadEventID, clipKey(stripNUL(id)))
+	p.deadEventType = append(p.deadEventType, clipKey(stripNUL(ev.EventType)))
 	p.deadLSN = append(p.deadLSN, lsnString(ev.LSN))
 	p.deadReason = append(p.deadReason, stripNUL(reason))
 	p.deadRaw = append(p.deadRaw, string(b))
 }
 
 // usableJSON reports why a payload cannot become a saga's state or a reply:
-// it must be valid UTF-8 JSON that PostgreSQL's jsonb accepts (no \u0000).
-func usableJSON(p json.RawMessage) error {
-	if len(p) == 0 {
-		return fmt.Errorf("empty")
-	}
-	if !utf8.Valid(p) {
-		return fmt.Errorf("not valid UTF-8")
-	}
-	if !json.Valid(p) {
-		return fmt.Errorf("not valid JSON")
-	}
-	if bytes.Contains(p, []byte(`\u0000`)) {
-		return fmt.Errorf(`contains \u0000, which PostgreSQL's jsonb cannot store`)
-	}
-	return nil
-}
+// it must be JSON that PostgreSQL's jsonb accepts (outbox.CheckJSONB).
+func usableJSON(p json.RawMessage) error { return checkPayload(p) }
+
+// checkPayload is outbox.CheckJSONB; tests replace it to reach the fallback
+// in HandleBatch.
+var checkPayload = outbox.CheckJSONB
 
 // workspaceOf finds a workspace id in the payload or the headers.
 func workspaceOf(ev *outbox.Event) *uuid.UUID {
@@ -181,4 +185,22 @@ func sanitizeForJSONB(raw map[string]any) map[string]any {
 func stripNUL(s string) string {
 	s = string(bytes.ToValidUTF8([]byte(s), []byte("\uFFFD")))
 	return string(bytes.ReplaceAll([]byte(s), []byte{0}, nil))
+}
+
+// maxKeyBytes bounds the producer text that goes into the dead-letter index:
+// a btree entry must stay under about 2.7 kB, or parking itself would fail.
+const maxKeyBytes = 200
+
+// clipKey shortens s to maxKeyBytes, keeping it unique with a hash of the
+// whole (the raw row keeps the original).
+func clipKey(s string) string {
+	if len(s) <= maxKeyBytes {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := maxKeyBytes - 20
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…" + hex.EncodeToString(sum[:8])
 }

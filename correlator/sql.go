@@ -12,7 +12,9 @@ ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
 WHERE c.lsn < EXCLUDED.lsn`
 
 // sqlStart starts one instance per (saga, version, trigger event); the unique
-// index saga_trigger_uq turns a second start into nothing. It returns how
+// index saga_trigger_uq turns a second start into nothing, and
+// saga_trigger_any_version_uq does the same for a trigger replayed after a new
+// version was deployed (ON CONFLICT without a target covers both). It returns how
 // many instances it created, per saga.
 const sqlStart = `
 WITH ins AS (
@@ -23,40 +25,54 @@ WITH ins AS (
          now()
   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[])
        AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us)
-  ON CONFLICT (saga_name, saga_version, trigger_event_id) DO NOTHING
+  ON CONFLICT DO NOTHING
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
 
-// sqlReplies delivers replies to instances waiting on the correlation id. The
-// inbox row goes in first (ON CONFLICT DO NOTHING): only an event that was not
-// in the inbox is delivered, so a replayed reply is a no-op. Delivery revokes
-// the lease, so a worker still holding one cannot commit over the reply, and
-// journals a reply_received event. It returns (delivered, late).
+// sqlReplies delivers replies to instances waiting on their correlation id.
+// Only events not yet in the inbox count, so a replayed reply is a no-op. Of
+// several fresh replies for one instance, the first in stream order is
+// delivered and the others are recorded as late, as they would be had they
+// come in separate batches. Waiting rows are locked before they are read
+// again, so a step that stopped waiting meanwhile gets nothing, and the inbox
+// records what the UPDATE actually delivered. Delivery revokes the lease, so
+// a worker still holding one cannot commit over the reply, and journals a
+// reply_received event. It returns (delivered, late).
 const sqlReplies = `
 WITH ev AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS e(event_id, corr, payload)
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) WITH ORDINALITY AS e(event_id, corr, payload, ord)
 ),
-target AS (
-  SELECT DISTINCT ON (ev.event_id) ev.event_id, ev.corr, ev.payload, si.id AS instance_id
-  FROM ev LEFT JOIN saga_instances si
-    ON si.awaiting_correlation_id = ev.corr AND si.status = 'RUNNING'
-  ORDER BY ev.event_id
+fresh AS (
+  SELECT DISTINCT ON (ev.event_id) ev.* FROM ev
+  WHERE NOT EXISTS (SELECT 1 FROM relay_inbox i WHERE i.consumer = $4 AND i.event_id = ev.event_id)
+  ORDER BY ev.event_id, ev.ord
 ),
-inbox AS (
-  INSERT INTO relay_inbox (consumer, event_id, instance_id, outcome)
-  SELECT $4, event_id, instance_id, CASE WHEN instance_id IS NULL THEN 'late' ELSE 'delivered' END
-  FROM target
-  ON CONFLICT (consumer, event_id) DO NOTHING
-  RETURNING event_id, instance_id, outcome
+waiting AS (
+  SELECT si.id, si.awaiting_correlation_id AS corr FROM saga_instances si
+  WHERE si.awaiting_correlation_id IN (SELECT corr FROM fresh) AND si.status = 'RUNNING'
+  FOR UPDATE
+),
+chosen AS (
+  SELECT DISTINCT ON (w.id) w.id, f.event_id, f.payload
+  FROM waiting w JOIN fresh f ON f.corr = w.corr
+  ORDER BY w.id, f.ord
 ),
 delivered AS (
   UPDATE saga_instances si
-  SET reply = t.payload::jsonb, awaiting_correlation_id = NULL, awaiting_until = NULL,
+  SET reply = c.payload::jsonb, awaiting_correlation_id = NULL, awaiting_until = NULL,
       next_attempt_at = now(), lease_id = NULL, lease_expires_at = NULL,
       current_version = si.current_version + 1, updated_at = now()
-  FROM inbox i JOIN target t ON t.event_id = i.event_id
-  WHERE i.outcome = 'delivered' AND si.id = i.instance_id AND si.awaiting_correlation_id = t.corr
-  RETURNING si.id, si.current_version, si.current_step, t.event_id, t.payload
+  FROM chosen c
+  WHERE si.id = c.id
+  RETURNING si.id, si.current_version, si.current_step, c.event_id, c.payload
+),
+inbox AS (
+  INSERT INTO relay_inbox (consumer, event_id, instance_id, outcome)
+  SELECT DISTINCT ON (f.event_id) $4, f.event_id, d.id, CASE WHEN d.id IS NULL THEN 'late' ELSE 'delivered' END
+  FROM fresh f LEFT JOIN delivered d ON d.event_id = f.event_id
+  ORDER BY f.event_id, d.id
+  ON CONFLICT (consumer, event_id) DO NOTHING
+  RETURNING outcome
 ),
 journaled AS (
   INSERT INTO saga_events (instance_id, version, kind, step, payload)

@@ -68,6 +68,11 @@ CREATE TABLE IF NOT EXISTS saga_instances (
 -- check in code, is what makes a start idempotent.
 CREATE UNIQUE INDEX IF NOT EXISTS saga_trigger_uq
     ON saga_instances (saga_name, saga_version, trigger_event_id);
+-- New triggers start the newest version only, so one trigger event starts a
+-- saga once across its versions too: a transaction replayed after a new
+-- version was deployed must not start it again.
+CREATE UNIQUE INDEX IF NOT EXISTS saga_trigger_any_version_uq
+    ON saga_instances (saga_name, trigger_event_id);
 CREATE INDEX IF NOT EXISTS saga_due_idx
     ON saga_instances (status, next_attempt_at);
 CREATE INDEX IF NOT EXISTS saga_tenant_idx

@@ -1,0 +1,17 @@
+package correlator
+
+import "encoding/json"
+
+// SkipPayloadChecks makes plan.add trust every JSON payload, so that tests can
+// send PostgreSQL a value it refuses and exercise the fallback. It returns a
+// function that restores the checks.
+func SkipPayloadChecks() (restore func()) {
+	prev := checkPayload
+	checkPayload = func(p []byte) error {
+		if !json.Valid(p) {
+			return prev(p)
+		}
+		return nil
+	}
+	return func() { checkPayload = prev }
+}

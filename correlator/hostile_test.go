@@ -1,0 +1,147 @@
+package correlator_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
+)
+
+// Values Go's JSON accepts and PostgreSQL's jsonb refuses are parked by the
+// checks, and the rest of the batch goes on.
+func TestPayloadsJSONBRefusesAreParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	good := trigger(uuid.New())
+	surrogate := trigger(uuid.New())
+	surrogate.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"note":"\ud800"}`, uuid.New()))
+	huge := trigger(uuid.New())
+	huge.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"n":1e200000}`, uuid.New()))
+	escaped := trigger(uuid.New()) // an escaped backslash before u0000 is ordinary text
+	escaped.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"path":"C:\\u0000"}`, uuid.New()))
+	if err := b.corr.HandleBatch(ctx, b.batch(good, surrogate, huge, escaped)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = ANY($1)`, []uuid.UUID{good.ID, escaped.ID}); n != 2 {
+		t.Fatalf("usable triggers started %d instances, want 2", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE reason LIKE '%surrogate%' OR reason LIKE '%numeric%'`); n != 2 {
+		t.Fatalf("parked %d of the 2 jsonb-refused payloads", n)
+	}
+}
+
+// Should a refused value get past the checks, the batch does not fail for
+// ever: the events carrying one are found and parked, the rest commit.
+func TestRefusedValueThatSlipsThroughIsParkedNotFatal(t *testing.T) {
+	// Not parallel: it switches the package's payload checks off.
+	restore := correlator.SkipPayloadChecks()
+	defer restore()
+	b := setup(t)
+	ctx := context.Background()
+	good := trigger(uuid.New())
+	bad := trigger(uuid.New())
+	bad.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"note":"\udc00"}`, uuid.New()))
+	if err := b.corr.HandleBatch(ctx, b.batch(good, bad)); err != nil {
+		t.Fatalf("the batch failed instead of parking the refused event: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, good.ID); n != 1 {
+		t.Fatal("the good trigger did not start")
+	}
+	var reason string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, bad.RawID).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "refused by PostgreSQL") {
+		t.Fatalf("reason %q", reason)
+	}
+}
+
+func TestHostileDeadLetterKeysAreParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	long := outbox.Event{RawID: strings.Repeat("Ω", 3000), EventType: strings.Repeat("t", 5000), Poison: "payload is not JSON"}
+	noID1 := outbox.Event{EventType: "x", Poison: "no id"}
+	noID2 := outbox.Event{EventType: "x", Poison: "no id"}
+	if err := b.corr.HandleBatch(ctx, b.batch(long, noID1, noID2, trigger(uuid.New()))); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters`); n != 3 {
+		t.Fatalf("parked %d, want 3", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE raw->>'id' = $1`, long.RawID); n != 1 {
+		t.Fatal("the raw row lost the long id")
+	}
+}
+
+func TestTwoRepliesForOneInstanceInOneBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	waiting, corr := b.waitingInstance(t)
+	first := outbox.Event{ID: uuid.New(), EventType: "enrichment.done", Payload: json.RawMessage(`{"ok":true,"which":"first"}`),
+		CorrelationID: uuid.NullUUID{UUID: corr, Valid: true}}
+	second := outbox.Event{ID: uuid.New(), EventType: "enrichment.done", Payload: json.RawMessage(`{"ok":false,"which":"second"}`),
+		CorrelationID: uuid.NullUUID{UUID: corr, Valid: true}}
+	if err := b.corr.HandleBatch(ctx, b.batch(first, second)); err != nil {
+		t.Fatal(err)
+	}
+	var reply string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT reply->>'which' FROM saga_instances WHERE id = $1`, waiting).Scan(&reply); err != nil {
+		t.Fatal(err)
+	}
+	if reply != "first" {
+		t.Fatalf("delivered the %s reply, want the first in stream order", reply)
+	}
+	outcomes := map[string]string{}
+	rows, _ := b.db.Pool.Query(ctx, `SELECT event_id::text, outcome FROM relay_inbox`)
+	for rows.Next() {
+		var id, o string
+		rows.Scan(&id, &o)
+		outcomes[id] = o
+	}
+	if outcomes[first.ID.String()] != "delivered" || outcomes[second.ID.String()] != "late" {
+		t.Fatalf("inbox %v", outcomes)
+	}
+	if s := b.corr.Stats(); s.RepliesDelivered != 1 || s.LateReplies != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A transaction replayed after a new version was deployed starts nothing new.
+func TestReplayAfterNewVersionDoesNotStartAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, def("brief_enrichment", 1, 0, "research_brief.created"))
+	ctx := context.Background()
+	ev := trigger(uuid.New())
+	first := b.batch(ev)
+	first.Partial = true // committed part of a transaction, then a crash
+	if err := b.corr.HandleBatch(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	reg := saga.NewRegistry()
+	reg.MustRegister(def("brief_enrichment", 1, 0, "research_brief.created"), def("brief_enrichment", 2, 0, "research_brief.created"))
+	v2, err := correlator.New(b.db.Pool, &correlator.Config{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay := first
+	replay.Partial = false
+	if err := v2.HandleBatch(ctx, replay); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, ev.ID); n != 1 {
+		t.Fatalf("the trigger started %d instances across versions, want 1", n)
+	}
+	if s := v2.Stats(); s.DuplicateStarts != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
