@@ -59,7 +59,11 @@ type app struct {
 	httpAddr   string
 
 	cancel     context.CancelFunc
-	streamDone chan error
+	// streamDone is closed when the stream's Run returned; streamErr is
+	// what it returned. Both stay readable, so that Stop and the caller can
+	// each look.
+	streamDone chan struct{}
+	streamErr  error
 	wg         sync.WaitGroup
 }
 
@@ -107,7 +111,7 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		return fail(err)
 	}
 	a.runner, err = saga.NewRunner(a.journal, pool, a.registry, &saga.RunnerConfig{
-		Workers: cfg.Workers, LeaseDuration: cfg.LeaseDuration, OutboxTable: table.String(),
+		Workers: cfg.Workers, LeaseDuration: cfg.LeaseDuration, OutboxTable: table.Quoted(),
 		Logger: log.With("component", "runner"), Hooks: a.metrics.RunnerHooks(),
 	})
 	if err != nil {
@@ -183,17 +187,24 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 			log.Error("http monitor stopped", "err", err)
 		}
 	}()
-	a.streamDone = make(chan error, 1)
+	a.streamDone = make(chan struct{})
 	if a.stream != nil {
-		go func() { a.streamDone <- a.stream.Run(runCtx) }()
+		go func() {
+			a.streamErr = a.stream.Run(runCtx)
+			close(a.streamDone)
+		}()
 	}
 	log.Info("relay started", "slot", cfg.Slot, "stream", !cfg.NoStream, "workers", workers, "http", a.httpAddr)
 	return a, nil
 }
 
-// Done delivers the stream's result when it stops on its own: a fatal error
-// such as a lost slot. It never delivers with --no-stream.
-func (a *app) Done() <-chan error { return a.streamDone }
+// Done is closed when the stream stops on its own (a fatal error such as a
+// lost slot) or after Stop; StreamErr then says why. It never closes on its
+// own with --no-stream.
+func (a *app) Done() <-chan struct{} { return a.streamDone }
+
+// StreamErr is the stream's result, once Done is closed.
+func (a *app) StreamErr() error { return a.streamErr }
 
 // Stop stops the stream, then the runner (graceful within ctx: in-flight steps
 // finish or are abandoned uncommitted), then the monitor, and closes the pool.
@@ -202,11 +213,10 @@ func (a *app) Stop(ctx context.Context) error {
 	var errs []error
 	if a.stream != nil {
 		select {
-		case err := <-a.streamDone:
-			if err != nil && !errors.Is(err, context.Canceled) {
+		case <-a.streamDone:
+			if err := a.streamErr; err != nil && !errors.Is(err, context.Canceled) {
 				errs = append(errs, err)
 			}
-			a.streamDone <- err
 		case <-ctx.Done():
 			errs = append(errs, fmt.Errorf("stream did not stop in time"))
 		}

@@ -221,8 +221,8 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(stderr, "stopping ...")
-	case serr := <-a.Done():
-		if serr != nil && !errors.Is(serr, context.Canceled) {
+	case <-a.Done():
+		if serr := a.StreamErr(); serr != nil && !errors.Is(serr, context.Canceled) {
 			return exitError{code: 1, msg: "replication stream stopped: " + serr.Error()}
 		}
 	}
@@ -357,9 +357,8 @@ func watchProgress(ctx context.Context, pool *pgxpool.Pool, a *app, n int, w io.
 				fmt.Fprintln(w)
 			}
 			return fmt.Errorf("only %d of %d sagas ended in time (%s)", last.terminal(), n, progressLine(last, n))
-		case serr := <-a.Done():
-			a.streamDone <- serr // keep it for Stop
-			return fmt.Errorf("the replication stream stopped: %v", serr)
+		case <-a.Done():
+			return fmt.Errorf("the replication stream stopped: %v", a.StreamErr())
 		case <-tick.C:
 		}
 	}

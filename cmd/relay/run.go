@@ -65,7 +65,8 @@ func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) err
 	select {
 	case <-ctx.Done():
 		cfg.Logger.Info("stopping: signal received; a second signal stops at once")
-	case streamErr = <-a.Done():
+	case <-a.Done():
+		streamErr = a.StreamErr()
 		if streamErr != nil {
 			cfg.Logger.Error("replication stream stopped", "err", streamErr)
 		}
@@ -85,6 +86,7 @@ func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) err
 	}()
 	stopErr := a.Stop(stopCtx)
 	if streamErr != nil && !errors.Is(streamErr, context.Canceled) {
+		// Stop reports the same error again: say it once.
 		return exitError{code: 1, msg: streamErr.Error()}
 	}
 	if stopErr != nil {
