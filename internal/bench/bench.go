@@ -49,8 +49,13 @@ var Scenarios = []string{"stream", "latency", "steps", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
-	streamEvents    int
-	streamShapes    []int // rows per source transaction
+	streamEvents int
+	streamShapes []int // rows per source transaction
+	// repeats is how many times each stream consumer, and the step
+	// scenario's runner/pgbench pair, is measured, interleaved; figures are
+	// medians and ratios the median of the paired ratios, so that a load
+	// spike on a shared machine does not decide the result.
+	repeats         int
 	latencyRates    []int // events per second
 	latencyDuration time.Duration
 	stepSagas       int
@@ -62,14 +67,14 @@ type sizes struct {
 func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{
-			streamEvents: 5000, streamShapes: []int{1, 100},
+			streamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
 			latencyRates: []int{1000, 5000}, latencyDuration: time.Second,
 			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,
 		}
 	}
 	return sizes{
-		streamEvents: 200000, streamShapes: []int{1, 100},
+		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 3,
 		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second,
 		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,

@@ -186,3 +186,17 @@ func share(part, whole time.Duration) float64 {
 	}
 	return float64(part) / float64(whole)
 }
+
+// median of v (the mean of the two middle values for an even count), 0 for
+// none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -129,3 +129,26 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 		}
 	}
 }
+
+func TestMedian(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{9, 1, 5}, 5},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		in := append([]float64(nil), tc.in...)
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+		for i := range in {
+			if in[i] != tc.in[i] {
+				t.Errorf("median reordered its input: %v", tc.in)
+			}
+		}
+	}
+}

@@ -67,11 +67,12 @@ type StreamCase struct {
 	// StreamSinkBusy and CorrelateSinkBusy are the share of the wall time
 	// spent inside the sink (the correlator's transactions): near 1, the
 	// sink is what limits the stream.
-	StreamSinkBusy     float64 `json:"stream_sink_busy"`
-	CorrelateSinkBusy  float64 `json:"correlate_sink_busy"`
-	RecvlogicalSeconds float64 `json:"recvlogical_seconds"`
-	StreamSeconds      float64 `json:"stream_seconds"`
-	CorrelateSeconds   float64 `json:"correlate_seconds"`
+	StreamSinkBusy    float64 `json:"stream_sink_busy"`
+	CorrelateSinkBusy float64 `json:"correlate_sink_busy"`
+	// The runs behind the medians above, events per second, in order.
+	RecvlogicalRuns []float64 `json:"recvlogical_runs"`
+	StreamRuns      []float64 `json:"stream_runs"`
+	CorrelateRuns   []float64 `json:"correlate_runs"`
 }
 
 // CorrelatorCase is the correlator alone, fed synthetic batches of one size
@@ -110,6 +111,9 @@ type StepsResult struct {
 	Claims       int     `json:"claims"`
 	PerClaim     float64 `json:"instances_per_claim"`
 	ClaimSeconds float64 `json:"claim_seconds"`
+	// The runs behind the medians above.
+	StepsRuns   []float64 `json:"steps_runs,omitempty"`
+	PgbenchRuns []float64 `json:"pgbench_runs,omitempty"`
 }
 
 // CurvePoint is one size of scenario 5 (and the source of scenario 4).
@@ -248,6 +252,9 @@ func (r *Report) WriteTable(w io.Writer) {
 				c.CorrelatePerSec, c.CorrelateRatio, mark(c.CorrelateRatio >= 0.5),
 				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches), 100*c.StreamSinkBusy, 100*c.CorrelateSinkBusy)
 		}
+	}
+	if len(r.Stream) > 0 && len(r.Stream[0].RecvlogicalRuns) > 1 {
+		fmt.Fprintf(tw, "\t(medians of %d interleaved runs; each ratio is the median of the paired ratios)\n", len(r.Stream[0].RecvlogicalRuns))
 	}
 	if len(r.CorrelatorAlone) > 0 {
 		fmt.Fprintln(tw, "\n   correlator alone (synthetic batches, no stream)\tevents/batch\tbatches\tevents/s\tbatches/s")

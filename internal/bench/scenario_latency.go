@@ -203,7 +203,7 @@ type producer struct {
 	tl   *timeline
 }
 
-const producerConns = 8
+const producerConns = 16
 
 func newProducer(ctx context.Context, url string, tl *timeline) (*producer, error) {
 	cfg, err := pgxpool.ParseConfig(url)

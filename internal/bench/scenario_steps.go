@@ -21,27 +21,62 @@ import (
 // stepsScenario is scenario 3: sagas of three trivial steps run by the step
 // runner with its default settings, then pgbench running the shape of one
 // step (one INSERT plus one UPDATE by primary key per transaction, 8
-// clients) for the same time.
+// clients) for the same time; repeated, the ratio is the median of the
+// paired ratios.
 func (r *run) stepsScenario(ctx context.Context) error {
+	var runs []StepsResult
+	for i := range r.sz.repeats {
+		res, err := r.stepsRun(ctx, i)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, res)
+	}
+	pick := func(f func(StepsResult) float64) float64 {
+		v := make([]float64, len(runs))
+		for i, x := range runs {
+			v[i] = f(x)
+		}
+		return median(v)
+	}
+	res := runs[0]
+	res.Seconds = pick(func(x StepsResult) float64 { return x.Seconds })
+	res.StepsPerSec = pick(func(x StepsResult) float64 { return x.StepsPerSec })
+	res.PgbenchTPS = pick(func(x StepsResult) float64 { return x.PgbenchTPS })
+	res.Ratio = pick(func(x StepsResult) float64 { return x.Ratio })
+	res.Claims = int(pick(func(x StepsResult) float64 { return float64(x.Claims) }))
+	res.PerClaim = pick(func(x StepsResult) float64 { return x.PerClaim })
+	res.ClaimSeconds = pick(func(x StepsResult) float64 { return x.ClaimSeconds })
+	for _, x := range runs {
+		res.StepsRuns = append(res.StepsRuns, x.StepsPerSec)
+		res.PgbenchRuns = append(res.PgbenchRuns, x.PgbenchTPS)
+	}
+	r.report.Steps = &res
+	return nil
+}
+
+func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	e := r.env
 	n := r.sz.stepSagas
+	res := StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga}
 	if err := e.reset(ctx); err != nil {
-		return err
+		return res, err
 	}
 	reg := benchRegistry(nil)
-	r.progress("steps: starting %d sagas through the correlator", n)
+	r.progress("steps: run %d/%d: starting %d sagas through the correlator", i+1, r.sz.repeats, n)
 	if err := seedSagas(ctx, e.pool, reg, e.slotName("seed"), n); err != nil {
-		return err
+		return res, err
 	}
 	if _, err := e.pool.Exec(ctx, `ANALYZE saga_instances`); err != nil {
-		return err
+		return res, err
 	}
 	e.checkpoint(ctx)
 
 	cfg := (&saga.RunnerConfig{}).WithDefaults()
+	res.Workers = cfg.Workers
 	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer pool.Close()
 	var completed, claims, claimed, claimNanos atomic.Int64
@@ -50,7 +85,7 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	var doneAt time.Time
 	journal, err := pgjournal.New(pool, nil)
 	if err != nil {
-		return err
+		return res, err
 	}
 	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
 		Logger: r.log.With("component", "runner"),
@@ -68,12 +103,12 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		},
 	})
 	if err != nil {
-		return err
+		return res, err
 	}
-	r.progress("steps: running them (%s)", cfg)
+	r.progress("steps: run %d/%d: running them (%s)", i+1, r.sz.repeats, cfg)
 	began := time.Now()
 	if err := runner.Start(ctx); err != nil {
-		return err
+		return res, err
 	}
 	timer := time.NewTimer(r.sz.timeout)
 	defer timer.Stop()
@@ -91,35 +126,33 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		waitErr = err
 	}
 	if waitErr != nil {
-		return waitErr
+		return res, waitErr
 	}
 	took := doneAt.Sub(began)
 	var finished int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`).Scan(&finished); err != nil {
-		return err
+		return res, err
 	}
 	if finished != n {
-		return fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
+		return res, fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
 	}
-	res := &StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga, Workers: cfg.Workers, Seconds: took.Seconds(),
-		StepsPerSec: rate(n*benchStepsPerSaga, took), Claims: int(claims.Load()),
-		ClaimSeconds: time.Duration(claimNanos.Load()).Seconds()}
+	res.Seconds, res.StepsPerSec = took.Seconds(), rate(n*benchStepsPerSaga, took)
+	res.Claims, res.ClaimSeconds = int(claims.Load()), time.Duration(claimNanos.Load()).Seconds()
 	if c := claims.Load(); c > 0 {
 		res.PerClaim = float64(claimed.Load()) / float64(c)
 	}
-	r.progress("steps: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
-		res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
+	r.progress("steps: run %d/%d: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
+		i+1, r.sz.repeats, res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
 	pg, err := e.runPgbenchSteps(ctx, took, n)
 	if err != nil {
-		return err
+		return res, err
 	}
 	res.PgbenchTPS, res.PgbenchClients, res.PgbenchSeconds = pg.TPS, pg.Clients, pg.Duration.Seconds()
 	if pg.TPS > 0 {
 		res.Ratio = res.StepsPerSec / pg.TPS
 	}
-	r.report.Steps = res
-	r.progress("steps: %.0f steps/s vs pgbench %.0f tps: ratio %.2f", res.StepsPerSec, pg.TPS, res.Ratio)
-	return nil
+	r.progress("steps: run %d/%d: %.0f steps/s vs pgbench %.0f tps: ratio %.2f", i+1, r.sz.repeats, res.StepsPerSec, pg.TPS, res.Ratio)
+	return res, nil
 }
 
 // openRelayPool sizes a pool as `relay run` does: a connection per worker

@@ -36,15 +36,20 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 	if err := e.reset(ctx); err != nil {
 		return c, err
 	}
-	// Every consumer's slot exists before the first row is written, so all
-	// three decode the same WAL from the same point.
-	recvSlot, streamSlot, corrSlot := e.slotName("recv"), e.slotName("stream"), e.slotName("corr")
-	if _, err := e.createSlot(ctx, recvSlot, false); err != nil {
-		return c, err
-	}
-	for _, s := range []string{streamSlot, corrSlot} {
-		if _, err := e.createSlot(ctx, s, true); err != nil {
+	// Every consumer's slot exists before the first row is written, so that
+	// all of them decode the same WAL from the same point; one slot per
+	// consumer and repetition.
+	type slots struct{ recv, stream, corr string }
+	runs := make([]slots, r.sz.repeats)
+	for i := range runs {
+		runs[i] = slots{e.slotName(fmt.Sprintf("recv%d", i)), e.slotName(fmt.Sprintf("stream%d", i)), e.slotName(fmt.Sprintf("corr%d", i))}
+		if _, err := e.createSlot(ctx, runs[i].recv, false); err != nil {
 			return c, err
+		}
+		for _, s := range []string{runs[i].stream, runs[i].corr} {
+			if _, err := e.createSlot(ctx, s, true); err != nil {
+				return c, err
+			}
 		}
 	}
 	r.progress("stream: loading %d outbox rows, %d per transaction", n, perTx)
@@ -55,45 +60,53 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 	if err != nil {
 		return c, err
 	}
-	e.checkpoint(ctx)
+	var a, b, cr, bRatio, cRatio, bBusy, cBusy []float64
+	for i, sl := range runs {
+		e.checkpoint(ctx)
+		r.progress("stream: run %d/%d (a) pg_recvlogical to %s", i+1, len(runs), end)
+		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout)
+		if err != nil {
+			return c, err
+		}
+		ra := rate(n, took)
 
-	r.progress("stream: (a) pg_recvlogical to %s", end)
-	took, err := e.runRecvlogical(ctx, recvSlot, end, r.sz.timeout)
-	if err != nil {
-		return c, err
-	}
-	c.RecvlogicalSeconds, c.RecvlogicalPerSec = took.Seconds(), rate(n, took)
+		r.progress("stream: run %d/%d (b) relay stream, checkpoint commits only", i+1, len(runs))
+		rb, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.stream,
+			Registry: saga.NewRegistry(), Want: n, Timeout: r.sz.timeout, Logger: r.log})
+		if err != nil {
+			return c, err
+		}
 
-	r.progress("stream: (b) relay stream, checkpoint commits only")
-	b, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: streamSlot,
-		Registry: saga.NewRegistry(), Want: n, Timeout: r.sz.timeout, Logger: r.log})
-	if err != nil {
-		return c, err
+		// Each pass starts its sagas afresh: against the previous pass's
+		// instances every start would be a cheaper conflict.
+		if _, err := e.pool.Exec(ctx, `TRUNCATE saga_instances CASCADE`); err != nil {
+			return c, err
+		}
+		e.checkpoint(ctx)
+		r.progress("stream: run %d/%d (c) relay stream + correlator, one saga per event", i+1, len(runs))
+		rc, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.corr,
+			Registry: benchRegistry(nil), Want: n, Timeout: r.sz.timeout, Logger: r.log})
+		if err != nil {
+			return c, err
+		}
+		var started int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances`).Scan(&started); err != nil {
+			return c, err
+		}
+		if started != n {
+			return c, fmt.Errorf("the correlator started %d sagas for %d events", started, n)
+		}
+		a, b, cr = append(a, ra), append(b, rate(n, rb.Took)), append(cr, rate(n, rc.Took))
+		bRatio, cRatio = append(bRatio, rate(n, rb.Took)/ra), append(cRatio, rate(n, rc.Took)/ra)
+		bBusy, cBusy = append(bBusy, share(rb.SinkBusy, rb.Took)), append(cBusy, share(rc.SinkBusy, rc.Took))
+		c.StreamBatches, c.CorrelateBatches = rb.Batches, rc.Batches
+		r.progress("stream: run %d/%d, %d rows/tx: pg_recvlogical %.0f ev/s, stream %.0f ev/s (%.2f), stream+correlator %.0f ev/s (%.2f)",
+			i+1, len(runs), perTx, ra, b[i], bRatio[i], cr[i], cRatio[i])
 	}
-	c.StreamSeconds, c.StreamPerSec, c.StreamBatches = b.Took.Seconds(), rate(n, b.Took), b.Batches
-	c.StreamSinkBusy = share(b.SinkBusy, b.Took)
-
-	r.progress("stream: (c) relay stream + correlator, one saga per event")
-	cr, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: corrSlot,
-		Registry: benchRegistry(nil), Want: n, Timeout: r.sz.timeout, Logger: r.log})
-	if err != nil {
-		return c, err
-	}
-	c.CorrelateSeconds, c.CorrelatePerSec, c.CorrelateBatches = cr.Took.Seconds(), rate(n, cr.Took), cr.Batches
-	c.CorrelateSinkBusy = share(cr.SinkBusy, cr.Took)
-	var started int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances`).Scan(&started); err != nil {
-		return c, err
-	}
-	if started != n {
-		return c, fmt.Errorf("the correlator started %d sagas for %d events", started, n)
-	}
-	if c.RecvlogicalPerSec > 0 {
-		c.StreamRatio = c.StreamPerSec / c.RecvlogicalPerSec
-		c.CorrelateRatio = c.CorrelatePerSec / c.RecvlogicalPerSec
-	}
-	r.progress("stream: %d rows/tx: pg_recvlogical %.0f ev/s, stream %.0f ev/s (%.2f), stream+correlator %.0f ev/s (%.2f)",
-		perTx, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, c.CorrelatePerSec, c.CorrelateRatio)
+	c.RecvlogicalRuns, c.StreamRuns, c.CorrelateRuns = a, b, cr
+	c.RecvlogicalPerSec, c.StreamPerSec, c.CorrelatePerSec = median(a), median(b), median(cr)
+	c.StreamRatio, c.CorrelateRatio = median(bRatio), median(cRatio)
+	c.StreamSinkBusy, c.CorrelateSinkBusy = median(bBusy), median(cBusy)
 	return c, nil
 }
 
