@@ -23,6 +23,7 @@ const (
 	DefaultStatusInterval     = 10 * time.Second
 	DefaultHeartbeatInterval  = 10 * time.Second
 	DefaultMaxBatchEvents     = 5000
+	DefaultMaxBatchBytes      = 64 << 20
 	DefaultRetentionInterval  = time.Minute
 	DefaultRetentionBatchSize = 1000
 	DefaultLeaderPollInterval = time.Second
@@ -67,6 +68,10 @@ type Config struct {
 	// MaxBatchEvents bounds the events in one Batch (default 5000). A larger
 	// transaction is handed over in Partial batches.
 	MaxBatchEvents int
+	// MaxBatchBytes bounds the payload bytes in one Batch (default 64 MB), so
+	// that large payloads cannot make a batch (or the sink's statement) grow
+	// without limit. A batch always holds at least one event.
+	MaxBatchBytes int
 	// Retention, when positive, deletes outbox rows whose created_at is older
 	// than Retention and that the sink has already handled (see retention.go
 	// for how "already handled" is proven). Zero keeps every row.
@@ -104,6 +109,7 @@ func (c Config) WithDefaults() Config {
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.MaxBatchEvents = cmp.Or(c.MaxBatchEvents, DefaultMaxBatchEvents)
+	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
 	c.RetentionBatchSize = cmp.Or(c.RetentionBatchSize, DefaultRetentionBatchSize)
 	c.LeaderPollInterval = cmp.Or(c.LeaderPollInterval, DefaultLeaderPollInterval)
@@ -169,6 +175,9 @@ func (c *Config) validate(needURL bool) error {
 	}
 	if c.Retention < 0 {
 		return errorf(ErrConfig, "Config.Retention is negative (%s): use 0 to keep every outbox row", c.Retention)
+	}
+	if c.MaxBatchBytes < 1 {
+		return errorf(ErrConfig, "Config.MaxBatchBytes is %d: want at least 1", c.MaxBatchBytes)
 	}
 	if c.MaxBatchEvents < 1 {
 		return errorf(ErrConfig, "Config.MaxBatchEvents is %d: want at least 1", c.MaxBatchEvents)

