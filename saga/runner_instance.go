@@ -353,7 +353,7 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 	if step.awaitsReply() {
 		outcome = OutcomeAwaiting
 		ev = Event{Kind: EventStepAwaiting, Step: w.inst.CurrentStep, StepName: step.Name,
-			State: x.State, Output: x.Output, CorrelationID: x.CommandID,
+			State: x.State, Output: x.Output, CorrelationID: x.command,
 			// At least a millisecond: a deadline that passed while Do ran
 			// still needs a wait that ends, so that the next claim sees it.
 			AwaitFor: max(w.capToDeadline(step.ReplyTimeout), time.Millisecond)}

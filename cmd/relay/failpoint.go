@@ -1,3 +1,5 @@
+//go:build failpoint
+
 package main
 
 import (
@@ -15,7 +17,8 @@ import (
 // RELAY_FAILPOINT=crash-after-batch:N the process SIGKILLs itself right after
 // the correlator committed its N-th batch with events, before the stream can
 // report that batch's LSN to PostgreSQL: the crash the replay check exists
-// for. The fault suites set it; nothing else should.
+// for. It is compiled only with `-tags failpoint`, which the test harness
+// (test/relaytest) uses; a release binary ignores the variable.
 const failpointEnv = "RELAY_FAILPOINT"
 
 // withFailpoint wraps sink when the failpoint is set.

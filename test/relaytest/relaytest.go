@@ -38,7 +38,8 @@ func Binary(t testing.TB) string {
 		binPath = filepath.Join(buildDir, "relay")
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		args := []string{"build", "-o", binPath}
+		// The failpoint tag compiles in RELAY_FAILPOINT (cmd/relay/failpoint.go).
+		args := []string{"build", "-tags", "failpoint", "-o", binPath}
 		if raceEnabled {
 			args = append(args, "-race")
 		}
