@@ -152,3 +152,30 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// TestUnfinishedEventsCountAsLowerBounds: an event with no first step when
+// the wait ended must not vanish from the percentiles (that would flatter a
+// relay that cannot keep up); it counts with the time waited.
+func TestUnfinishedEventsCountAsLowerBounds(t *testing.T) {
+	t.Parallel()
+	tl := newTimeline(4)
+	ms := int64(time.Millisecond)
+	for i := range 4 {
+		tl.commit[i].Store(1 + int64(i)*ms)
+		tl.start[i].Store(1 + int64(i)*ms + 2*ms)
+	}
+	tl.step[0].Store(1 + 10*ms)
+	tl.step[1].Store(1 + 11*ms)
+	// Events 2 and 3 never had their first step; the wait ended at 1 s.
+	tl.stop.Store(1 + 1000*ms)
+	start, step, noStart, noStep := tl.summaries(0, 4)
+	if noStart != 0 || noStep != 2 {
+		t.Fatalf("unfinished = %d, %d; want 0, 2", noStart, noStep)
+	}
+	if start.Count != 4 || start.Max != 2 {
+		t.Fatalf("start = %+v", start)
+	}
+	if step.Count != 4 || step.P50 != 10 || step.Max != 998 {
+		t.Fatalf("first step = %+v; want 4 samples, p50 10 ms, max 998 ms (the wait)", step)
+	}
+}
