@@ -30,3 +30,10 @@ demo: postgres build
 .PHONY: bench
 bench: postgres build
 	./bin/relay bench $(BENCH_FLAGS)
+
+# `make chaos` runs the fault suite of RELIABILITY.md (20 to 40 minutes) and
+# prints each scenario's figures; `make chaos QUICK=1` is the short run for CI
+# (about 3 minutes). CHAOS_FLAGS passes more, e.g. CHAOS_FLAGS='-chaos.only kill,pause'.
+.PHONY: chaos
+chaos: postgres
+	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)

@@ -1,0 +1,105 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fuzzTargets are the fuzz targets the suite runs, each for a bounded time.
+var fuzzTargets = []struct{ pkg, name string }{
+	{"./cdc", "FuzzPgoutputMessages"},
+	{"./correlator", "FuzzPlanAdd"},
+	{"./outbox", "FuzzParseTableName"},
+	{"./outbox", "FuzzParseColumnMap"},
+	{"./internal/httpapi", "FuzzParseFilter"},
+	{"./internal/httpapi", "FuzzPathID"},
+	{"./internal/httpapi", "FuzzReadAction"},
+	{"./internal/httpapi", "FuzzLoginRedirect"},
+}
+
+var fuzzStats = regexp.MustCompile(`execs: (\d+) .*new interesting: (\d+) \(total: (\d+)\)`)
+
+// scenarioFuzz runs `go test -fuzz` on each target for -chaos.fuzztime. A
+// failing input the fuzzer writes under the package's testdata is moved to
+// the output folder, so that the tree stays as committed, and reported.
+func scenarioFuzz(t *testing.T, r *report) {
+	d := *fuzzTime
+	if d == 0 {
+		d = pick(20*time.Second, 3*time.Second)
+	}
+	root := repoRoot()
+	failed := 0
+	var total int64
+	for _, ft := range fuzzTargets {
+		dir := filepath.Join(root, ft.pkg, "testdata", "fuzz", ft.name)
+		before := listDir(dir)
+		ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Minute)
+		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-fuzz", "^"+ft.name+"$", "-fuzztime", d.String(),
+			"-parallel", strconv.Itoa(max(1, runtime.NumCPU()/2)), ft.pkg)
+		cmd.Dir = root
+		began := time.Now()
+		out, err := cmd.CombinedOutput()
+		cancel()
+		execs, corpus := int64(0), "?"
+		if m := fuzzStats.FindAllStringSubmatch(string(out), -1); len(m) > 0 {
+			last := m[len(m)-1]
+			execs, _ = strconv.ParseInt(last[1], 10, 64)
+			corpus = fmt.Sprintf("%s new, corpus %s", last[2], last[3])
+		}
+		total += execs
+		verdict := "ok"
+		if err != nil {
+			failed++
+			verdict = "FAILED: " + firstFailure(string(out))
+			for f := range listDir(dir) {
+				if !before[f] {
+					src := filepath.Join(dir, f)
+					dst := filepath.Join(outputDir(), ft.name+"-"+f)
+					if b, err := os.ReadFile(src); err == nil && os.WriteFile(dst, b, 0o644) == nil {
+						os.Remove(src)
+						verdict += " (input kept in " + dst + ")"
+					}
+				}
+			}
+		}
+		r.figure(ft.name, "%d execs in %s (%s): %s", execs, time.Since(began).Round(time.Second), corpus, verdict)
+		r.expect(err == nil, ft.name+" finds nothing", "%s", clipText(verdict, 200))
+	}
+	r.head = fmt.Sprintf("%d targets × %s: %d execs, %d failing", len(fuzzTargets), d, total, failed)
+}
+
+func firstFailure(out string) string {
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.Contains(l, "_test.go:") || strings.HasPrefix(l, "panic:") {
+			return clipText(l, 240)
+		}
+	}
+	return clipText(strings.TrimSpace(out), 240)
+}
+
+func listDir(dir string) map[string]bool {
+	m := map[string]bool{}
+	es, _ := os.ReadDir(dir)
+	for _, e := range es {
+		m[e.Name()] = true
+	}
+	return m
+}
+
+// repoRoot is the module's root, two folders above this file.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
