@@ -19,7 +19,7 @@ import (
 
 var (
 	quick     = flag.Bool("chaos.quick", false, "the short run for CI: fewer faults, lower rates, seconds of fuzzing")
-	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (kill, pause, dbfaults, slot, badinput, fuzz, hygiene); empty runs all")
+	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (selftest, kill, pause, dbfaults, slot, badinput, fuzz, hygiene); empty runs all")
 	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s, 3s with -chaos.quick)")
 	outDir    = flag.String("chaos.out", "", "folder for relay logs and fuzz crashers of failed checks (default a temporary folder)")
 	backlogTx = flag.Int("chaos.backlog", 0, "transactions per backlog of the bad-input throughput measure (default 3000, 1000 with -chaos.quick)")
@@ -41,6 +41,7 @@ type scenario struct {
 }
 
 var scenarios = []scenario{
+	{"selftest", "the checkers report planted faults", scenarioSelfTest},
 	{"kill", "relay killed (SIGKILL at random moments and right after a correlator commit)", scenarioKill},
 	{"pause", "paused workers (SIGSTOP past the lease, SIGCONT)", scenarioPause},
 	{"dbfaults", "database faults (restart -m immediate, walsender terminated)", scenarioDBFaults},
