@@ -86,7 +86,8 @@ type Usage struct {
 // PeakRSSMB is PeakRSS in mebibytes.
 func (u Usage) PeakRSSMB() float64 { return float64(u.PeakRSS) / (1 << 20) }
 
-// childUsage reads a finished child's rusage: Maxrss is in kilobytes on Linux.
+// childUsage reads a finished child's rusage: Maxrss is in kilobytes on
+// Linux, and an overestimate for a child started by Go (see consumeInChild).
 func childUsage(ps *os.ProcessState) (Usage, error) {
 	if ps == nil {
 		return Usage{}, fmt.Errorf("bench: child has not exited")

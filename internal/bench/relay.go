@@ -90,6 +90,9 @@ type consumeResult struct {
 	// SinkBusy is the time spent inside the sink (the correlator's
 	// transactions).
 	SinkBusy time.Duration `json:"sink_busy_ns"`
+	// PeakRSS is the consuming process's own resident high-water mark
+	// (VmHWM), set by a child consumer.
+	PeakRSS int64 `json:"peak_rss_bytes,omitempty"`
 }
 
 // consumeOptions configures consume.

@@ -106,6 +106,13 @@ func (r *run) consumeInChild(ctx context.Context, slot string, n int) (consumeRe
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		return res, usage, fmt.Errorf("child relay printed %q, not its result: %v", out, err)
 	}
+	// The rusage's ru_maxrss is no good here: Go starts a child with
+	// vfork, and Linux folds the resident set of the memory the child
+	// shared with this process until exec into it, so it reports this
+	// process's size. The child's own VmHWM is its alone.
+	if res.PeakRSS > 0 {
+		usage.PeakRSS = res.PeakRSS
+	}
 	return res, usage, nil
 }
 
@@ -156,6 +163,7 @@ func Consume(ctx context.Context, cfg ConsumeConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	res.PeakRSS = procStatusBytes("/proc/self/status", "VmHWM:")
 	w := bufio.NewWriter(out)
 	if err := json.NewEncoder(w).Encode(res); err != nil {
 		return err
