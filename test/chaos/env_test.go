@@ -4,16 +4,21 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -359,4 +364,129 @@ func procCPU(pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// child is a relay process started without waiting for it to be healthy:
+// a relay whose failpoint may strike before its HTTP monitor answers, which
+// relaytest.Start would take for a failed start.
+type child struct {
+	cmd  *exec.Cmd
+	Addr string
+	out  *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+func startChild(t *testing.T, env []string, args ...string) *child {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	c := &child{Addr: addr, out: &lockedBuffer{}, done: make(chan struct{})}
+	c.cmd = exec.Command(relaytest.Binary(t), append([]string{"run", "--http-addr", addr}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RELAY_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+			c.cmd.Env = append(c.cmd.Env, kv)
+		}
+	}
+	c.cmd.Env = append(c.cmd.Env, env...)
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("start relay: %v", err)
+	}
+	go func() {
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	t.Cleanup(c.Kill)
+	return c
+}
+
+// healthy waits until /healthz answers; false when the process exited first
+// or limit passed.
+func (c *child) healthy(limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	hc := http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		select {
+		case <-c.done:
+			return false
+		default:
+		}
+		if resp, err := hc.Get("http://" + c.Addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return true
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+func (c *child) Done() <-chan struct{} { return c.done }
+func (c *child) Output() string        { return c.out.String() }
+func (c *child) Pid() int              { return c.cmd.Process.Pid }
+
+// Kill sends SIGKILL and waits for the exit.
+func (c *child) Kill() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.cmd.Process.Kill()
+	<-c.done
+}
+
+// Wait waits up to limit for the process to exit by itself.
+func (c *child) Wait(limit time.Duration) bool {
+	select {
+	case <-c.done:
+		return true
+	case <-time.After(limit):
+		return false
+	}
+}
+
+// Stop sends SIGTERM and waits up to limit; it reports the exit.
+func (c *child) Stop(limit time.Duration) (string, bool) {
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	if !c.Wait(limit) {
+		c.Kill()
+		return "killed after " + limit.String(), false
+	}
+	if c.err != nil {
+		return c.err.Error(), false
+	}
+	return "exit status 0", true
+}
+
+// Exit describes how the process ended.
+func (c *child) Exit() string {
+	if c.err != nil {
+		return c.err.Error()
+	}
+	return "exit status 0"
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/test/pgtest"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // scenarioKill: one relay (stream, correlator, runner) is SIGKILLed at
@@ -29,13 +28,19 @@ func scenarioKill(t *testing.T, r *report) {
 
 	gen := 0
 	var logs strings.Builder
-	start := func(failAfter int) *relaytest.Process {
+	// start launches the next relay; with failAfter it carries the failpoint
+	// and may die before it ever answers /healthz.
+	start := func(failAfter int) *child {
 		gen++
 		var env []string
 		if failAfter > 0 {
 			env = []string{fmt.Sprintf("RELAY_FAILPOINT=crash-after-batch:%d", failAfter)}
 		}
-		return relaytest.Start(t, env, relayArgs(tg, fmt.Sprintf("chaos-kill-g%d", gen))...)
+		c := startChild(t, env, relayArgs(tg, fmt.Sprintf("chaos-kill-g%d", gen))...)
+		if failAfter == 0 && !c.healthy(60*time.Second) {
+			t.Fatalf("relay generation %d did not become healthy: %s\n%s", gen, c.Exit(), c.Output())
+		}
+		return c
 	}
 	p, failing := start(0), false
 	prod := startProducer(tg.Pool, triggerRate, noiseRate, 10, 2)
@@ -50,7 +55,7 @@ func scenarioKill(t *testing.T, r *report) {
 	var replayed, dupStarts float64
 	unmeasured := 0
 	// scrape adds a relay's replay counters just before it is killed.
-	scrape := func(p *relaytest.Process) {
+	scrape := func(p *child) {
 		n, _ := metric(p.Addr, "compensa_batches_replayed_total")
 		d, _ := metric(p.Addr, "compensa_duplicate_starts_total")
 		replayed += n
@@ -63,7 +68,7 @@ func scenarioKill(t *testing.T, r *report) {
 		var fault time.Time
 		if failing {
 			// The failpoint kills the process after its N-th commit.
-			if _, exited := p.Wait(60 * time.Second); !exited {
+			if !p.Wait(60 * time.Second) {
 				failpointMissed++
 				p.Kill()
 			}
@@ -76,7 +81,7 @@ func scenarioKill(t *testing.T, r *report) {
 			p.Kill()
 		}
 		uptimes = append(uptimes, fault.Sub(born))
-		logs.WriteString(fmt.Sprintf("--- generation %d (%s)\n%s", gen, exitCode(p), p.Output()))
+		logs.WriteString(fmt.Sprintf("--- generation %d (%s)\n%s", gen, p.Exit(), p.Output()))
 		failAfter := 0
 		if i < kills-1 && rnd.IntN(5) == 0 {
 			failAfter = 1 + rnd.IntN(30)
@@ -97,8 +102,9 @@ func scenarioKill(t *testing.T, r *report) {
 	drain, ok := waitDrained(t, tg, pick(10*time.Minute, 3*time.Minute))
 	r.expect(ok, "drained: every trigger started, every saga terminal", "after %s", drain.Round(time.Second))
 	scrape(p)
-	p.Stop(60 * time.Second)
-	logs.WriteString(fmt.Sprintf("--- generation %d (graceful stop)\n%s", gen, p.Output()))
+	exit, clean := p.Stop(60 * time.Second)
+	r.expect(clean, "the last relay stops gracefully", "%s", exit)
+	logs.WriteString(fmt.Sprintf("--- generation %d (graceful stop: %s)\n%s", gen, exit, p.Output()))
 
 	r.figure("kills", "%d (%d by the failpoint right after a correlator commit), relay uptime between kills %s", kills, failpoints, uptimes)
 	r.figure("producer", "%s", prod.summary())
@@ -125,7 +131,7 @@ func scenarioKill(t *testing.T, r *report) {
 	r.keepLog("relays", logs.String())
 }
 
-func isDone(p *relaytest.Process) bool {
+func isDone(p *child) bool {
 	select {
 	case <-p.Done():
 		return true
