@@ -43,6 +43,17 @@ func scenarioPause(t *testing.T, r *report) {
 
 	var paused durations
 	perVictim := map[string]int{}
+	// lost sums the lease_lost attempts both relays counted so far.
+	lost := func() float64 {
+		var n float64
+		for _, p := range []*relaytest.Process{a, b} {
+			v, _ := metric(p.Addr, "compensa_step_duration_seconds_count", `outcome="lease_lost"`)
+			n += v
+		}
+		return n
+	}
+	caught := 0
+	last := lost()
 	for i := range pauses {
 		victim, name := b, "B (--no-stream)"
 		if i%2 == 1 {
@@ -59,6 +70,10 @@ func scenarioPause(t *testing.T, r *report) {
 		paused = append(paused, d)
 		perVictim[name]++
 		time.Sleep(between(rnd, 300*time.Millisecond, 1200*time.Millisecond))
+		if now := lost(); now > last {
+			caught++
+			last = now
+		}
 	}
 	prod.stop()
 	stopped = true
@@ -83,7 +98,8 @@ func scenarioPause(t *testing.T, r *report) {
 	r.figure("pauses", "%d (%s), each %s", pauses, victims(perVictim), paused)
 	r.figure("lease", "%s (heartbeat every third)", lease)
 	r.figure("producer", "%s", prod.summary())
-	r.figure("stale attempts rejected", "%.0f step or compensation attempts ended lease_lost (metrics), %d lease-lost log lines", rejected, logged)
+	r.figure("stale attempts rejected", "%.0f step or compensation attempts ended lease_lost (metrics), %d lease-lost log lines; %d of %d pauses caught a step in flight",
+		rejected, logged, caught, pauses)
 	stale, ex := staleWrites(t, tg)
 	for _, e := range ex {
 		r.figure("example", "%s", e)
