@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,42 @@ func TestOnlyRejectsAnUnknownScenario(t *testing.T) {
 	_, err := Run(context.Background(), Config{Only: "streem"})
 	if err == nil || !strings.Contains(err.Error(), "stream, latency, steps, curve") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestGivenServerIsLeftAsItWas: with a server of the caller's (what
+// --database-url gives), the bench works in a database of its own and drops
+// it, with its slots, at the end. Without a child command it measures in
+// process and says so.
+func TestGivenServerIsLeftAsItWas(t *testing.T) {
+	c := pgtest.Cluster(t)
+	ctx := context.Background()
+	report, err := Run(ctx, Config{DatabaseURL: c.URL, Quick: true, Only: "curve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Errors) > 0 {
+		t.Fatalf("errors: %v", report.Errors)
+	}
+	if len(report.Curve) != 1 || report.Curve[0].Events != 10000 || report.Curve[0].EventsPerSec <= 0 {
+		t.Fatalf("curve = %+v", report.Curve)
+	}
+	if !report.Curve[0].InProcess || report.Curve[0].PeakRSSMB <= 0 {
+		t.Fatalf("in-process measurement not reported: %+v", report.Curve[0])
+	}
+	if !strings.Contains(strings.Join(report.Notes, " "), "inside the bench process") {
+		t.Fatalf("notes do not say resources were measured in process: %v", report.Notes)
+	}
+	pool := pgtest.NewDB(t).Pool
+	var dbs, slots int
+	name := "compensa_bench_" + strconv.Itoa(os.Getpid())
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&dbs); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1 || '%'`, name).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if dbs != 0 || slots != 0 {
+		t.Fatalf("left behind: %d databases and %d slots named %s*", dbs, slots, name)
 	}
 }
