@@ -19,18 +19,20 @@ type plan struct {
 	seen int
 
 	// starts
-	startTenant    []uuid.UUID
-	startWorkspace []*uuid.UUID
+	// UUIDs go as [16]byte: pgx encodes those directly, while uuid.UUID
+	// takes a slower path through driver.Valuer for every element.
+	startTenant    [][16]byte
+	startWorkspace []*[16]byte
 	startSaga      []string
 	startVersion   []int32
-	startTrigger   []uuid.UUID
-	startCorr      []*uuid.UUID
+	startTrigger   [][16]byte
+	startCorr      []*[16]byte
 	startContext   []string
 	startDeadline  []int64 // microseconds; 0 = no deadline
 
 	// reply candidates: events with a correlation id that start nothing
-	replyEvent   []uuid.UUID
-	replyCorr    []uuid.UUID
+	replyEvent   [][16]byte
+	replyCorr    [][16]byte
 	replyPayload []string
 
 	// dead letters
@@ -82,10 +84,14 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 			}
 		}
 	}
-	ws := workspaceOf(ev)
-	var corr *uuid.UUID
+	var ws *[16]byte
+	if w := workspaceOf(ev); w != nil {
+		b := [16]byte(*w)
+		ws = &b
+	}
+	var corr *[16]byte
 	if ev.CorrelationID.Valid {
-		c := ev.CorrelationID.UUID
+		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
 	for _, d := range defs {
@@ -144,7 +150,8 @@ var checkPayload = outbox.CheckJSONB
 // workspaceOf finds a workspace id in the payload or the headers.
 func workspaceOf(ev *outbox.Event) *uuid.UUID {
 	for _, src := range []json.RawMessage{ev.Payload, ev.Headers} {
-		if len(src) == 0 || src[0] != '{' {
+		// Most events carry none: a byte search spares decoding them.
+		if len(src) == 0 || src[0] != '{' || !bytes.Contains(src, []byte(`"workspace_id"`)) {
 			continue
 		}
 		var probe struct {
