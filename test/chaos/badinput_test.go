@@ -20,7 +20,6 @@ import (
 	"github.com/compensa/compensa/internal/briefs"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // variant is an existing outbox table the relay is pointed at with
@@ -141,7 +140,7 @@ type vrun struct {
 	v       variant
 	slot    string
 	pub     string
-	p       *relaytest.Process
+	p       *child
 	starts  int
 	outputs strings.Builder
 }
@@ -150,7 +149,7 @@ func (x *vrun) start() {
 	x.starts++
 	args := relayArgs(&target{URL: x.tg.URL, Slot: x.slot, Publication: x.pub}, x.app(),
 		"--outbox-table", x.v.table, "--outbox-columns", x.v.columns)
-	x.p = relaytest.Start(x.t, nil, args...)
+	x.p = startRelay(x.t, nil, args...)
 }
 
 // app is the relay's application_name.
@@ -160,7 +159,7 @@ func (x *vrun) app() string { return "chaos-bad-" + x.slot }
 func (x *vrun) alive(what string) {
 	select {
 	case <-x.p.Done():
-		x.r.expect(false, x.v.name+": the relay stays up "+what, "it exited: %s", exitCode(x.p))
+		x.r.expect(false, x.v.name+": the relay stays up "+what, "it exited: %s", x.p.Exit())
 	default:
 	}
 }
@@ -169,7 +168,8 @@ func (x *vrun) alive(what string) {
 func (x *vrun) stop(what string) {
 	x.alive(what)
 	x.p.Signal(syscall.SIGTERM)
-	code, exited := x.p.Wait(60 * time.Second)
+	exited := x.p.Wait(60 * time.Second)
+	code := x.p.Code()
 	if !exited {
 		x.p.Kill()
 	}
@@ -677,7 +677,7 @@ func refusals(t *testing.T, r *report, tg *target) {
 	refused := 0
 	var bad []string
 	for _, c := range cases {
-		out, code := relaytest.Run(t, nil, "run", "--database-url", tg.URL, "--slot", tg.Slot+"_refuse", "--publication", tg.Publication+"_refuse",
+		out, code := runRelay(t, "run", "--database-url", tg.URL, "--slot", tg.Slot+"_refuse", "--publication", tg.Publication+"_refuse",
 			"--http-addr", "127.0.0.1:0", c.flag, c.value)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		last := lines[len(lines)-1]

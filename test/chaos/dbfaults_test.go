@@ -11,7 +11,6 @@ import (
 
 	"github.com/compensa/compensa/internal/briefs"
 	"github.com/compensa/compensa/internal/pgcluster"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // scenarioDBFaults: a durable cluster of its own (fsync and synchronous
@@ -28,7 +27,7 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	tg := ownCluster(t, pgcluster.Options{Durable: true})
 	installAudit(t, tg)
 	visibilityProbe(t, r, tg)
-	p := relaytest.Start(t, nil, relayArgs(tg, "chaos-db")...)
+	p := startRelay(t, nil, relayArgs(tg, "chaos-db")...)
 	prod := startProducer(tg.Pool, pick(30.0, 20.0), pick(170.0, 80.0), 10, 2)
 	stopped := false
 	defer func() {
@@ -88,8 +87,8 @@ func scenarioDBFaults(t *testing.T, r *report) {
 		select {
 		case <-p.Done():
 			relayExits++
-			r.figure("relay exited", "after a %s fault: %s", f, exitCode(p))
-			p = relaytest.Start(t, nil, relayArgs(tg, "chaos-db")...)
+			r.figure("relay exited", "after a %s fault: %s", f, p.Exit())
+			p = startRelay(t, nil, relayArgs(tg, "chaos-db")...)
 		default:
 		}
 	}
@@ -97,7 +96,8 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	stopped = true
 	drain, ok := waitDrained(t, tg, pick(5*time.Minute, 2*time.Minute))
 	r.expect(ok, "drained: every trigger started, every saga terminal", "after %s", drain.Round(time.Second))
-	p.Stop(60 * time.Second)
+	exit, clean := p.Stop(60 * time.Second)
+	r.expect(clean, "the relay stops gracefully at the end", "%s", exit)
 	logs := p.Output()
 
 	r.figure("faults", "%d restarts -m immediate (server down %s), %d walsenders terminated", restarts, down, terminations)
@@ -134,7 +134,7 @@ func scenarioDBFaults(t *testing.T, r *report) {
 func visibilityProbe(t *testing.T, r *report, tg *target) {
 	ctx := context.Background()
 	url := withApp(tg.URL, "chaos-visibility") + "&options=-c%20synchronous_commit%3Dlocal"
-	p := relaytest.Start(t, nil, append(relayArgs(tg, "chaos-visibility"), "--database-url", url)...)
+	p := startRelay(t, nil, append(relayArgs(tg, "chaos-visibility"), "--database-url", url)...)
 	defer p.Stop(60 * time.Second)
 	time.Sleep(2 * time.Second) // the slot exists and streams
 	for _, q := range []string{`ALTER SYSTEM SET synchronous_standby_names = 'chaos_ghost'`, `SELECT pg_reload_conf()`} {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +29,6 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/test/pgtest"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // target is one migrated database the relay runs against.
@@ -334,41 +334,8 @@ func between(r *rand.Rand, lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(r.Int64N(int64(hi-lo)+1))
 }
 
-// exitedBySignal reports whether the process ended by SIGKILL (a failpoint
-// crash), as opposed to exiting.
-func exitCode(p *relaytest.Process) string {
-	if err := p.ExitErr(); err != nil {
-		return err.Error()
-	}
-	return "exit status 0"
-}
-
-// procCPU returns a process's user + system CPU time from /proc (clock ticks
-// of 10 ms), 0 when it cannot be read.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which is in parentheses and may hold
-	// spaces: state is field 3, utime 14, stime 15.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// child is a relay process started without waiting for it to be healthy:
-// a relay whose failpoint may strike before its HTTP monitor answers, which
-// relaytest.Start would take for a failed start.
+// child is one relay process. startRelay waits until it serves /healthz;
+// startChild does not, for a relay whose failpoint may strike first.
 type child struct {
 	cmd  *exec.Cmd
 	Addr string
@@ -386,13 +353,8 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	addr := l.Addr().String()
 	l.Close()
 	c := &child{Addr: addr, out: &lockedBuffer{}, done: make(chan struct{})}
-	c.cmd = exec.Command(relaytest.Binary(t), append([]string{"run", "--http-addr", addr}, args...)...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RELAY_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
-			c.cmd.Env = append(c.cmd.Env, kv)
-		}
-	}
-	c.cmd.Env = append(c.cmd.Env, env...)
+	c.cmd = exec.Command(relayBinary(t), append([]string{"run", "--http-addr", addr}, args...)...)
+	c.cmd.Env = append(relayEnv(), env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.cmd.Start(); err != nil {
@@ -404,6 +366,86 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	}()
 	t.Cleanup(c.Kill)
 	return c
+}
+
+// startRelay starts `relay run` with args and waits until it is healthy.
+func startRelay(t *testing.T, env []string, args ...string) *child {
+	t.Helper()
+	c := startChild(t, env, args...)
+	if !c.healthy(60 * time.Second) {
+		t.Fatalf("relay did not become healthy (%s):\n%s", c.Exit(), c.Output())
+	}
+	return c
+}
+
+// runRelay runs `relay args...` to completion (at most 2 minutes) and
+// returns its output and exit code.
+func runRelay(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, relayBinary(t), args...)
+	cmd.Env = relayEnv()
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("relay %v: %v", args, err)
+	}
+	return string(out), code
+}
+
+// relayEnv is this process's environment without RELAY_* and DATABASE_URL,
+// so that each relay sees only its flags.
+func relayEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RELAY_") && !strings.HasPrefix(kv, "DATABASE_URL=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+var (
+	binMu  sync.Mutex
+	binDir string
+)
+
+// relayBinary builds cmd/relay, with the failpoint compiled in, into a
+// folder of the suite's own, and builds it again if something removed it
+// while the suite runs (a long run outlives more than one /tmp clean-up).
+func relayBinary(t *testing.T) string {
+	t.Helper()
+	binMu.Lock()
+	defer binMu.Unlock()
+	if binDir == "" {
+		d, err := os.MkdirTemp("", "compensa-chaos-relay-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binDir = d
+	}
+	path := filepath.Join(binDir, "relay")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	os.MkdirAll(binDir, 0o755)
+	cmd := exec.Command("go", "build", "-tags", "failpoint", "-o", path, "./cmd/relay")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags failpoint ./cmd/relay: %v\n%s", err, out)
+	}
+	return path
+}
+
+func removeRelayBinary() {
+	binMu.Lock()
+	defer binMu.Unlock()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 }
 
 // healthy waits until /healthz answers; false when the process exited first
@@ -466,6 +508,17 @@ func (c *child) Stop(limit time.Duration) (string, bool) {
 	return "exit status 0", true
 }
 
+// Signal sends sig (SIGSTOP, SIGCONT, ...).
+func (c *child) Signal(sig syscall.Signal) error { return c.cmd.Process.Signal(sig) }
+
+// Code is the exit code once the process has exited (-1 for a signal).
+func (c *child) Code() int {
+	if ee, ok := c.err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return 0
+}
+
 // Exit describes how the process ended.
 func (c *child) Exit() string {
 	if c.err != nil {
@@ -489,4 +542,27 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// procCPU returns a process's user + system CPU time from /proc (clock ticks
+// of 10 ms), 0 when it cannot be read.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name is in parentheses and may hold spaces; utime and
+	// stime are the 12th and 13th fields after it.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }

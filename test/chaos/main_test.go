@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/test/pgtest"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 var (
@@ -28,7 +27,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := pgtest.Main(m)
-	relaytest.Cleanup()
+	removeRelayBinary()
 	os.Exit(code)
 }
 

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/test/pgtest"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // scenarioPause: two relays share the work with a one-second lease: A
@@ -30,8 +29,8 @@ func scenarioPause(t *testing.T, r *report) {
 	tg := fromPgtest(db)
 	installAudit(t, tg)
 	leaseFlag := []string{"--lease", lease.String()}
-	a := relaytest.Start(t, nil, relayArgs(tg, "chaos-pause-a", leaseFlag...)...)
-	b := relaytest.Start(t, nil, relayArgs(tg, "chaos-pause-b", append(leaseFlag, "--no-stream")...)...)
+	a := startRelay(t, nil, relayArgs(tg, "chaos-pause-a", leaseFlag...)...)
+	b := startRelay(t, nil, relayArgs(tg, "chaos-pause-b", append(leaseFlag, "--no-stream")...)...)
 	prod := startProducer(tg.Pool, pick(40.0, 25.0), 0, 5, 1)
 	stopped := false
 	defer func() {
@@ -46,7 +45,7 @@ func scenarioPause(t *testing.T, r *report) {
 	// lost sums the lease_lost attempts both relays counted so far.
 	lost := func() float64 {
 		var n float64
-		for _, p := range []*relaytest.Process{a, b} {
+		for _, p := range []*child{a, b} {
 			v, _ := metric(p.Addr, "compensa_step_duration_seconds_count", `outcome="lease_lost"`)
 			n += v
 		}
@@ -83,15 +82,17 @@ func scenarioPause(t *testing.T, r *report) {
 	// Rejections, from each relay's metrics (lease_lost outcomes of steps and
 	// compensations) and from their logs.
 	var rejected float64
-	for _, p := range []*relaytest.Process{a, b} {
+	for _, p := range []*child{a, b} {
 		n, err := metric(p.Addr, "compensa_step_duration_seconds_count", `outcome="lease_lost"`)
 		if err != nil {
 			t.Errorf("scrape %s/metrics: %v", p.Addr, err)
 		}
 		rejected += n
 	}
-	a.Stop(60 * time.Second)
-	b.Stop(60 * time.Second)
+	for name, p := range map[string]*child{"A": a, "B": b} {
+		exit, clean := p.Stop(60 * time.Second)
+		r.expect(clean, "relay "+name+" stops gracefully", "%s", exit)
+	}
 	logs := a.Output() + b.Output()
 	logged := strings.Count(logs, "saga step rolled back: lease lost") + strings.Count(logs, "saga lease lost")
 

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/internal/pgcluster"
-	"github.com/compensa/compensa/test/relaytest"
 )
 
 // scenarioSlot: the slot is lost under a running relay, twice, on a cluster
@@ -43,8 +42,9 @@ func scenarioSlot(t *testing.T, r *report) {
 		}
 		return *st
 	}
-	expectExit := func(kind string, p *relaytest.Process, fault time.Time, wantState string) {
-		code, exited := p.Wait(90 * time.Second)
+	expectExit := func(kind string, p *child, fault time.Time, wantState string) {
+		exited := p.Wait(90 * time.Second)
+		code := p.Code()
 		detect := time.Since(fault)
 		out := p.Output()
 		lastErr := lastLine(out, "relay: ")
@@ -54,7 +54,7 @@ func scenarioSlot(t *testing.T, r *report) {
 		time.Sleep(3 * time.Second)
 		st := slotState()
 		r.expect(st == wantState, kind+": the slot is not re-created after the exit", "slot %s", st)
-		again, code2 := relaytest.Run(t, nil, append([]string{"run", "--http-addr", "127.0.0.1:0"}, relayArgs(tg, "chaos-slot-again")...)...)
+		again, code2 := runRelay(t, append([]string{"run", "--http-addr", "127.0.0.1:0"}, relayArgs(tg, "chaos-slot-again")...)...)
 		st = slotState()
 		r.figure(kind+": second start", "code %d: %q", code2, clipText(strings.TrimSpace(lastLine(again, "")), 200))
 		r.expect(code2 != 0 && st == wantState, kind+": a second `relay run` refuses and leaves the slot "+wantState, "code %d, slot %s", code2, st)
@@ -62,7 +62,7 @@ func scenarioSlot(t *testing.T, r *report) {
 	}
 
 	// Dropped.
-	p := relaytest.Start(t, nil, relayArgs(tg, "chaos-slot")...)
+	p := startRelay(t, nil, relayArgs(tg, "chaos-slot")...)
 	prod := startProducer(tg.Pool, 10, 40, 0, 1)
 	waitUntil(30*time.Second, func() bool { n, _ := count(ctx, tg.Pool, `SELECT count(*) FROM saga_instances`); return n >= 20 })
 	var dropped bool
@@ -85,7 +85,7 @@ func scenarioSlot(t *testing.T, r *report) {
 	// Invalidated: a fresh slot, checkpoint and publication of its own.
 	tg.Slot, tg.Publication = "chaos_slot_2", "chaos_pub_2"
 	tg.Pool.Exec(ctx, `DELETE FROM relay_checkpoints`)
-	p = relaytest.Start(t, nil, relayArgs(tg, "chaos-slot-2")...)
+	p = startRelay(t, nil, relayArgs(tg, "chaos-slot-2")...)
 	prod = startProducer(tg.Pool, 10, 40, 0, 1)
 	before, _ := count(ctx, tg.Pool, `SELECT count(*) FROM saga_instances`)
 	waitUntil(30*time.Second, func() bool {
