@@ -191,11 +191,21 @@ func (r *Runner) dispatch() {
 	defer r.wg.Done()
 	defer close(r.work)
 	idle := r.cfg.PollInterval
+	backlog := false
 	for {
 		if r.isStopping() {
 			return
 		}
-		free := r.cfg.Workers - int(r.busy.Load())
+		// While a backlog exists (the last claim came back full), claim up
+		// to ClaimBatch ahead of the workers: claims one instance at a time,
+		// as workers free up, would cost a claim query per instance. The
+		// extra claims wait for a worker briefly; their leases run meanwhile,
+		// which costs nothing unless steps outlast the lease.
+		capacity := r.cfg.Workers
+		if backlog {
+			capacity += r.cfg.ClaimBatch
+		}
+		free := capacity - int(r.busy.Load())
 		if free <= 0 {
 			select {
 			case <-r.stopping:
@@ -222,6 +232,7 @@ func (r *Runner) dispatch() {
 			r.busy.Add(1)
 			r.work <- claim{inst: inst, at: at}
 		}
+		backlog = len(insts) == n
 		switch {
 		case len(insts) == n:
 			// A full batch: more may be due. Claim again as soon as a

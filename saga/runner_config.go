@@ -26,8 +26,9 @@ type RunnerConfig struct {
 	// pool at Workers + 2 (claims, heartbeats).
 	Workers int
 	// ClaimBatch caps the instances one claim query leases (default
-	// Workers). A claim never takes more than the idle workers, so that no
-	// lease ticks away in a queue.
+	// Workers). An idle runner claims no more than its idle workers; while a
+	// backlog exists it claims up to ClaimBatch ahead of them, so that a
+	// claim query serves a batch rather than one instance.
 	ClaimBatch int
 	// LeaseDuration is how long a claim holds an instance (default 30s). A
 	// worker heartbeats every third of it while it still works on the
