@@ -44,6 +44,11 @@ func FuzzPlanAdd(f *testing.F) {
 	}
 	routes := buildRoutes(reg)
 	f.Fuzz(func(t *testing.T, eventType string, payload, headers []byte, poison, rawID, corr string) {
+		if poison != "" {
+			// The stream's reasons are sentences ("payload is not valid
+			// JSON: ..."), never only NUL bytes, which parking strips.
+			poison = "decoded as unusable: " + poison
+		}
 		ev := outbox.Event{EventType: eventType, Payload: payload, Headers: headers, Poison: poison,
 			RawID: rawID, TenantID: outbox.NilTenant, LSN: 0x16B3748}
 		if rawID != "" {
