@@ -58,7 +58,7 @@ type app struct {
 	http       *http.Server
 	httpAddr   string
 
-	cancel     context.CancelFunc
+	cancel context.CancelFunc
 	// streamDone is closed when the stream's Run returned; streamErr is
 	// what it returned. Both stay readable, so that Stop and the caller can
 	// each look.
