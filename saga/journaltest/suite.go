@@ -229,11 +229,10 @@ func testEnqueueDuplicateTrigger(t *testing.T, h Harness) {
 	again := newInstance()
 	again.TriggerEventID = inst.TriggerEventID
 	isKind(t, "same saga and trigger", h.Journal.Enqueue(ctx, again), saga.ErrConflict)
-	// Another version of the saga may start from the same event.
+	// Nor may another version of the saga: a trigger replayed after a new
+	// version was deployed must not start the saga twice.
 	again.SagaVersion = 2
-	if err := h.Journal.Enqueue(ctx, again); err != nil {
-		t.Fatalf("other version, same trigger: %v", err)
-	}
+	isKind(t, "other version, same trigger", h.Journal.Enqueue(ctx, again), saga.ErrConflict)
 }
 
 func testEnqueueInvalid(t *testing.T, h Harness) {

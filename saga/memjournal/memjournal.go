@@ -36,9 +36,10 @@ type entry struct {
 	seqs []int64
 }
 
+// triggerKey: one instance per saga per trigger event, whatever the version
+// (saga_trigger_any_version_uq in PostgreSQL).
 type triggerKey struct {
 	name    string
-	version int
 	trigger uuid.UUID
 }
 
@@ -70,9 +71,9 @@ func (j *Journal) Enqueue(_ context.Context, inst saga.Instance) error {
 	if _, dup := j.instances[inst.ID]; dup {
 		return saga.Errorf(saga.ErrConflict, "saga instance %s already exists", inst.ID)
 	}
-	key := triggerKey{inst.SagaName, inst.SagaVersion, inst.TriggerEventID}
+	key := triggerKey{inst.SagaName, inst.TriggerEventID}
 	if other, dup := j.triggers[key]; dup {
-		return saga.Errorf(saga.ErrConflict, "trigger event %s already started %s v%d (instance %s)", inst.TriggerEventID, inst.SagaName, inst.SagaVersion, other)
+		return saga.Errorf(saga.ErrConflict, "trigger event %s already started saga %s (instance %s)", inst.TriggerEventID, inst.SagaName, other)
 	}
 	now := j.clock()
 	inst.Status = saga.StatusRunning
