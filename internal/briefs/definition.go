@@ -54,6 +54,12 @@ const (
 // instead of hours later (the runner's default is built for real services).
 var CompensationRetry = saga.RetryPolicy{MaxAttempts: 5, Base: 200 * time.Millisecond, Factor: 2, Max: 2 * time.Second}
 
+// ClaimRetry is claim_brief's policy. A brief that cannot be found is retried
+// a few times before the saga gives up: the relay may decode the brief's
+// commit a moment before a new snapshot can see it (the fault suite caught
+// this around database restarts), so "missing" is only final after a while.
+var ClaimRetry = saga.RetryPolicy{MaxAttempts: 6, Base: 100 * time.Millisecond, Factor: 2, Max: 2 * time.Second}
+
 // stepTimeout bounds one attempt of a step or compensation. A step is a few
 // indexed statements; one that takes this long is stuck on a lock.
 const stepTimeout = 30 * time.Second
@@ -66,7 +72,8 @@ var (
 	// ErrNotEnriching: a later step found the brief no longer ENRICHING
 	// (someone changed it under the saga). Permanent.
 	ErrNotEnriching = errors.New("brief is not ENRICHING")
-	// ErrBriefMissing: the brief does not exist (deleted). Permanent.
+	// ErrBriefMissing: the brief does not exist (deleted). Permanent in the
+	// later steps; retried by claim_brief (see ClaimRetry).
 	ErrBriefMissing = errors.New("brief does not exist")
 	// ErrFailScore: the title carries FailScoreMarker. Permanent.
 	ErrFailScore = errors.New("title asks score_brief to fail (" + FailScoreMarker + ")")
@@ -125,6 +132,7 @@ func Definition() saga.Definition {
 				Name:              StepClaim,
 				Do:                func(ctx context.Context, s *State, x *saga.StepTx) error { return claimBrief(ctx, x.Tx, s.BriefID) },
 				Compensate:        func(ctx context.Context, s State, x *saga.StepTx) error { return unclaimBrief(ctx, x.Tx, s.BriefID) },
+				Retry:             ClaimRetry,
 				CompensationRetry: CompensationRetry,
 				Timeout:           stepTimeout,
 			},

@@ -79,7 +79,9 @@ func lockEnriching(ctx context.Context, tx pgx.Tx, step string, id uuid.UUID) (s
 func claimBrief(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	_, status, err := lockBrief(ctx, tx, id)
 	if errors.Is(err, ErrBriefMissing) {
-		return saga.Permanent(fmt.Errorf("%s: %w", StepClaim, err))
+		// Retryable: the trigger may be handled a moment before the brief's
+		// row is visible to this snapshot. ClaimRetry bounds the wait.
+		return fmt.Errorf("%s: %w", StepClaim, err)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", StepClaim, err)

@@ -159,8 +159,8 @@ func TestClaimBrief(t *testing.T) {
 		t.Fatalf("message should say the status: %v", err)
 	}
 	err = claimBrief(b.ctx, b.tx, uuid.New())
-	if !errors.Is(err, ErrBriefMissing) || !saga.IsPermanent(err) {
-		t.Fatalf("claim of a missing brief: got %v, want permanent ErrBriefMissing", err)
+	if !errors.Is(err, ErrBriefMissing) || saga.IsPermanent(err) {
+		t.Fatalf("claim of a missing brief: got %v, want a retryable ErrBriefMissing (ClaimRetry bounds it)", err)
 	}
 
 	if err := unclaimBrief(b.ctx, b.tx, id); err != nil {
