@@ -200,7 +200,10 @@ func decodeFrames(frames [][]byte, reuse bool) (got []Batch, trusted bool, err e
 	var buf []byte
 	ctx := context.Background()
 	for _, fr := range frames {
-		if !parses(fr) {
+		// Capacity cut to the length: pglogrepl slices a message's content
+		// by its length field without a check, which only panics when the
+		// slice runs past the capacity.
+		if !parses(fr[:len(fr):len(fr)]) {
 			continue
 		}
 		data := fr

@@ -47,7 +47,7 @@ func scenarioFuzz(t *testing.T, r *report) {
 		ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Minute)
 		// A short minimisation: the fuzzer otherwise spends up to a minute
 		// shrinking each new large input, time taken from fuzzing.
-		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-fuzz", "^"+ft.name+"$", "-fuzztime", d.String(), "-fuzzminimizetime", "3s",
+		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-fuzz", "^"+ft.name+"$", "-fuzztime", d.String(), "-fuzzminimizetime", "200x",
 			"-parallel", strconv.Itoa(max(1, runtime.NumCPU()/2)), ft.pkg)
 		cmd.Dir = root
 		began := time.Now()
