@@ -21,6 +21,7 @@ vet:
 
 test: postgres chromium vet
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory chaos QUICK=1
 
 demo: postgres build
 	./bin/relay demo
