@@ -64,9 +64,5 @@ func TestSmallTransactionsMergeWhileTheSinkIsBusy(t *testing.T) {
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
-	confirmed, _ := slotState(t, db.Pool, db.Slot)
-	if cp := checkpointLSN(t, db.Pool, db.Slot); confirmed < cp {
-		t.Fatalf("after a clean stop the slot confirmed %s, behind the checkpoint %s", confirmed, cp)
-	}
 	t.Logf("%d merged batches, up to %d transactions in one", merged, maxTx)
 }
