@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
@@ -20,19 +19,8 @@ import (
 // exactly one saga.
 func TestRowsWrittenBeforeTheFirstRunAreHandled(t *testing.T) {
 	t.Parallel()
-	c := pgtest.Cluster(t)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("first_%d", time.Now().UnixNano())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	admin.Close(ctx)
-	t.Cleanup(func() { pgtest.Drop(c, name) })
-	db := &pgtest.DB{Name: name, URL: c.DSN(name), Slot: "slot_" + name, Publication: "pub_" + name, Cluster: c}
+	db := pgtest.NewEmptyDB(t)
 
 	out, code := relaytest.Run(t, nil, "migrate", "--with-examples", "--create-slot",
 		"--database-url", db.URL, "--slot", db.Slot, "--publication", db.Publication)

@@ -162,19 +162,8 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 
 func TestMigrateTwiceIsANoOp(t *testing.T) {
 	t.Parallel()
-	c := pgtest.Cluster(t)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := fmt.Sprintf("empty_%d", time.Now().UnixNano())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	admin.Close(ctx)
-	t.Cleanup(func() { pgtest.Drop(c, name) })
-	url := c.DSN(name)
+	url := pgtest.NewEmptyDB(t).URL
 
 	out, code := relaytest.Run(t, nil, "migrate", "--database-url", url, "--with-examples")
 	if code != 0 || !strings.Contains(out, "applied core 0001") {

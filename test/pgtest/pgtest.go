@@ -192,3 +192,24 @@ func ReplicationURL(url string) string {
 func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pgxpool.New(ctx, url)
 }
+
+// NewEmptyDB creates a database with no schema at all (not cloned from the
+// migrated template), for tests of migrating from scratch; it is dropped,
+// with its slots, when the test ends. Pool is nil: the caller connects once
+// it has what it needs.
+func NewEmptyDB(t testing.TB) *DB {
+	t.Helper()
+	c := Cluster(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("e_%s_%d", runID, seq.Add(1))
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() { Drop(c, name) })
+	return &DB{Name: name, URL: c.DSN(name), Slot: "slot_" + name, Publication: "pub_" + name, Cluster: c}
+}
