@@ -48,9 +48,18 @@ const sqlListHead = `SELECT * FROM (SELECT ` + sqlItemColumns + ` FROM saga_inst
 // The filters. Each takes the next bind parameter (written as %d and
 // numbered when the statement is assembled).
 const (
-	sqlWhereStatus = ` AND s.status = $%d::saga_status`
-	sqlWhereSaga   = ` AND s.saga_name = $%d`
-	sqlWhereTenant = ` AND s.tenant_id = $%d`
+	sqlWhereStatus  = ` AND s.status = $%d::saga_status`
+	sqlWhereSaga    = ` AND s.saga_name = $%d`
+	sqlWhereTenant  = ` AND s.tenant_id = $%d`
+	sqlWhereVersion = ` AND s.saga_version = $%d`
+	// The step an instance stands at, named by the registered definitions
+	// (parallel arrays of saga, version, index) or by its step record.
+	sqlWhereStep = ` AND (EXISTS (SELECT 1 FROM unnest($%d::text[], $%d::int[], $%d::int[]) AS r(name, version, seq)
+	                        WHERE r.name = s.saga_name AND r.version = s.saga_version AND r.seq = s.current_step)
+	     OR EXISTS (SELECT 1 FROM saga_steps st WHERE st.saga_instance_id = s.id AND st.sequence = s.current_step AND st.step_name = $%d))`
+	sqlWhereErrorContains = ` AND strpos(lower(coalesce(s.last_error, '')), lower($%d::text)) > 0`
+	sqlWhereCreatedAfter  = ` AND s.created_at > $%d::timestamptz`
+	sqlWhereCreatedBefore = ` AND s.created_at < $%d::timestamptz`
 	// The keyset: strictly older than the last row of the previous page.
 	sqlWhereBefore = ` AND (s.created_at, s.id) < ($%d::timestamptz, $%d::uuid)`
 	// Only these statuses can be stuck; saga_due_idx serves it.
@@ -58,6 +67,11 @@ const (
 	sqlListStuckOnly   = `) q WHERE q.stuck_reason <> ''`
 	sqlListAll         = `) q WHERE true`
 	sqlListTail        = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
+	// A bulk action's selection: one instance (re-checked under its lock),
+	// and batches oldest first after the last one taken.
+	sqlWhereID     = ` AND s.id = $%d`
+	sqlAfterKey    = ` AND (q.created_at, q.id) > ($%d::timestamptz, $%d::uuid)`
+	sqlOldestFirst = ` ORDER BY q.created_at, q.id LIMIT $%d`
 )
 
 // sqlGetItem reads one instance; $5 is the id and $6 the tenant scope (NULL
