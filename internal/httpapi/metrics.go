@@ -224,6 +224,13 @@ func (m *Metrics) manual(action, result string) {
 	m.manualActions.WithLabelValues(action, result).Inc()
 }
 
+// manualN counts n instances of a bulk action.
+func (m *Metrics) manualN(action, result string, n int64) {
+	if n > 0 {
+		m.manualActions.WithLabelValues(action, result).Add(float64(n))
+	}
+}
+
 // Handler serves the registry in the Prometheus exposition format. A failed
 // scrape-time query leaves its gauges out of that scrape and counts in
 // compensa_monitor_query_failures_total, instead of failing the scrape.

@@ -91,7 +91,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 // token is configured.
 func (s *Server) pageAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.APIToken != "" && !s.hasSession(r) {
+		if s.authRequired() && !s.hasSession(r) {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -105,10 +105,23 @@ type layoutData struct {
 	TokenSet  bool
 	LoggedIn  bool
 	CanMutate bool
+	// Insecure: no token on a non-loopback address (--http-insecure).
+	Insecure bool
+	// Caller names the signed-in token; Tenant is its scope ("" for all).
+	Caller, Tenant string
 }
 
 func (s *Server) layout(r *http.Request, title string) layoutData {
-	return layoutData{Title: title, TokenSet: s.cfg.APIToken != "", LoggedIn: s.hasSession(r), CanMutate: s.cfg.APIToken != ""}
+	c := s.pageCaller(r)
+	d := layoutData{Title: title, TokenSet: s.authRequired(), LoggedIn: s.hasSession(r),
+		CanMutate: s.authRequired() && c.Role.CanMutate(), Insecure: s.cfg.Insecure && !s.authRequired()}
+	if !c.anonymous {
+		d.Caller = c.Name
+		if c.Tenant.Valid {
+			d.Tenant = c.Tenant.UUID.String()
+		}
+	}
+	return d
 }
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Template, status int, data any) {
@@ -149,10 +162,11 @@ type indexData struct {
 
 func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: s.admin.StuckAfter(),
+	adm := s.pageAdmin(r)
+	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: adm.StuckAfter(),
 		Statuses: []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}}
 
-	stuck, err := s.admin.List(ctx, admin.Filter{Stuck: true, Limit: 100})
+	stuck, err := adm.List(ctx, admin.Filter{Stuck: true, Limit: 100})
 	if err != nil {
 		s.pageError(w, r, err)
 		return
@@ -163,7 +177,7 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	f := admin.Filter{Status: saga.Status(q.Get("status")), Saga: q.Get("saga"), Cursor: q.Get("cursor"), Limit: 50}
 	d.Filter = f
 	d.HasFilter = f.Status != "" || f.Saga != ""
-	recent, err := s.admin.List(ctx, f)
+	recent, err := adm.List(ctx, f)
 	if err != nil {
 		// A bad filter is the visitor's mistake: show it on the page.
 		d.Error = err.Error()
@@ -204,7 +218,7 @@ func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, r, err)
 		return
 	}
-	d, err := s.admin.Show(r.Context(), id)
+	d, err := s.pageAdmin(r).Show(r.Context(), id)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
@@ -234,7 +248,7 @@ type loginData struct {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.APIToken == "" {
+	if !s.authRequired() {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -248,16 +262,17 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := safeNext(r.PostForm.Get("next"))
-	if s.cfg.APIToken == "" {
+	if !s.authRequired() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !tokenMatches(r.PostForm.Get("token"), s.cfg.APIToken) {
+	tok, ok := s.tokens.Match(r.PostForm.Get("token"))
+	if !ok {
 		s.log.Warn("page login with a wrong token", "remote", r.RemoteAddr)
-		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not the relay's API token."})
+		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not one of the relay's API tokens."})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: sessionValue(tok), Path: "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }

@@ -3,23 +3,17 @@ package httpapi
 import (
 	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -42,6 +36,12 @@ type Config struct {
 	// every /v1 request (and, through a login form, on the web page).
 	// Unset: reads are open and retry/cancel answer 403.
 	APIToken string
+	// Tokens are the --api-tokens callers (see internal/apitoken), next to
+	// APIToken; a tenant-scoped token sees and acts on its tenant only.
+	Tokens *apitoken.Set
+	// Insecure: the operator asked for a monitor without authentication on
+	// a non-loopback address (--http-insecure); the page says so.
+	Insecure bool
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
@@ -66,9 +66,10 @@ type Server struct {
 	mux     *http.ServeMux
 	lag     *lagRing
 	page    *pageRenderer
-	// session is the page's cookie value for the configured token (see
-	// auth.go); empty without a token.
-	session string
+	// tokens are APIToken and Tokens together; sessions maps each one's
+	// page cookie value to it (see auth.go).
+	tokens   *apitoken.Set
+	sessions map[string]apitoken.Token
 }
 
 // New validates cfg and builds the server. Call Run to sample the lag for
@@ -102,8 +103,8 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.setAdmin(s.admin, s.log)
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
-	if cfg.APIToken != "" {
-		s.session = sessionValue(cfg.APIToken)
+	if err := s.setTokens(); err != nil {
+		return nil, err
 	}
 	var err error
 	if s.page, err = newPageRenderer(); err != nil {
@@ -123,6 +124,8 @@ func (s *Server) routes() {
 	// JSON 405, and the catch-all answers JSON 404.
 	m.Handle("/v1/sagas", s.api(s.listSagas, http.MethodGet))
 	m.Handle("/v1/sagas/{id}", s.api(s.showSaga, http.MethodGet))
+	m.Handle("/v1/sagas/retry", s.api(s.bulkRetry, http.MethodPost))
+	m.Handle("/v1/sagas/cancel", s.api(s.bulkCancel, http.MethodPost))
 	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
 	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
 	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
@@ -247,111 +250,6 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // apiHandler gets the Admin scoped to the request's tenant.
 type apiHandler func(w http.ResponseWriter, r *http.Request, a *admin.Admin)
 
-// api wraps a /v1 handler with the method check, authentication, the
-// mutation rule and the tenant scope. method "" accepts any.
-func (s *Server) api(h apiHandler, method string) http.Handler {
-	mutation := method == http.MethodPost
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		if !s.authenticate(w, r, mutation) {
-			return
-		}
-		if method != "" && r.Method != method {
-			w.Header().Set("Allow", method)
-			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed here; use "+method)
-			return
-		}
-		a := s.admin
-		if t := r.Header.Get("X-Tenant-ID"); t != "" {
-			id, err := uuid.Parse(strings.TrimSpace(t))
-			if err != nil {
-				writeError(w, http.StatusBadRequest, "X-Tenant-ID is not a UUID")
-				return
-			}
-			a = a.ForTenant(id)
-		}
-		h(w, r, a)
-	})
-}
-
-// authenticate applies the auth rules; it has answered when it returns
-// false.
-//
-//   - A token is configured: the request needs "Authorization: Bearer
-//     <token>", or the page's session cookie; without either, 401. A
-//     mutation with the cookie must also carry the X-Compensa-Page header,
-//     which a cross-site form cannot send (CSRF).
-//   - No token is configured: reads are open, mutations answer 403, so that
-//     a deployment that forgot the token cannot be pushed around.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) bool {
-	if s.cfg.APIToken == "" {
-		if mutation {
-			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token or RELAY_API_TOKEN")
-			return false
-		}
-		return true
-	}
-	if auth := r.Header.Get("Authorization"); auth != "" {
-		scheme, token, ok := strings.Cut(auth, " ")
-		if ok && strings.EqualFold(scheme, "Bearer") && tokenMatches(strings.TrimSpace(token), s.cfg.APIToken) {
-			return true
-		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-		writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
-		return false
-	}
-	if s.hasSession(r) {
-		if mutation && r.Header.Get(pageHeader) == "" {
-			writeError(w, http.StatusForbidden, "a request authenticated by the page's cookie must carry the "+pageHeader+" header")
-			return false
-		}
-		return true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-	writeError(w, http.StatusUnauthorized, "authentication required: send Authorization: Bearer <token>")
-	return false
-}
-
-// tokenMatches compares in constant time; hashing first makes the time
-// independent of the lengths too.
-func tokenMatches(given, want string) bool {
-	g := sha256.Sum256([]byte(given))
-	h := sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], h[:]) == 1
-}
-
-// sessionValue derives the page's cookie from the token, so that the cookie
-// is not the token itself and changing the token logs every page out.
-func sessionValue(token string) string {
-	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("compensa monitor session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
-}
-
-const (
-	sessionCookie = "compensa_session"
-	// pageHeader marks the page's own fetch requests.
-	pageHeader = "X-Compensa-Page"
-)
-
-func (s *Server) hasSession(r *http.Request) bool {
-	if s.session == "" {
-		return false
-	}
-	c, err := r.Cookie(sessionCookie)
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
-}
-
-// actor names the caller in the journal: there is one token and so no
-// user identity, so the remote address says where the request came from.
-func actor(r *http.Request, via string) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	return via + ":" + host
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(status)
@@ -369,6 +267,8 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // the database a caller has no business seeing.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
+	case errors.As(err, new(errForbidden)):
+		writeError(w, http.StatusForbidden, err.Error())
 	case errors.Is(err, saga.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, saga.ErrNotFound):
