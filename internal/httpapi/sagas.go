@@ -299,6 +299,38 @@ func bulkMetricResult(outcome string) string {
 	return "requested"
 }
 
+func (s *Server) overview(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	if len(r.URL.Query()) > 0 {
+		s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "/v1/overview takes no parameters (X-Tenant-ID narrows it to one tenant)"))
+		return
+	}
+	o, err := a.Overview(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+func (s *Server) search(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	q := r.URL.Query()
+	for k, v := range q {
+		if k != "q" || len(v) > 1 {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "/v1/search takes one parameter, q: an instance, trigger event, correlation, aggregate or command id"))
+			return
+		}
+	}
+	hits, err := a.Search(r.Context(), q.Get("q"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Query string            `json:"query"`
+		Items []admin.SearchHit `json:"items"`
+	}{q.Get("q"), hits})
+}
+
 func (s *Server) replication(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 	if s.cfg.Replication == nil {
 		writeError(w, http.StatusServiceUnavailable, "this relay process does not stream (started with --no-stream?): ask a streaming replica, or run relay lag")

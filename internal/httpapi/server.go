@@ -122,13 +122,9 @@ func (s *Server) routes() {
 
 	// Every /v1 route checks the method itself so that a wrong one gets a
 	// JSON 405, and the catch-all answers JSON 404.
-	m.Handle("/v1/sagas", s.api(s.listSagas, http.MethodGet))
-	m.Handle("/v1/sagas/{id}", s.api(s.showSaga, http.MethodGet))
-	m.Handle("/v1/sagas/retry", s.api(s.bulkRetry, http.MethodPost))
-	m.Handle("/v1/sagas/cancel", s.api(s.bulkCancel, http.MethodPost))
-	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
-	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
-	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	for _, rt := range s.apiRoutes() {
+		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
+	}
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
 	}, ""))
@@ -136,6 +132,32 @@ func (s *Server) routes() {
 	s.pageRoutes(m)
 	s.mux = m
 }
+
+// Route is one /v1 endpoint: its method and its path pattern ({id} for an
+// instance id).
+type Route struct {
+	Method, Path string
+	handler      apiHandler
+}
+
+func (s *Server) apiRoutes() []Route {
+	return []Route{
+		{http.MethodGet, "/v1/sagas", s.listSagas},
+		{http.MethodGet, "/v1/sagas/{id}", s.showSaga},
+		{http.MethodPost, "/v1/sagas/retry", s.bulkRetry},
+		{http.MethodPost, "/v1/sagas/cancel", s.bulkCancel},
+		{http.MethodPost, "/v1/sagas/{id}/retry", s.retrySaga},
+		{http.MethodPost, "/v1/sagas/{id}/cancel", s.cancelSaga},
+		{http.MethodGet, "/v1/replication", s.replication},
+		{http.MethodGet, "/v1/overview", s.overview},
+		{http.MethodGet, "/v1/search", s.search},
+		{http.MethodGet, "/v1/openapi.json", s.openAPI},
+	}
+}
+
+// Routes lists the /v1 endpoints (for the OpenAPI description's test and
+// the tenant-isolation test, which must cover every one).
+func (s *Server) Routes() []Route { return s.apiRoutes() }
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
