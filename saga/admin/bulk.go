@@ -156,6 +156,15 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 	return res, nil
 }
 
+// Count counts every instance f matches (Limit and Cursor are ignored).
+func (a *Admin) Count(ctx context.Context, f Filter) (int64, error) {
+	f.Limit, f.Cursor = 0, ""
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	return a.countMatching(ctx, a.cfg.Pool, f, uuid.NullUUID{})
+}
+
 // querier is a pool or a transaction.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
