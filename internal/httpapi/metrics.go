@@ -55,6 +55,8 @@ type Metrics struct {
 	sources Sources
 	admin   *admin.Admin
 	logger  *slog.Logger
+	// replication reads the slot at scrape time (nil: no slot gauges).
+	replication ReplicationFunc
 
 	sagasStarted  *prometheus.CounterVec
 	sagasEnded    *prometheus.CounterVec
@@ -251,7 +253,25 @@ var (
 		[]string{"saga", "reason"}, nil)
 	parkedDesc = prometheus.NewDesc(namespace+"_parked_events",
 		"Dead letters (parked events) not yet re-driven; counted at scrape time.", nil, nil)
+	slotActiveDesc = prometheus.NewDesc(namespace+"_replication_slot_active",
+		"1 while a walsender streams from the relay's slot, else 0; read at scrape time (replicas that do not stream report it too).", []string{"slot"}, nil)
+	slotHealthyDesc = prometheus.NewDesc(namespace+"_replication_slot_healthy",
+		"1 while the slot exists and its WAL is not lost, else 0 (0 means events may have been skipped); read at scrape time.", []string{"slot"}, nil)
 )
+
+// setReplication gives the scrape-time slot gauges their source.
+func (m *Metrics) setReplication(f ReplicationFunc) {
+	m.mu.Lock()
+	m.replication = f
+	m.mu.Unlock()
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 // scrapeCollector runs the two counting queries when Prometheus scrapes.
 type scrapeCollector struct{ m *Metrics }
@@ -259,17 +279,28 @@ type scrapeCollector struct{ m *Metrics }
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stuckDesc
 	ch <- parkedDesc
+	ch <- slotActiveDesc
+	ch <- slotHealthyDesc
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.RLock()
-	a, logger := c.m.admin, c.m.logger
+	a, logger, repl := c.m.admin, c.m.logger, c.m.replication
 	c.m.mu.RUnlock()
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeQueryTimeout)
+	defer cancel()
+	if repl != nil {
+		if st, err := repl(ctx); err != nil {
+			c.m.queryFailures.Inc()
+			logger.Warn("metrics: read the replication slot", "err", err)
+		} else {
+			ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b2f(st.Active), st.Slot)
+			ch <- prometheus.MustNewConstMetric(slotHealthyDesc, prometheus.GaugeValue, b2f(st.Healthy()), st.Slot)
+		}
+	}
 	if a == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), scrapeQueryTimeout)
-	defer cancel()
 	if counts, err := a.StuckCounts(ctx); err != nil {
 		c.m.queryFailures.Inc()
 		logger.Warn("metrics: count stuck instances", "err", err)

@@ -101,6 +101,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.metrics.setAdmin(s.admin, s.log)
+	s.metrics.setReplication(cfg.Replication)
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
 	if err := s.setTokens(); err != nil {
