@@ -45,3 +45,10 @@ chaos: postgres
 .PHONY: deploy-check
 deploy-check:
 	cd deploy/check && $(GO) test -count=1 ./...
+
+# `make overview-bench` generates 10,000,000 saga instances (one INSERT ...
+# SELECT generate_series) and times GET /v1/overview's queries (the figure of
+# BENCHMARKS.md; about 10 minutes). ROWS=100000 for a short run.
+.PHONY: overview-bench
+overview-bench: postgres
+	$(GO) test -tags overviewscale -count=1 -v -timeout 60m -run '^TestOverviewAtScale$$' ./saga/admin -args -rows $(or $(ROWS),10000000)

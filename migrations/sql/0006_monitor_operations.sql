@@ -21,6 +21,11 @@ CREATE INDEX IF NOT EXISTS saga_events_command_idx ON saga_events ((payload->>'c
 CREATE INDEX IF NOT EXISTS saga_ended_idx ON saga_instances (completed_at, status)
     WHERE completed_at IS NOT NULL;
 
+-- The overview's top errors: only the instances that can still move and
+-- carry an error (a small part of all of them).
+CREATE INDEX IF NOT EXISTS saga_erroring_idx ON saga_instances (tenant_id, saga_name, saga_version, current_step)
+    WHERE status IN ('FAILED', 'RUNNING', 'COMPENSATING') AND last_error <> '';
+
 -- Instances by tenant, saga, version and status, without counting millions
 -- of rows: saga_status_counts holds compacted totals; triggers append
 -- changes to saga_status_deltas (append-only, so concurrent writers never

@@ -81,7 +81,7 @@ type ErrorGroup struct {
 // Bounds of the overview.
 const (
 	// MaxErrorRows bounds how many erroring instances TopErrors reads.
-	MaxErrorRows = 50000
+	MaxErrorRows = 10000
 	// TopErrorGroups is how many error groups the overview lists.
 	TopErrorGroups = 10
 )

@@ -120,7 +120,7 @@ const sqlParkedCount = `SELECT count(*) FROM relay_dead_letters WHERE retried_at
 // is bounded: the counts read the maintained totals (migration 0006), the
 // series and durations the last hour's rows through saga_created_idx,
 // saga_tenant_idx and saga_ended_idx, the errors at most $2 instances that
-// can still move (saga_due_idx).
+// can still move and carry an error (saga_erroring_idx).
 const (
 	sqlOverviewCounts = `
 SELECT saga_name, saga_version, status::text, sum(n)::bigint FROM (
@@ -168,7 +168,7 @@ GROUP BY 1, 2 ORDER BY 1, 2`
 	sqlOverviewErrors = `
 WITH erroring AS MATERIALIZED (
   SELECT saga_name, saga_version, current_step, last_error FROM saga_instances
-  WHERE status IN ('FAILED', 'RUNNING', 'COMPENSATING') AND coalesce(last_error, '') <> ''
+  WHERE status IN ('FAILED', 'RUNNING', 'COMPENSATING') AND last_error <> ''
     AND ($1::uuid IS NULL OR tenant_id = $1)
   LIMIT $2
 ), norm AS (
