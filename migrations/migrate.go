@@ -52,6 +52,11 @@ type Migration struct {
 // Options selects what Apply applies. The zero value applies the core schema.
 type Options struct {
 	WithExamples bool
+	// CustomOutbox says the application's outbox is a table of its own (another
+	// name, or columns mapped with --outbox-columns): the default `outbox`
+	// table is then neither created nor altered, and a table named outbox is
+	// left as its owner made it.
+	CustomOutbox bool
 }
 
 // Applied reports one migration that Apply ran.
@@ -95,7 +100,7 @@ func Apply(ctx context.Context, db Conn, opts Options) ([]Applied, error) {
 	}
 	var ran []Applied
 	for _, m := range ms {
-		did, err := applyOne(ctx, db, m)
+		did, err := applyOne(ctx, db, m, opts)
 		if err != nil {
 			return ran, err
 		}
@@ -126,7 +131,7 @@ func ensureTable(ctx context.Context, db Conn) error {
 	return tx.Commit(ctx)
 }
 
-func applyOne(ctx context.Context, db Conn, m Migration) (bool, error) {
+func applyOne(ctx context.Context, db Conn, m Migration, opts Options) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("migrate: begin: %w", err)
@@ -146,8 +151,31 @@ func applyOne(ctx context.Context, db Conn, m Migration) (bool, error) {
 	if done {
 		return false, nil
 	}
+	custom := "off"
+	if opts.CustomOutbox {
+		custom = "on"
+	}
+	// Migrations read the setting (0002); it lasts until the commit.
+	if _, err := tx.Exec(ctx, `SELECT set_config('compensa.custom_outbox', $1, true)`, custom); err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	// 0001 creates the default outbox table unconditionally, and a released
+	// file is never edited: with an outbox of the application's own, a
+	// default table 0001 creates is dropped again in the same transaction,
+	// so that nobody ever sees a public.outbox they did not ask for.
+	dropDefaultOutbox := false
+	if opts.CustomOutbox && m.Set == Core && m.Version == 1 {
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('outbox') IS NULL`).Scan(&dropDefaultOutbox); err != nil {
+			return false, fmt.Errorf("migrate: look up the outbox table: %w", err)
+		}
+	}
 	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return false, fmt.Errorf("migrate: %s %04d_%s: %w", m.Set, m.Version, m.Name, err)
+	}
+	if dropDefaultOutbox {
+		if _, err := tx.Exec(ctx, `DROP TABLE outbox`); err != nil {
+			return false, fmt.Errorf("migrate: drop the default outbox table 0001 created: %w", err)
+		}
 	}
 	if _, err := tx.Exec(ctx,
 		`INSERT INTO compensa_schema_migrations (set_name, version, name) VALUES ($1, $2, $3)`,
