@@ -95,14 +95,15 @@ func Apply(ctx context.Context, db Conn, opts Options) ([]Applied, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureTable(ctx, db); err != nil {
-		return nil, err
+	role, err := ensureTable(ctx, db)
+	if err != nil {
+		return nil, explainPrivilege(role, err)
 	}
 	var ran []Applied
 	for _, m := range ms {
 		did, err := applyOne(ctx, db, m, opts)
 		if err != nil {
-			return ran, err
+			return ran, explainPrivilege(role, err)
 		}
 		if did {
 			ran = append(ran, Applied{Set: m.Set, Version: m.Version, Name: m.Name})
@@ -111,14 +112,19 @@ func Apply(ctx context.Context, db Conn, opts Options) ([]Applied, error) {
 	return ran, nil
 }
 
-func ensureTable(ctx context.Context, db Conn) error {
+// ensureTable creates the table of applied migrations and returns the
+// migrating role, for the messages of privilege errors.
+func ensureTable(ctx context.Context, db Conn) (role string, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: begin: %w", err)
+		return "", fmt.Errorf("migrate: begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+		return "", fmt.Errorf("migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
-		return fmt.Errorf("migrate: advisory lock: %w", err)
+		return role, fmt.Errorf("migrate: advisory lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS compensa_schema_migrations (
 		set_name   text NOT NULL,
@@ -126,9 +132,9 @@ func ensureTable(ctx context.Context, db Conn) error {
 		name       text NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (set_name, version))`); err != nil {
-		return fmt.Errorf("migrate: create compensa_schema_migrations: %w", err)
+		return role, fmt.Errorf("migrate: create compensa_schema_migrations: %w", err)
 	}
-	return tx.Commit(ctx)
+	return role, tx.Commit(ctx)
 }
 
 func applyOne(ctx context.Context, db Conn, m Migration, opts Options) (bool, error) {
