@@ -137,3 +137,28 @@ func TestRetryFromOutboxUsesTheCurrentRowWhenItExists(t *testing.T) {
 		t.Fatalf("retry --from-outbox of a deleted row: %v, from %q", err, d.RedrivenFrom)
 	}
 }
+
+// Every streamed event has one outcome, and the outcomes add up to the events
+// seen: an operator can tell why nothing happened.
+func TestEventOutcomesAddUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	unrelated := trigger(uuid.New())
+	unrelated.EventType = "order.shipped"
+	reply := trigger(uuid.New())
+	reply.EventType = "documents.found"
+	reply.CorrelationID = uuid.NullUUID{UUID: uuid.New(), Valid: true}
+	poison := trigger(uuid.New())
+	poison.Poison = "payload is not valid JSON"
+	if err := b.corr.HandleBatch(ctx, b.batch(trigger(uuid.New()), trigger(uuid.New()), unrelated, reply, poison)); err != nil {
+		t.Fatal(err)
+	}
+	s := b.corr.Stats()
+	if s.OutcomeStarted != 2 || s.OutcomeIgnored != 1 || s.OutcomeReply != 1 || s.OutcomeParked != 1 {
+		t.Fatalf("outcomes started %d ignored %d reply %d parked %d; want 2 1 1 1", s.OutcomeStarted, s.OutcomeIgnored, s.OutcomeReply, s.OutcomeParked)
+	}
+	if sum := s.OutcomeStarted + s.OutcomeIgnored + s.OutcomeReply + s.OutcomeParked; sum != s.EventsSeen {
+		t.Fatalf("outcomes add up to %d, events seen %d", sum, s.EventsSeen)
+	}
+}

@@ -42,6 +42,8 @@ type plan struct {
 	deadLSN       []string
 	deadReason    []string
 	deadRaw       []string
+	// What became of each event: started, reply, ignored, parked.
+	outStarted, outReply, outIgnored, outParked int
 	// noID numbers poison rows without an id per commit LSN.
 	noID map[uint64]int
 }
@@ -59,6 +61,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	defs := r.match(ev)
 	if len(defs) == 0 && !ev.CorrelationID.Valid {
+		p.outIgnored++
 		return // not ours: skipped without a statement
 	}
 	if err := usableJSON(ev.Payload); err != nil {
@@ -66,6 +69,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		return
 	}
 	if len(defs) == 0 {
+		p.outReply++
 		p.replyEvent = append(p.replyEvent, ev.ID)
 		p.replyCorr = append(p.replyCorr, ev.CorrelationID.UUID)
 		p.replyPayload = append(p.replyPayload, string(ev.Payload))
@@ -95,6 +99,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
+	p.outStarted++
 	for _, d := range defs {
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
@@ -108,6 +113,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 }
 
 func (p *plan) park(ev *outbox.Event, reason string) {
+	p.outParked++
 	raw := ev.Raw
 	if raw == nil {
 		raw = decodedRow(ev)
