@@ -80,7 +80,7 @@ func harden(root *cobra.Command, opts *rootOptions) {
 	root.SetHelpCommand(help)
 	root.AddCommand(help)
 	walk(root, func(c *cobra.Command) {
-		if c.HasSubCommands() {
+		if c.HasSubCommands() && !c.Runnable() {
 			parentStrict(c)
 			return
 		}
@@ -107,6 +107,10 @@ func walk(c *cobra.Command, f func(*cobra.Command)) {
 // parentStrict makes a command that only groups others refuse an unknown
 // command (with the closest one) and being called alone.
 func parentStrict(c *cobra.Command) {
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	c.Annotations[groupAnnotation] = "true"
 	c.Args = func(c *cobra.Command, args []string) error {
 		if len(args) == 0 {
 			return nil
@@ -117,6 +121,11 @@ func parentStrict(c *cobra.Command) {
 		return usageError("%q needs a command: one of %s (see %s --help)", c.CommandPath(), strings.Join(subcommandNames(c), ", "), c.CommandPath())
 	}
 }
+
+// groupAnnotation marks a command that only groups others.
+const groupAnnotation = "compensa.group"
+
+func isGroup(c *cobra.Command) bool { return c.Annotations[groupAnnotation] != "" }
 
 // leafStrict turns cobra's argument errors into usage errors that name the
 // stray or missing argument and show the command's usage.

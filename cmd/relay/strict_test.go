@@ -23,7 +23,7 @@ func cliTree() (*cobra.Command, *rootOptions) {
 	opts := &rootOptions{}
 	root := newRootCmd(opts)
 	walk(root, func(c *cobra.Command) {
-		if !c.HasSubCommands() && c.Name() != "help" {
+		if !isGroup(c) && c.Name() != "help" {
 			c.RunE = func(*cobra.Command, []string) error { return errRan }
 		}
 	})
@@ -66,7 +66,7 @@ func allCommands() []cliCommand {
 			return
 		}
 		path := strings.Fields(c.CommandPath())[1:]
-		cc := cliCommand{path: path, parent: c.HasSubCommands()}
+		cc := cliCommand{path: path, parent: isGroup(c)}
 		if !cc.parent {
 			cc.args = acceptedArgs(c, func(c *cobra.Command, a []string) error {
 				// the wrapped check, without its usage-error text
