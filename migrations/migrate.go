@@ -193,26 +193,3 @@ func load(fsys fs.FS, dir string, set Set) ([]Migration, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
 }
-
-// SetApplied reports whether any migration of set was applied to the database
-// (false, without an error, on a database never migrated). The CLI uses it to
-// register the example sagas only where their schema exists.
-func SetApplied(ctx context.Context, db Querier, set Set) (bool, error) {
-	var exists, applied bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass('compensa_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
-		return false, fmt.Errorf("migrate: read applied sets: %w", err)
-	}
-	if !exists {
-		return false, nil
-	}
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM compensa_schema_migrations WHERE set_name = $1)`,
-		string(set)).Scan(&applied); err != nil {
-		return false, fmt.Errorf("migrate: read applied sets: %w", err)
-	}
-	return applied, nil
-}
-
-// Querier is what SetApplied needs: a *pgx.Conn, a pgx.Tx or a *pgxpool.Pool.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
