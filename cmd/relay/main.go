@@ -41,7 +41,7 @@ func run(args []string) int {
 		code, msg = ee.code, ee.msg
 	}
 	if msg != "" {
-		fmt.Fprintln(os.Stderr, "relay: "+oneLine(redactAll(msg, opts.secrets())))
+		fmt.Fprintln(os.Stderr, "relay: "+termSafe(oneLine(redactAll(msg, opts.secrets()))))
 	}
 	return code
 }
@@ -66,6 +66,9 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			// Whatever a command prints from the database reaches a
+			// terminal: see terminal.go.
+			cmd.SetOut(newTermWriter(cmd.OutOrStdout()))
 			return opts.resolve(cmd)
 		},
 	}
