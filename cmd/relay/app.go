@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -40,14 +39,23 @@ type appConfig struct {
 	LeaseDuration     time.Duration
 	StuckAfter        time.Duration
 	APIToken          string
-	Logger            *slog.Logger
+	// AllowedHosts, SessionTTL, SecureCookies: see httpapi.Config.
+	AllowedHosts  []string
+	SessionTTL    time.Duration
+	SecureCookies bool
+	Logger        *slog.Logger
 }
+
+// monitorPoolSize is the monitor's own pool: scrapes and API reads queue
+// there, never in front of the step workers and the correlator.
+const monitorPoolSize = 4
 
 // app is a running relay: the stream (unless NoStream), the correlator, the
 // step runner and the HTTP monitor, sharing one pool.
 type app struct {
 	cfg        appConfig
 	pool       *pgxpool.Pool
+	monPool    *pgxpool.Pool
 	registry   *saga.Registry
 	journal    saga.Journal
 	runner     *saga.Runner
@@ -99,7 +107,14 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		return nil, err
 	}
 	a.pool = pool
+	monPool, err := openPoolURL(ctx, cfg.DatabaseURL, monitorPoolSize)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	a.monPool = monPool
 	fail := func(err error) (*app, error) {
+		monPool.Close()
 		pool.Close()
 		return nil, err
 	}
@@ -146,28 +161,31 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 	sources := httpapi.Sources{
 		Correlator: func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(a.correlator.Stats()) },
 	}
+	// The monitor reads through its own pool; retry and cancel go through
+	// the journal, whose writes are fenced like the runner's.
 	monCfg := httpapi.Config{
-		Pool: pool, Journal: a.journal, Registry: a.registry, StuckAfter: cfg.StuckAfter,
+		Pool: monPool, Journal: a.journal, Registry: a.registry, StuckAfter: cfg.StuckAfter,
 		APIToken: cfg.APIToken, Metrics: a.metrics, Logger: log.With("component", "http"),
+		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
 	if a.stream != nil {
 		sources.Lag = func() (int64, float64) {
 			l := a.stream.Lag()
 			return int64(l.Bytes), l.Seconds
 		}
-		monCfg.Replication = replicationFunc(pool, cfg.Slot)
+		monCfg.Replication = replicationFunc(monPool, cfg.Slot)
 	}
 	a.metrics.SetSources(sources)
 	if a.monitor, err = httpapi.New(monCfg); err != nil {
 		return fail(err)
 	}
 
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	ln, err := httpapi.Listen(cfg.HTTPAddr, httpapi.ServerConfig{})
 	if err != nil {
 		return fail(fmt.Errorf("--http-addr %s: %w (is another relay running? pick another address)", cfg.HTTPAddr, err))
 	}
 	a.httpAddr = ln.Addr().String()
-	a.http = &http.Server{Handler: a.monitor, ReadHeaderTimeout: 10 * time.Second}
+	a.http = httpapi.NewHTTPServer(a.monitor, httpapi.ServerConfig{})
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
@@ -226,6 +244,7 @@ func (a *app) Stop(ctx context.Context) error {
 	}
 	a.http.Shutdown(ctx)
 	a.wg.Wait()
+	a.monPool.Close()
 	a.pool.Close()
 	return errors.Join(errs...)
 }
