@@ -201,3 +201,54 @@ func (c *readinessCache) get(ctx context.Context, maxAge time.Duration, check fu
 	close(done)
 	return r, true
 }
+
+// scrapePacer admits scrapes at a steady rate. Scrapes are served from
+// memory, so what they cost is the relay's CPU: 100 clients scraping in a
+// loop, each refused at once with 503 and asking again, kept both cores of
+// a small machine busy and made the sagas ten times slower. A scrape waits
+// for its turn instead; one whose turn is further away than maxWait is
+// refused, after waiting maxWait too, so that a client in a loop is
+// paced either way.
+type scrapePacer struct {
+	mu      sync.Mutex
+	every   time.Duration
+	maxWait time.Duration
+	next    time.Time
+}
+
+func newScrapePacer(perSecond int, maxWait time.Duration) *scrapePacer {
+	return &scrapePacer{every: time.Second / time.Duration(max(perSecond, 1)), maxWait: maxWait}
+}
+
+func (p *scrapePacer) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		now := time.Now()
+		turn := p.next
+		if turn.Before(now) {
+			turn = now
+		}
+		admitted := turn.Sub(now) <= p.maxWait
+		if admitted {
+			p.next = turn.Add(p.every)
+		} else {
+			turn = now.Add(p.maxWait)
+		}
+		p.mu.Unlock()
+		if d := time.Until(turn); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+		if !admitted {
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "too many scrapes at once; the relay's metrics change every few seconds, scrape less often", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

@@ -51,7 +51,7 @@ func withLog(buf *syncBuffer) func(*httpapi.Config) {
 // ping and a slot query, on the pool the step workers use.
 func TestScrapesAndProbesDoNotQuery(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{configure: func(c *httpapi.Config) { c.ReadinessMaxAge = time.Second }})
+	b := setup(t, options{configure: func(c *httpapi.Config) { c.ReadinessMaxAge, c.ScrapesPerSecond = time.Second, 10000 }})
 	b.insert(t, tenantA, saga.StatusFailed, 1, 0)
 	b.do(t, "GET", "/metrics", "") // the first scrape counts once
 	before := b.db.Pool.Stat().AcquireCount()

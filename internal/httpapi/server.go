@@ -67,9 +67,11 @@ type Config struct {
 	// 503 (default 5s).
 	MaxConcurrent int
 	QueueWait     time.Duration
-	// MaxScrapes bounds concurrent /metrics scrapes (default 4); more get
-	// 503.
-	MaxScrapes int
+	// MaxScrapes bounds concurrent /metrics scrapes (default 4);
+	// ScrapesPerSecond paces them (default 10): a scrape waits its turn up
+	// to QueueWait, then gets 503.
+	MaxScrapes       int
+	ScrapesPerSecond int
 	// ReadinessMaxAge is how old the answer of /readyz may be (default 1s):
 	// probes are answered from the last check instead of each querying.
 	ReadinessMaxAge time.Duration
@@ -112,10 +114,11 @@ func New(cfg Config) (*Server, error) {
 	cfg.MaxConcurrent = cmp.Or(cfg.MaxConcurrent, 8)
 	cfg.QueueWait = cmp.Or(cfg.QueueWait, 5*time.Second)
 	cfg.MaxScrapes = cmp.Or(cfg.MaxScrapes, 4)
+	cfg.ScrapesPerSecond = cmp.Or(cfg.ScrapesPerSecond, 10)
 	cfg.ReadinessMaxAge = cmp.Or(cfg.ReadinessMaxAge, time.Second)
 	cfg.AuthFailures = cmp.Or(cfg.AuthFailures, 10)
 	cfg.AuthWindow = cmp.Or(cfg.AuthWindow, time.Minute)
-	if cfg.SessionTTL < 0 || cfg.MaxConcurrent < 0 || cfg.MaxScrapes < 0 || cfg.AuthFailures < 0 {
+	if cfg.SessionTTL < 0 || cfg.MaxConcurrent < 0 || cfg.MaxScrapes < 0 || cfg.ScrapesPerSecond < 0 || cfg.AuthFailures < 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.SessionTTL, MaxConcurrent, MaxScrapes and AuthFailures must not be negative")
 	}
 	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger,
@@ -150,7 +153,7 @@ func New(cfg Config) (*Server, error) {
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.Handle("GET /metrics", s.metrics.handler(s.cfg.MaxScrapes))
+	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
 
