@@ -36,7 +36,11 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			reg, err := registryFor(ctx, pool)
+			if err != nil {
+				return err
+			}
+			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
 			if err != nil {
 				return err
 			}
@@ -90,7 +94,11 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			reg, err := registryFor(ctx, pool)
+			if err != nil {
+				return err
+			}
+			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
 			if err != nil {
 				return err
 			}
