@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
 )
 
@@ -66,8 +67,20 @@ type Config struct {
 	// Handler on its own server.
 	HTTPAddr string
 	// APIToken, when set, is required as a bearer token on /v1 and by the
-	// page's login. Unset: reads are open and mutations answer 403.
+	// page's login. Unset: reads are open and mutations answer 403. It must
+	// carry at least 128 random bits (httpapi.CheckTokenStrength).
 	APIToken string
+	// AllowedHosts: without APIToken, the monitor answers only requests
+	// whose Host is an IP address, localhost or one of these names (DNS
+	// rebinding). SessionTTL is how long a login to the page lasts (default
+	// DefaultSessionTTL). SecureCookies marks the session cookie Secure
+	// behind a TLS-terminating proxy.
+	AllowedHosts  []string
+	SessionTTL    time.Duration
+	SecureCookies bool
+	// HTTPServer bounds the monitor's connections (timeouts, the cap on
+	// open connections); zero fields mean httpapi's defaults.
+	HTTPServer httpapi.ServerConfig
 
 	// Logger receives the relay's structured logs (default: discarded).
 	Logger *slog.Logger
@@ -88,6 +101,10 @@ const (
 	DefaultStuckAfter    = 5 * time.Minute
 	DefaultStatusEvery   = 10 * time.Second
 	DefaultHeartbeatEver = 10 * time.Second
+	DefaultSessionTTL    = 12 * time.Hour
+	// MonitorPoolSize is the monitor's own pool: scrapes and API reads
+	// queue there, never in front of the step workers and the correlator.
+	MonitorPoolSize = 4
 )
 
 // withDefaults returns a copy with every zero optional field filled in.
@@ -100,6 +117,7 @@ func (c Config) withDefaults() Config {
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusEvery)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatEver)
+	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -123,10 +141,15 @@ func (c Config) validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "StatusInterval": c.StatusInterval,
-		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention,
+		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention, "SessionTTL": c.SessionTTL,
 	} {
 		if d < 0 {
 			bad("Config.%s is %s: durations must not be negative", name, d)
+		}
+	}
+	if c.APIToken != "" {
+		if err := httpapi.CheckTokenStrength("Config.APIToken", c.APIToken); err != nil {
+			errs = append(errs, fmt.Errorf("relay: %w", err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -28,6 +28,8 @@ import (
 type Relay struct {
 	cfg  Config
 	pool *pgxpool.Pool
+	// monPool is the monitor's own, small pool (MonitorPoolSize).
+	monPool *pgxpool.Pool
 
 	journal    saga.Journal
 	runner     *saga.Runner
@@ -73,9 +75,14 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, done: make(chan struct{})}
-	if err := r.assemble(ctx, table, cols); err != nil {
+	monPool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, MonitorPoolSize)
+	if err != nil {
 		pool.Close()
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{})}
+	if err := r.assemble(ctx, table, cols); err != nil {
+		r.closePools()
 		return nil, err
 	}
 	return r, nil
@@ -125,16 +132,19 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	sources := httpapi.Sources{
 		Correlator: func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(r.correlator.Stats()) },
 	}
+	// The monitor reads through its own pool; retry and cancel go through
+	// the journal, fenced like the runner's writes.
 	monCfg := httpapi.Config{
-		Pool: r.pool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
+		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
 		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
 	if r.stream != nil {
 		sources.Lag = func() (int64, float64) {
 			l := r.stream.Lag()
 			return int64(l.Bytes), l.Seconds
 		}
-		monCfg.Replication = replicationFunc(r.pool, cfg.Slot)
+		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
 	}
 	r.metrics.SetSources(sources)
 	r.monitor, err = httpapi.New(monCfg)
@@ -153,13 +163,13 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	r.started = true
 	if !r.cfg.handlerOnly() {
-		ln, err := net.Listen("tcp", r.cfg.HTTPAddr)
+		ln, err := httpapi.Listen(r.cfg.HTTPAddr, r.cfg.HTTPServer)
 		if err != nil {
 			r.failStart()
 			return fmt.Errorf("monitor address %s: %w (is another relay running? pick another address)", r.cfg.HTTPAddr, err)
 		}
 		r.ln = ln
-		r.http = &http.Server{Handler: r.monitor, ReadHeaderTimeout: 10 * time.Second}
+		r.http = httpapi.NewHTTPServer(r.monitor, r.cfg.HTTPServer)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
@@ -201,6 +211,11 @@ func (r *Relay) Start(ctx context.Context) error {
 func (r *Relay) failStart() {
 	r.stopped = true
 	close(r.done)
+	r.closePools()
+}
+
+func (r *Relay) closePools() {
+	r.monPool.Close()
 	r.pool.Close()
 }
 
@@ -276,7 +291,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 	r.stopped = true
 	if !r.started {
 		close(r.done)
-		r.pool.Close()
+		r.closePools()
 		return nil
 	}
 	r.cancel()
@@ -300,7 +315,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 		r.http.Shutdown(ctx)
 	}
 	r.wg.Wait()
-	r.pool.Close()
+	r.closePools()
 	return errors.Join(errs...)
 }
 
