@@ -2,14 +2,8 @@ package httpapi
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"net/http"
 	"strings"
-
-	"github.com/google/uuid"
 
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/saga"
@@ -44,7 +38,7 @@ func callerOf(r *http.Request) caller {
 	return c
 }
 
-// setTokens joins APIToken and Tokens and derives each one's page cookie.
+// setTokens joins APIToken and Tokens.
 func (s *Server) setTokens() error {
 	var single *apitoken.Set
 	if s.cfg.APIToken != "" {
@@ -55,21 +49,20 @@ func (s *Server) setTokens() error {
 		return saga.Errorf(saga.ErrInvalid, "httpapi: %v", err)
 	}
 	s.tokens = all
-	s.sessions = make(map[string]apitoken.Token, all.Len())
-	for _, t := range all.Tokens() {
-		s.sessions[sessionValue(t)] = t
-	}
 	return nil
 }
 
 // authRequired reports whether any token is configured.
 func (s *Server) authRequired() bool { return s.tokens.Len() > 0 }
 
+// tokenConfigured reports whether requests must authenticate.
+func (s *Server) tokenConfigured() bool { return s.authRequired() }
+
 // api wraps a /v1 handler with the method check, authentication, the
 // mutation rule and the tenant scope. method "" accepts any.
 func (s *Server) api(h apiHandler, method string) http.Handler {
 	mutation := method == http.MethodPost
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.limited(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		c, ok := s.authenticate(w, r, mutation)
 		if !ok {
@@ -96,11 +89,11 @@ func (s *Server) scoped(r *http.Request, c caller) (*admin.Admin, error) {
 	if c.Tenant.Valid {
 		a = a.ForTenant(c.Tenant.UUID)
 	}
-	if t := r.Header.Get("X-Tenant-ID"); t != "" {
-		id, err := uuid.Parse(strings.TrimSpace(t))
-		if err != nil {
-			return nil, saga.Errorf(saga.ErrInvalid, "X-Tenant-ID is not a UUID")
-		}
+	id, set, msg := tenantHeader(r)
+	if msg != "" {
+		return nil, saga.Errorf(saga.ErrInvalid, "%s", msg)
+	}
+	if set {
 		if c.Tenant.Valid && id != c.Tenant.UUID {
 			return nil, errForbidden("token " + c.Name + " is scoped to one tenant: X-Tenant-ID can only narrow to that tenant, not widen or switch")
 		}
@@ -118,11 +111,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation b
 		}
 		return caller{anonymous: true, Token: apitoken.Token{Name: "anonymous", Role: apitoken.RoleRead}}, true
 	}
+	if s.authThrottled(w, r) {
+		return caller{}, false
+	}
 	var c caller
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		scheme, token, ok := strings.Cut(auth, " ")
 		t, match := s.tokens.Match(strings.TrimSpace(token))
 		if !ok || !strings.EqualFold(scheme, "Bearer") || !match {
+			s.authFailed(r, "bearer token")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
 			writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
 			return caller{}, false
@@ -146,41 +143,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation b
 	return c, true
 }
 
-// sessionValue derives a token's page cookie from its digest, so that the
-// cookie is neither the token nor its digest, and changing the token logs
-// its pages out.
-func sessionValue(t apitoken.Token) string {
-	mac := hmac.New(sha256.New, t.Digest[:])
-	mac.Write([]byte("compensa monitor session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
-}
+// pageHeader marks the page's own fetch requests.
+const pageHeader = "X-Compensa-Page"
 
-const (
-	sessionCookie = "compensa_session"
-	// pageHeader marks the page's own fetch requests.
-	pageHeader = "X-Compensa-Page"
-)
-
-// session finds the token of the request's page cookie, comparing in
-// constant time against every configured one.
+// session finds the token a page session was started with.
 func (s *Server) session(r *http.Request) (apitoken.Token, bool) {
-	c, err := r.Cookie(sessionCookie)
-	if err != nil || len(s.sessions) == 0 {
+	if !s.authRequired() {
 		return apitoken.Token{}, false
 	}
-	var found apitoken.Token
-	ok := false
-	for v, t := range s.sessions {
-		if subtle.ConstantTimeCompare([]byte(c.Value), []byte(v)) == 1 {
-			found, ok = t, true
-		}
-	}
-	return found, ok
-}
-
-func (s *Server) hasSession(r *http.Request) bool {
-	_, ok := s.session(r)
-	return ok
+	return s.sessions.lookup(sessionID(r))
 }
 
 // pageCaller is the caller of a page request (pageAuth has let it in).

@@ -45,6 +45,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// Wake, when set, is called after a retry or a cancel was recorded, so
+	// that the step runners pick the instance up now instead of at their
+	// next poll (the correlator wakes them the same way).
+	Wake func()
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).
@@ -54,6 +58,34 @@ type Config struct {
 	// 120: ten minutes at the default interval).
 	LagSampleInterval time.Duration
 	LagSamples        int
+
+	// AllowedHosts are the names (besides IP literals and localhost) that
+	// requests may carry in their Host header when no token is configured
+	// (--http-allowed-hosts); others get 403, which defeats DNS rebinding.
+	AllowedHosts []string
+	// SessionTTL is how long a page login lasts (default 12h).
+	SessionTTL time.Duration
+	// SecureCookies marks the session cookie Secure even when the request
+	// came over plain HTTP: a TLS-terminating proxy is in front
+	// (--http-secure-cookies). With TLS at the relay it is Secure anyway.
+	SecureCookies bool
+	// MaxConcurrent bounds the /v1 and page requests served at once
+	// (default 8); QueueWait is how long a request waits for a turn before
+	// 503 (default 5s).
+	MaxConcurrent int
+	QueueWait     time.Duration
+	// MaxScrapes bounds concurrent /metrics scrapes (default 4);
+	// ScrapesPerSecond paces them (default 10): a scrape waits its turn up
+	// to QueueWait, then gets 503.
+	MaxScrapes       int
+	ScrapesPerSecond int
+	// ReadinessMaxAge is how old the answer of /readyz may be (default 1s):
+	// probes are answered from the last check instead of each querying.
+	ReadinessMaxAge time.Duration
+	// AuthFailures failed authentications per AuthWindow from one address
+	// are allowed (defaults 10 per minute); more get 429.
+	AuthFailures int
+	AuthWindow   time.Duration
 }
 
 // Server is the monitor's http.Handler: the JSON API under /v1, /metrics,
@@ -66,10 +98,14 @@ type Server struct {
 	mux     *http.ServeMux
 	lag     *lagRing
 	page    *pageRenderer
-	// tokens are APIToken and Tokens together; sessions maps each one's
-	// page cookie value to it (see auth.go).
-	tokens   *apitoken.Set
-	sessions map[string]apitoken.Token
+
+	allowedHosts map[string]bool
+	sessions     *sessionStore
+	authFailures *authLimiter
+	slots        requestSlots
+	ready        readinessCache
+	// tokens are APIToken and Tokens together (see auth.go).
+	tokens *apitoken.Set
 }
 
 // New validates cfg and builds the server. Call Run to sample the lag for
@@ -83,7 +119,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.LagSampleInterval = cmp.Or(cfg.LagSampleInterval, 5*time.Second)
 	cfg.LagSamples = cmp.Or(cfg.LagSamples, 120)
-	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger}
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, 12*time.Hour)
+	cfg.MaxConcurrent = cmp.Or(cfg.MaxConcurrent, 8)
+	cfg.QueueWait = cmp.Or(cfg.QueueWait, 5*time.Second)
+	cfg.MaxScrapes = cmp.Or(cfg.MaxScrapes, 4)
+	cfg.ScrapesPerSecond = cmp.Or(cfg.ScrapesPerSecond, 10)
+	cfg.ReadinessMaxAge = cmp.Or(cfg.ReadinessMaxAge, time.Second)
+	cfg.AuthFailures = cmp.Or(cfg.AuthFailures, 10)
+	cfg.AuthWindow = cmp.Or(cfg.AuthWindow, time.Minute)
+	if cfg.SessionTTL < 0 || cfg.MaxConcurrent < 0 || cfg.MaxScrapes < 0 || cfg.ScrapesPerSecond < 0 || cfg.AuthFailures < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.SessionTTL, MaxConcurrent, MaxScrapes and AuthFailures must not be negative")
+	}
+	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger,
+		allowedHosts: normalizeHosts(cfg.AllowedHosts), sessions: newSessionStore(cfg.SessionTTL),
+		authFailures: newAuthLimiter(cfg.AuthFailures, cfg.AuthWindow), slots: make(requestSlots, cfg.MaxConcurrent)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -102,36 +151,17 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.metrics.setAdmin(s.admin, s.log)
 	s.metrics.setReplication(cfg.Replication)
-	// Samples taken by page views are kept at most twice per interval.
-	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
 	if err := s.setTokens(); err != nil {
 		return nil, err
 	}
+	// Samples taken by page views are kept at most twice per interval.
+	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
 	var err error
 	if s.page, err = newPageRenderer(); err != nil {
 		return nil, err
 	}
 	s.routes()
 	return s, nil
-}
-
-func (s *Server) routes() {
-	m := http.NewServeMux()
-	m.Handle("GET /metrics", s.metrics.Handler())
-	m.HandleFunc("GET /healthz", s.healthz)
-	m.HandleFunc("GET /readyz", s.readyz)
-
-	// Every /v1 route checks the method itself so that a wrong one gets a
-	// JSON 405, and the catch-all answers JSON 404.
-	for _, rt := range s.apiRoutes() {
-		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
-	}
-	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
-	}, ""))
-
-	s.pageRoutes(m)
-	s.mux = m
 }
 
 // Route is one /v1 endpoint: its method and its path pattern ({id} for an
@@ -160,26 +190,56 @@ func (s *Server) apiRoutes() []Route {
 // the tenant-isolation test, which must cover every one).
 func (s *Server) Routes() []Route { return s.apiRoutes() }
 
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /readyz", s.readyz)
+
+	// Every /v1 route checks the method itself so that a wrong one gets a
+	// JSON 405, and the catch-all answers JSON 404.
+	for _, rt := range s.apiRoutes() {
+		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
+	}
+	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
+	}, ""))
+
+	s.pageRoutes(m)
+	s.mux = m
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !s.guard(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// Run samples the replication lag every LagSampleInterval for the page's
-// chart until ctx ends. Without a ReplicationFunc it returns at once.
+// Run refreshes, until ctx ends, the gauges that need a query (every
+// Metrics' gauge interval, so that scrapes are served from memory) and
+// samples the replication lag every LagSampleInterval for the page's chart.
 func (s *Server) Run(ctx context.Context) error {
-	if s.cfg.Replication == nil {
-		return nil
-	}
-	t := time.NewTicker(s.cfg.LagSampleInterval)
-	defer t.Stop()
-	for {
+	var lagTick <-chan time.Time
+	if s.cfg.Replication != nil {
+		t := time.NewTicker(s.cfg.LagSampleInterval)
+		defer t.Stop()
+		lagTick = t.C
 		s.sampleLag(ctx)
+	}
+	gauges := time.NewTicker(s.metrics.gaugeInterval())
+	defer gauges.Stop()
+	s.metrics.refreshGauges(ctx)
+	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-lagTick:
+			s.sampleLag(ctx)
+		case <-gauges.C:
+			s.metrics.refreshGauges(ctx)
 		}
 	}
 }
@@ -239,13 +299,26 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers from the last readiness check, running one when that is
+// older than ReadinessMaxAge: a burst of probes costs one query per second
+// at most, not one each.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	res, ok := s.ready.get(r.Context(), s.cfg.ReadinessMaxAge, s.checkReady)
+	if !ok {
+		return // the prober went away
+	}
+	writeJSON(w, res.status, res.body)
+}
+
+func (s *Server) checkReady() readyResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	fail := func(msg string) readyResult {
+		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"error": msg}}
+	}
 	if err := s.cfg.Pool.Ping(ctx); err != nil {
 		s.log.Warn("readyz: database unreachable", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "database unreachable")
-		return
+		return fail("database unreachable")
 	}
 	out := map[string]any{"status": "ok", "database": "ok"}
 	if s.cfg.Replication != nil {
@@ -253,19 +326,16 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err != nil:
 			s.log.Warn("readyz: replication status", "err", err)
-			writeError(w, http.StatusServiceUnavailable, "cannot read the replication slot's status")
-			return
+			return fail("cannot read the replication slot's status")
 		case !st.Exists:
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" does not exist: events written since it was lost may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " does not exist: events written since it was lost may have been skipped")
 		case !st.Healthy():
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" has wal_status "+st.WALStatus+": the WAL it needs is gone and events may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " has wal_status " + st.WALStatus + ": the WAL it needs is gone and events may have been skipped")
 		}
 		out["slot"] = st.Slot
 		out["wal_status"] = st.WALStatus
 	}
-	writeJSON(w, http.StatusOK, out)
+	return readyResult{status: http.StatusOK, body: out}
 }
 
 // --- JSON API plumbing ----------------------------------------------------
