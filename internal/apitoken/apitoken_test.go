@@ -229,3 +229,17 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParseChecksSecrets(t *testing.T) {
+	t.Parallel()
+	weak := func(what, secret string) error {
+		if len(secret) < 10 {
+			return errors.New(what + " is too weak")
+		}
+		return nil
+	}
+	_, err := apitoken.Parse("w.yaml", []byte("tokens:\n  - {name: a, token_env: SHORT, tenant: '*', role: read}\n"), env(map[string]string{"SHORT": "abc"}), weak)
+	if err == nil || !strings.Contains(err.Error(), "w.yaml:2:26: the token in SHORT is too weak") || strings.Contains(err.Error(), "abc") {
+		t.Fatalf("weak token: %v", err)
+	}
+}

@@ -38,14 +38,19 @@ func (ps Problems) Error() string {
 	return strings.Join(lines, "\n")
 }
 
+// Check judges a secret read from token_env (e.g. its strength); what
+// names it for the message. Its error becomes a problem at that entry.
+type Check func(what, secret string) error
+
 // Load reads and validates a token file. getenv resolves token_env (nil:
-// os.Getenv). Any problem → Problems, listing all of them.
-func Load(path string, getenv func(string) string) (*Set, error) {
+// os.Getenv); checks judge every secret read that way. Any problem →
+// Problems, listing all of them.
+func Load(path string, getenv func(string) string, checks ...Check) (*Set, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--api-tokens: %w", err)
 	}
-	return Parse(path, data, getenv)
+	return Parse(path, data, getenv, checks...)
 }
 
 var (
@@ -58,11 +63,11 @@ var (
 var tokenFields = []string{"name", "token_env", "sha256", "tenant", "role"}
 
 // Parse validates a token file's content; file names it in the problems.
-func Parse(file string, data []byte, getenv func(string) string) (*Set, error) {
+func Parse(file string, data []byte, getenv func(string) string, checks ...Check) (*Set, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	p := &parser{file: file}
+	p := &parser{file: file, checks: checks}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -91,6 +96,7 @@ func Parse(file string, data []byte, getenv func(string) string) (*Set, error) {
 
 type parser struct {
 	file     string
+	checks   []Check
 	problems Problems
 }
 
@@ -196,7 +202,18 @@ func (p *parser) token(n *yaml.Node, getenv func(string) string) (Token, bool) {
 		case getenv(env.Value) == "":
 			p.add(env, "environment variable %s is not set or empty; export it with the token before starting the relay", env.Value)
 		default:
-			t.Digest = sha256.Sum256([]byte(getenv(env.Value)))
+			secret := getenv(env.Value)
+			ok := true
+			for _, check := range p.checks {
+				if err := check("the token in "+env.Value, secret); err != nil {
+					p.add(env, "%v", err)
+					ok = false
+					break
+				}
+			}
+			if ok {
+				t.Digest = sha256.Sum256([]byte(secret))
+			}
 		}
 	case hasDig:
 		if !digestPattern.MatchString(dig.Value) {
