@@ -148,7 +148,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			"(keys saga, version, status, step, stuck, error_contains, created_after,\n" +
 			"created_before, tenant), each exactly as a single retry: without --yes it only\n" +
 			"counts them and shows the first 20; with --yes it acts on at most --limit of them.",
-		Args: cobra.MaximumNArgs(1),
+		Args: idOrFilter,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(bulkRetry.filters) > 0 || len(args) == 0 {
 				return bulkRetry.run(cmd, args, "retry", retryReason, withAdmin, (*admin.Admin).RetryMatching)
@@ -181,7 +181,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		Long: "Cancel starts the compensation of a RUNNING instance. With --filter instead of\n" +
 			"an ID it cancels every instance the filter matches, as relay sagas retry --filter\n" +
 			"retries them (dry run without --yes; --reason required).",
-		Args: cobra.MaximumNArgs(1),
+		Args: idOrFilter,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(bulkCancel.filters) > 0 || len(args) == 0 {
 				return bulkCancel.run(cmd, args, "cancel", cancelReason, withAdmin, (*admin.Admin).CancelMatching)

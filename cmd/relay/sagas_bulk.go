@@ -30,6 +30,14 @@ func (b *bulkFlags) register(cmd *cobra.Command, action string) {
 	f.BoolVar(&b.asJSON, "json", false, `with --filter: print the answer as the API does ({"dry_run", "matched", "sample" or "outcomes"})`)
 }
 
+// idOrFilter: retry and cancel take one instance ID, or none with --filter.
+func idOrFilter(c *cobra.Command, args []string) error {
+	if c.Flags().Changed("filter") {
+		return cobra.NoArgs(c, args)
+	}
+	return cobra.ExactArgs(1)(c, args)
+}
+
 // parseBulkFilter reads KEY=VALUE pairs (also comma-separated) into a
 // filter; the keys are the API's.
 func parseBulkFilter(pairs []string) (admin.Filter, error) {
