@@ -172,9 +172,14 @@ type indexData struct {
 	OverviewErr   string
 	// Matched counts every instance the filter matches (for "Retry all
 	// N"); FilterJSON is the filter as the bulk API takes it.
-	Matched    int64
-	FilterJSON string
+	Matched     int64
+	MatchedMore bool
+	FilterJSON  string
 }
+
+// pageCountCap bounds the page's count of a filtered list; the bulk
+// buttons' dry run tells the exact number before anything is done.
+const pageCountCap = 10000
 
 func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
@@ -208,7 +213,7 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 		recent, err = adm.List(ctx, f)
 	}
 	if err == nil && d.HasFilter {
-		d.Matched, err = adm.Count(ctx, f)
+		d.Matched, d.MatchedMore, err = adm.CountUpTo(ctx, f, pageCountCap)
 		d.FilterJSON = bulkFilterJSON(f)
 	}
 	switch {

@@ -156,13 +156,21 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 	return res, nil
 }
 
-// Count counts every instance f matches (Limit and Cursor are ignored).
-func (a *Admin) Count(ctx context.Context, f Filter) (int64, error) {
+// CountUpTo counts the instances f matches, stopping at most: a page must
+// not count millions of COMPLETED rows to label a button. more reports that
+// at least most match (n is then most).
+func (a *Admin) CountUpTo(ctx context.Context, f Filter, most int64) (n int64, more bool, err error) {
 	f.Limit, f.Cursor = 0, ""
 	if err := f.validate(); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return a.countMatching(ctx, a.cfg.Pool, f, uuid.NullUUID{})
+	q := a.selection(f)
+	q.close(f)
+	q.add(sqlLimit, most)
+	if err := a.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM ("+q.sql.String()+") c", q.args...).Scan(&n); err != nil {
+		return 0, false, fmt.Errorf("admin: count matching instances: %w", err)
+	}
+	return n, n >= most, nil
 }
 
 // querier is a pool or a transaction.

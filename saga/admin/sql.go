@@ -72,6 +72,7 @@ const (
 	sqlWhereID     = ` AND s.id = $%d`
 	sqlAfterKey    = ` AND (q.created_at, q.id) > ($%d::timestamptz, $%d::uuid)`
 	sqlOldestFirst = ` ORDER BY q.created_at, q.id LIMIT $%d`
+	sqlLimit       = ` LIMIT $%d`
 )
 
 // sqlGetItem reads one instance; $5 is the id and $6 the tenant scope (NULL
