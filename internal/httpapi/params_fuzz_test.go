@@ -136,3 +136,31 @@ func browserURL(s string) string {
 		return r
 	}, s)
 }
+
+// FuzzReadBulk: a bulk body is refused with ErrInvalid or read into a
+// request whose dry run defaults to true: a body that does not say
+// "dry_run": false never acts.
+func FuzzReadBulk(f *testing.F) {
+	for _, s := range []string{`{"filter": {"saga": "order", "status": "FAILED"}, "reason": "x"}`,
+		`{"filter": {}, "reason": "x", "dry_run": false, "limit": 5}`, `{"filter": {"tenant": "nope"}}`,
+		`{"filter": {"created_after": "2026-01-02T15:04:05Z"}, "reason": "r", "dry_run": null}`, `{"limit": -1}`,
+		`{"filter": {"colour": "red"}}`, `{} {}`, `null`, ""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := httptest.NewRequest(http.MethodPost, "/v1/sagas/retry", bytes.NewReader(body))
+		b, err := readBulk(r)
+		if err != nil {
+			if !errors.Is(err, saga.ErrInvalid) {
+				t.Fatalf("%q: error without ErrInvalid: %v", body, err)
+			}
+			return
+		}
+		if b.Limit < 0 {
+			t.Fatalf("accepted limit %d", b.Limit)
+		}
+		if !(b.DryRun == nil || *b.DryRun) && !bytes.Contains(body, []byte("false")) {
+			t.Fatalf("%q: a real run without dry_run false", body)
+		}
+	})
+}
