@@ -49,7 +49,7 @@ func execute(ctx context.Context, root *cobra.Command, opts *rootOptions, args [
 		code, msg = ee.code, ee.msg
 	}
 	if msg != "" {
-		fmt.Fprintln(stderr, "relay: "+oneLine(redactAll(msg, opts.secrets())))
+		fmt.Fprintln(stderr, "relay: "+termSafe(oneLine(redactAll(msg, opts.secrets()))))
 	}
 	return code
 }
@@ -74,6 +74,9 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			// Whatever a command prints from the database reaches a
+			// terminal: see terminal.go.
+			cmd.SetOut(newTermWriter(cmd.OutOrStdout()))
 			if err := opts.resolve(cmd); err != nil {
 				return exitError{code: 2, msg: err.Error()}
 			}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/compensa/compensa/internal/dbconn"
 )
 
 // rootOptions are the flags every command shares. Each flag falls back to an
@@ -81,9 +83,9 @@ func (o *rootOptions) requireDatabase() (string, error) {
 
 func (o *rootOptions) secrets() []string {
 	var s []string
-	if p := passwordOf(o.DatabaseURL); p != "" {
-		s = append(s, p)
-	}
+	// Every password the DSN holds as far as it can be told, also when it
+	// does not parse: a malformed DSN is the one most likely to be quoted.
+	s = append(s, dbconn.Passwords(o.DatabaseURL)...)
 	if t := os.Getenv("RELAY_API_TOKEN"); t != "" {
 		s = append(s, t)
 	}

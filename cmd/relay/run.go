@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
 )
@@ -39,6 +40,14 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			cfg.DatabaseURL, cfg.Slot, cfg.Publication = dsn, opts.Slot, opts.Publication
 			cfg.HTTPAddr, cfg.OutboxTable, cfg.OutboxColumns = opts.HTTPAddr, opts.OutboxTable, opts.OutboxColumns
 			opts.extraSecrets = append(opts.extraSecrets, cfg.APIToken)
+			if cfg.APIToken != "" {
+				if err := httpapi.CheckTokenStrength("--api-token", cfg.APIToken); err != nil {
+					return exitError{code: 2, msg: err.Error()}
+				}
+			}
+			if cfg.SessionTTL <= 0 {
+				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
+			}
 			cfg.Logger = newLogger(opts)
 			return runRelay(cmd.Context(), cfg, stopTimeout)
 		},
@@ -52,7 +61,10 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
-	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
+	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
+	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }

@@ -81,7 +81,7 @@ func (e *ConnectError) Unwrap() error { return e.err }
 
 func parseError(err error, dsn string) error {
 	return &ConnectError{
-		msg: "--database-url is not a valid PostgreSQL URL or DSN: " + Redact(err.Error(), dsn),
+		msg: parseErrorMessage(err, dsn),
 		err: errors.New("invalid connection string"),
 	}
 }
@@ -139,23 +139,24 @@ func PasswordOf(dsn string) string {
 	return ""
 }
 
-// Redact removes the DSN's password (raw and URL-escaped) from s.
+// Redact removes the DSN's passwords (raw and URL-escaped) from s.
 func Redact(s, dsn string) string {
-	return RedactAll(s, []string{PasswordOf(dsn)})
+	return RedactAll(s, Passwords(dsn))
 }
 
-// RedactAll replaces each secret (raw and URL-escaped) in s.
+// RedactAll replaces each secret (raw and URL-escaped) in s where it stands
+// as a whole word (see replaceWhole).
 func RedactAll(s string, secrets []string) string {
 	for _, p := range secrets {
 		if len(p) < 1 {
 			continue
 		}
-		s = strings.ReplaceAll(s, p, "xxxxx")
+		s = replaceWhole(s, p, "xxxxx")
 		if esc := url.QueryEscape(p); esc != p {
-			s = strings.ReplaceAll(s, esc, "xxxxx")
+			s = replaceWhole(s, esc, "xxxxx")
 		}
 		if esc := url.PathEscape(p); esc != p {
-			s = strings.ReplaceAll(s, esc, "xxxxx")
+			s = replaceWhole(s, esc, "xxxxx")
 		}
 	}
 	return s

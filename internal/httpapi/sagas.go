@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -136,6 +137,14 @@ func readAction(r *http.Request) (actionBody, error) {
 	}
 	if dec.More() {
 		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
+	}
+	// The reason is journaled and printed by `relay sagas show` in an
+	// operator's terminal, where escape sequences would be obeyed.
+	if hasControl(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason holds control characters (escape sequences, NUL, newlines); send plain text on one line")
+	}
+	if !utf8.ValidString(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason is not valid UTF-8")
 	}
 	return b, nil
 }
