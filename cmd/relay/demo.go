@@ -209,7 +209,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	if err != nil {
 		return exitError{code: 1, msg: err.Error()}
 	}
-	printDemoSummary(stdout, sum, d, monitor, db.url)
+	printDemoSummary(stdout, sum, d, monitor, db.url, db.slot)
 	if demoSummarized != nil {
 		demoSummarized(ctx, pool, sum)
 	}
@@ -463,7 +463,7 @@ func (s demoSummary) mismatch(d demoOptions) string {
 	return strings.Join(bad, "; ")
 }
 
-func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL string) {
+func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL, slot string) {
 	fmt.Fprintf(w, "\nbrief_enrichment: %d briefs written, %d of them marked %s\n\n", d.briefs, d.fail, briefs.FailScoreMarker)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "  %s\t%8v\n", k, v) }
@@ -486,4 +486,10 @@ func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL 
 	tw.Flush()
 	fmt.Fprintf(w, "\nmonitor:   %s (API token %s)\n", monitor, d.apiToken)
 	fmt.Fprintf(w, "database:  %s\n", dbURL)
+	fmt.Fprintf(w, "slot:      %s\n", slot)
+	// The README's demo sections use these variables: one line to paste
+	// into another shell.
+	fmt.Fprintf(w, "\nin another shell:\n  export DB='%s' TOKEN='%s' RELAY='%s' SLOT='%s'\n",
+		dbURL, d.apiToken, strings.TrimSuffix(monitor, "/"), slot)
+	fmt.Fprintf(w, "  relay lag --database-url \"$DB\" --slot \"$SLOT\"\n")
 }

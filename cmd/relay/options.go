@@ -26,8 +26,18 @@ type rootOptions struct {
 	extraSecrets []string
 }
 
-func (o *rootOptions) bind(cmd *cobra.Command) {
-	f := cmd.PersistentFlags()
+// bindTo adds the named shared flags to fs (see sharedFlagsOf).
+func (o *rootOptions) bindTo(fs *pflag.FlagSet, names []string) {
+	all := pflag.NewFlagSet("shared", pflag.ContinueOnError)
+	o.bind(all)
+	for _, n := range names {
+		if f := all.Lookup(n); f != nil && fs.Lookup(n) == nil {
+			fs.AddFlag(f)
+		}
+	}
+}
+
+func (o *rootOptions) bind(f *pflag.FlagSet) {
 	f.StringVar(&o.DatabaseURL, "database-url", "", "PostgreSQL URL (env RELAY_DATABASE_URL, then DATABASE_URL)")
 	f.StringVar(&o.Slot, "slot", "relay_outbox", "logical replication slot name (env RELAY_SLOT)")
 	f.StringVar(&o.Publication, "publication", "relay_outbox_pub", "publication name (env RELAY_PUBLICATION)")

@@ -42,6 +42,14 @@ type CorrelatorStats struct {
 	RepliesDelivered uint64
 	LateReplies      uint64
 	EventsParked     uint64
+	// What became of each event the stream handed over (they add up to
+	// EventsSeen): it started sagas, went to reply correlation, concerned
+	// no saga (ignored, by design: most outbox events are not triggers), or
+	// was parked.
+	OutcomeStarted uint64
+	OutcomeReply   uint64
+	OutcomeIgnored uint64
+	OutcomeParked  uint64
 }
 
 // Metrics holds the relay's Prometheus metric families. Stream and
@@ -158,6 +166,13 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	gaugeFunc := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, f)
 	}
+	// compensa_events_total{outcome} tells an operator why nothing happened:
+	// an event no saga listens to is ignored, by design.
+	eventsOutcome := func(outcome string, f func(CorrelatorStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "events_total",
+			Help:        "Streamed events by what became of them: started (a trigger), reply (went to reply correlation), ignored (no saga listens to it), parked (dead letter).",
+			ConstLabels: prometheus.Labels{"outcome": outcome}}, stat(f))
+	}
 	cs := []prometheus.Collector{
 		m.sagasStarted, m.sagasEnded, m.stepDuration, m.stepRetries, m.manualActions, m.queryFailures,
 		counterFunc("events_streamed_total", "Outbox events the correlator received from the stream.",
@@ -176,6 +191,10 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			stat(func(s CorrelatorStats) uint64 { return s.LateReplies })),
 		counterFunc("events_parked_total", "Events parked as dead letters by this process.",
 			stat(func(s CorrelatorStats) uint64 { return s.EventsParked })),
+		eventsOutcome("started", func(s CorrelatorStats) uint64 { return s.OutcomeStarted }),
+		eventsOutcome("reply", func(s CorrelatorStats) uint64 { return s.OutcomeReply }),
+		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
+		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),
 		gaugeFunc("replication_lag_seconds", "Age of the newest source commit or heartbeat the relay has processed.",

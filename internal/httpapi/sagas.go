@@ -185,6 +185,9 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 		result = "already_requested"
 	}
 	s.metrics.manual(action, result)
+	if !res.AlreadyRequested && s.cfg.Wake != nil {
+		s.cfg.Wake()
+	}
 	s.log.Info(fmt.Sprintf("saga %s %s by operator", action, result), "saga_id", id, "saga", res.Instance.SagaName,
 		"step", res.Instance.CurrentStep, "status", string(res.Instance.Status), "actor", who, "reason", body.Reason)
 	writeJSON(w, http.StatusOK, res)

@@ -42,6 +42,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// Wake, when set, is called after a retry or a cancel was recorded, so
+	// that the step runners pick the instance up now instead of at their
+	// next poll (the correlator wakes them the same way).
+	Wake func()
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).

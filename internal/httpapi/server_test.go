@@ -87,6 +87,7 @@ func orderDef() saga.Definition {
 }
 
 type options struct {
+	wake        func()
 	token       string
 	replication httpapi.ReplicationFunc
 	journal     bool
@@ -103,7 +104,7 @@ func setup(t *testing.T, o options) *testBundle {
 	if b.metrics, err = httpapi.NewMetrics(nil); err != nil {
 		t.Fatal(err)
 	}
-	cfg := httpapi.Config{Pool: b.db.Pool, Registry: b.reg, APIToken: o.token, Replication: o.replication, Metrics: b.metrics}
+	cfg := httpapi.Config{Pool: b.db.Pool, Registry: b.reg, APIToken: o.token, Replication: o.replication, Metrics: b.metrics, Wake: o.wake}
 	if o.journal {
 		cfg.Journal = b.journal
 	}
