@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -128,4 +129,25 @@ func TestEscapeTerm(t *testing.T) {
 	if got := termSafe("two\nlines\x00"); got != `two\u000alines\u0000` {
 		t.Errorf("termSafe: %q", got)
 	}
+}
+
+// FuzzEscapeTerm: whatever the database holds, what reaches the terminal
+// has no control character but tab and newline, and is valid UTF-8.
+func FuzzEscapeTerm(f *testing.F) {
+	for _, s := range []string{hostile, "plain", "\xff\xfe", "\u0085\u009b", "\x00\x7f", "é\u2028"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var buf strings.Builder
+		if _, err := newTermWriter(&buf).Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		if bad := terminalUnsafe(out); bad != "" || !utf8.ValidString(out) {
+			t.Fatalf("escapeTerm(%q) = %q still holds %q", s, out, bad)
+		}
+		if clean([]byte(s)) && out != s {
+			t.Fatalf("clean text changed: %q -> %q", s, out)
+		}
+	})
 }
