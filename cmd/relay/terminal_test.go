@@ -151,3 +151,18 @@ func FuzzEscapeTerm(f *testing.F) {
 		}
 	})
 }
+
+// TestReasonControlCharsRefusedByCLI: the CLI refuses what the API refuses,
+// before connecting.
+func TestReasonControlCharsRefusedByCLI(t *testing.T) {
+	t.Parallel()
+	id := uuid.NewString()
+	for _, args := range [][]string{
+		{"sagas", "retry", id, "--reason", "fixed\x1b]8;;https://evil.example\x07"},
+		{"sagas", "cancel", id, "--reason", "two\nlines"},
+	} {
+		if _, err := runSagas(t, "postgres://nobody@127.0.0.1:1/none", args...); err == nil || !strings.Contains(err.Error(), "control characters") {
+			t.Errorf("relay %s: %v, want a refusal", strings.Join(args[:2], " "), err)
+		}
+	}
+}
