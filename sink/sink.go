@@ -182,3 +182,10 @@ func HoldBack(evs []*Event, send func(i int, ev *Event) error) []error {
 
 // Errorf is fmt.Errorf with the package's prefix.
 func errorf(format string, args ...any) error { return fmt.Errorf("sink: "+format, args...) }
+
+// Classify names what err means for a sink: "down", "event", "gone" or
+// "throttled" (for logs and tests).
+func Classify(err error) string {
+	k, _ := kindOf(err)
+	return [...]string{"down", "event", "gone", "throttled"}[k]
+}
