@@ -87,7 +87,7 @@ func Run(t *testing.T, h Harness) {
 		s, read := h.New(t)
 		evs := Events(200, 7)
 		requireDelivered(t, s.Deliver(context.Background(), evs))
-		requireOrder(t, evs, waitFor(t, read, len(evs)))
+		RequireOrder(t, evs, waitFor(t, read, len(evs)))
 	})
 	t.Run("ResendKeepsTheID", func(t *testing.T) {
 		s, read := h.New(t)
@@ -130,7 +130,7 @@ func Run(t *testing.T, h Harness) {
 		wg.Wait()
 		got := waitFor(t, read, 100)
 		for _, evs := range all {
-			requireOrder(t, evs, got)
+			RequireOrder(t, evs, got)
 		}
 	})
 	t.Run("UnavailableFailsThenRecovers", func(t *testing.T) {
@@ -213,9 +213,9 @@ func waitFor(t *testing.T, read func() []Received, n int) []Received {
 	}
 }
 
-// requireOrder checks that the first arrivals of evs' ids follow evs' order
+// RequireOrder checks that the first arrivals of evs' ids follow evs' order
 // within each aggregate.
-func requireOrder(t *testing.T, evs []*sink.Event, got []Received) {
+func RequireOrder(t *testing.T, evs []*sink.Event, got []Received) {
 	t.Helper()
 	pos := map[string]int{}
 	for i, r := range got {
