@@ -79,6 +79,9 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	if err := f.checkRetryRequest(ctx, d); err != nil {
 		return false, err
 	}
+	if d.dirty.Swap(false) {
+		f.saveState(ctx, d)
+	}
 	d.mu.Lock()
 	state, until := d.state, d.until
 	d.mu.Unlock()
@@ -187,6 +190,7 @@ func (f *Fanout) backoff(n int) time.Duration {
 
 // saveState records d's state in relay_sinks for `relay sinks list`.
 func (f *Fanout) saveState(ctx context.Context, d *dest) {
+	d.dirty.Store(false)
 	d.mu.Lock()
 	state, reason := d.state, d.reason
 	d.mu.Unlock()

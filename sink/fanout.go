@@ -69,6 +69,7 @@ type dest struct {
 	until     time.Time // down/throttled: when the drainer may probe
 	failures  int       // consecutive failed probes
 	lastRetry time.Time // newest retry request acted on
+	dirty     atomic.Bool // state changed since relay_sinks was written
 
 	parked    atomic.Int64 // approximate: refreshed by the drainer
 	delivered atomic.Uint64
@@ -387,6 +388,7 @@ func (d *dest) setState(state, reason string, wait time.Duration) {
 	if !changed {
 		return
 	}
+	d.dirty.Store(true)
 	switch state {
 	case StateDisabled:
 		d.log.Error("SINK DISABLED: its endpoint answered 410 Gone; events are parked, not delivered, until `relay sinks retry "+d.spec.Name+"`", "reason", reason)
