@@ -66,9 +66,9 @@ type dest struct {
 	mu        sync.Mutex
 	state     string
 	reason    string
-	until     time.Time // down/throttled: when the drainer may probe
-	failures  int       // consecutive failed probes
-	lastRetry time.Time // newest retry request acted on
+	until     time.Time   // down/throttled: when the drainer may probe
+	failures  int         // consecutive failed probes
+	lastRetry time.Time   // newest retry request acted on
 	dirty     atomic.Bool // state changed since relay_sinks was written
 
 	parked    atomic.Int64 // approximate: refreshed by the drainer
@@ -96,7 +96,7 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 	parked := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "compensa_sink_parked",
 		Help: "Events parked for the sink, waiting to be delivered."}, []string{"sink"})
 	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "compensa_sink_delivery_seconds",
-		Help: "Time from handing events to the sink to its acknowledgement (one observation per delivery call).",
+		Help:    "Time from handing events to the sink to its acknowledgement (one observation per delivery call).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"sink"})
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{delivered, parked, seconds} {
