@@ -20,7 +20,24 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/dial"
 )
+
+// openSinks loads the sinks file, connects every sink and builds the
+// fan-out in front of the correlator.
+func (a *app) openSinks(ctx context.Context, file string, log *slog.Logger) error {
+	cfg, err := sink.LoadFile(file)
+	if err != nil {
+		return fmt.Errorf("--sinks: %w", err)
+	}
+	if a.sinks, err = dial.Open(cfg, nil); err != nil {
+		return fmt.Errorf("--sinks: %w", err)
+	}
+	a.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: a.pool, Destinations: a.sinks,
+		Registerer: a.metrics.Registry(), Logger: log.With("component", "sinks")})
+	return err
+}
 
 // appConfig is everything `relay run` and `relay demo` assemble a relay from.
 type appConfig struct {
@@ -40,7 +57,9 @@ type appConfig struct {
 	LeaseDuration     time.Duration
 	StuckAfter        time.Duration
 	APIToken          string
-	Logger            *slog.Logger
+	// Sinks is the path of a sinks file (--sinks); empty: no sinks.
+	Sinks  string
+	Logger *slog.Logger
 }
 
 // app is a running relay: the stream (unless NoStream), the correlator, the
@@ -53,6 +72,8 @@ type app struct {
 	runner     *saga.Runner
 	correlator *correlator.Correlator
 	stream     *cdc.Stream
+	fanout     *sink.Fanout
+	sinks      []sink.Destination
 	metrics    *httpapi.Metrics
 	monitor    *httpapi.Server
 	http       *http.Server
@@ -100,6 +121,7 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 	}
 	a.pool = pool
 	fail := func(err error) (*app, error) {
+		dial.Close(a.sinks)
 		pool.Close()
 		return nil, err
 	}
@@ -117,10 +139,17 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 	if err != nil {
 		return fail(err)
 	}
-	a.correlator, err = correlator.New(pool, &correlator.Config{
+	corrCfg := &correlator.Config{
 		Registry: a.registry, Wake: a.runner.Wake, Logger: log.With("component", "correlator"),
 		OnStarted: a.metrics.SagasStarted,
-	})
+	}
+	if cfg.Sinks != "" && !cfg.NoStream {
+		if err := a.openSinks(ctx, cfg.Sinks, log); err != nil {
+			return fail(err)
+		}
+		corrCfg.InBatchTx = a.fanout.WriteParked
+	}
+	a.correlator, err = correlator.New(pool, corrCfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -137,7 +166,11 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		if err := cdc.Preflight(ctx, pool, streamCfg); err != nil {
 			return fail(err)
 		}
-		a.stream, err = cdc.NewStream(streamCfg, withFailpoint(a.correlator))
+		var next cdc.Sink = withFailpoint(a.correlator)
+		if a.fanout != nil {
+			next = a.fanout.Sink(next)
+		}
+		a.stream, err = cdc.NewStream(streamCfg, next)
 		if err != nil {
 			return fail(err)
 		}
@@ -177,6 +210,13 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		return fail(err)
 	}
 	a.wg.Add(2)
+	if a.fanout != nil {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.fanout.Run(runCtx)
+		}()
+	}
 	go func() {
 		defer a.wg.Done()
 		a.monitor.Run(runCtx)
@@ -226,6 +266,7 @@ func (a *app) Stop(ctx context.Context) error {
 	}
 	a.http.Shutdown(ctx)
 	a.wg.Wait()
+	dial.Close(a.sinks)
 	a.pool.Close()
 	return errors.Join(errs...)
 }

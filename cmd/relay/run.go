@@ -50,6 +50,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.LeaseDuration, "lease", 30*time.Second, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", 5*time.Minute, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }

@@ -126,6 +126,8 @@ func (s *Server) routes() {
 	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
 	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
 	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	m.Handle("/v1/sinks", s.api(s.listSinks, http.MethodGet))
+	m.Handle("/v1/sinks/{name}/retry", s.api(s.retrySink, http.MethodPost))
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
 	}, ""))
