@@ -156,6 +156,9 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
+	if cfg.OutboxColumns == "" {
+		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
+	}
 	if r.stream != nil {
 		sources.Lag = func() (int64, float64) {
 			l := r.stream.Lag()

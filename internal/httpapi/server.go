@@ -42,6 +42,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// OutboxTable is the outbox table POST /v1/events writes to (a name
+	// outbox.ParseTableName accepts, with the default columns). Empty: that
+	// endpoint answers 501.
+	OutboxTable string
 	// Wake, when set, is called after a retry or a cancel was recorded, so
 	// that the step runners pick the instance up now instead of at their
 	// next poll (the correlator wakes them the same way).
@@ -168,6 +172,7 @@ func (s *Server) routes() {
 	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
 	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
 	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	m.Handle("/v1/events", s.api(s.postEvent, http.MethodPost))
 	m.Handle("/v1/sinks", s.api(s.listSinks, http.MethodGet))
 	m.Handle("/v1/sinks/{name}/retry", s.api(s.retrySink, http.MethodPost))
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
