@@ -26,9 +26,14 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/relaytest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	relaytest.Cleanup()
+	os.Exit(code)
+}
 
 var secret = "whsec_" + base64.StdEncoding.EncodeToString([]byte("fanout-test-secret-0123456789"))
 
