@@ -99,6 +99,19 @@ type bundle struct {
 }
 
 func setup(t *testing.T, timeout time.Duration) *bundle {
+	return setupWith(t, timeout, 0)
+}
+
+// checkoutRegistry has one saga started by every order.placed event, so a
+// test sees sagas keep starting while a sink is down.
+func checkoutRegistry() *saga.Registry {
+	reg := saga.NewRegistry()
+	reg.MustRegister(saga.Definition{Name: "placed", Version: 1, Triggers: []saga.Trigger{{EventType: "order.placed"}},
+		Steps: []saga.Step{{Name: "noop", Do: func(context.Context, *saga.StepTx) error { return nil }}}})
+	return reg
+}
+
+func setupWith(t *testing.T, timeout time.Duration, maxParked int) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
@@ -109,11 +122,11 @@ func setup(t *testing.T, timeout time.Duration) *bundle {
 	}
 	t.Cleanup(func() { wh.Close() })
 	f, err := sink.NewFanout(ctx, sink.FanoutConfig{Pool: db.Pool, DrainInterval: 100 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
-		Destinations: []sink.Destination{{Spec: sink.Spec{Name: "hook", Webhook: &sink.WebhookSpec{URL: ep.srv.URL}}, Sink: wh}}})
+		Destinations: []sink.Destination{{Spec: sink.Spec{Name: "hook", MaxParked: maxParked, Webhook: &sink.WebhookSpec{URL: ep.srv.URL}}, Sink: wh}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	corr, err := correlator.New(db.Pool, &correlator.Config{Registry: saga.NewRegistry(), DisableNotify: true, InBatchTx: f.WriteParked})
+	corr, err := correlator.New(db.Pool, &correlator.Config{Registry: checkoutRegistry(), DisableNotify: true, InBatchTx: f.WriteParked})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,6 +255,9 @@ func TestSinkDownParksSlotAdvancesThenDrainsInOrder(t *testing.T) {
 	if len(parked) == 0 {
 		t.Fatal("nothing parked while the endpoint answered 503")
 	}
+	if n := count(t, b.db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'placed'`); n != 40 {
+		t.Fatalf("%d sagas started while the sink was down, want 40: a failing sink must not stop sagas", n)
+	}
 	st, err := sink.List(context.Background(), b.db.Pool)
 	if err != nil || len(st) != 1 || st[0].Parked == 0 || st[0].OldestParkedSeconds == nil {
 		t.Fatalf("sink status %+v, %v", st, err)
@@ -330,4 +346,37 @@ func TestGoneDisablesUntilRetry(t *testing.T) {
 	waitFor(t, 30*time.Second, "the drain after retry", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
 	raw, _ := json.Marshal(b.ep.ids())
 	t.Logf("delivered after retry: %s", raw)
+}
+
+// TestMaxParkedIsBackpressure: at max_parked the stream waits instead of
+// parking more or dropping: the slot stops short of the unparked events,
+// and everything is delivered in order once the endpoint is back.
+func TestMaxParkedIsBackpressure(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, time.Second, 5)
+	b.ep.status.Store(503)
+	ids, lsn := write(t, b.db, 0, 20, 2)
+	// The stream merges queued transactions into one batch: a batch that
+	// would pass the cap waits whole, so fewer than 5 may be parked.
+	waitFor(t, 30*time.Second, "parked events", func() bool {
+		return count(t, b.db, `SELECT count(*) FROM relay_sink_parked`) >= 1
+	})
+	time.Sleep(2 * time.Second)
+	if n := count(t, b.db, `SELECT count(*) FROM relay_sink_parked`); n > 5 {
+		t.Fatalf("%d parked with max_parked 5", n)
+	}
+	if now := confirmedFlush(t, b.db); now >= lsn {
+		t.Fatalf("the slot passed every event (%s >= %s) while the sink was at max_parked", now, lsn)
+	}
+	b.ep.status.Store(0)
+	waitFor(t, 60*time.Second, "every event delivered", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
+	pos := firstSeen(b.ep.ids())
+	last := map[int]int{}
+	for i, id := range ids {
+		if prev, ok := last[i%2]; ok && pos[id] < prev {
+			t.Fatalf("aggregate o-%d out of order at event %d", i%2, i)
+		}
+		last[i%2] = pos[id]
+	}
+	waitFor(t, 30*time.Second, "the slot to pass every event", func() bool { return confirmedFlush(t, b.db) >= lsn })
 }
