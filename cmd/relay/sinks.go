@@ -27,6 +27,15 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := sink.LoadFile(args[0])
+			var ce *sink.ConfigError
+			if errors.As(err, &ce) {
+				// One problem per line (the editor-friendly form); the
+				// closing line is the one-line summary every error gets.
+				for _, p := range ce.Problems {
+					fmt.Fprintln(cmd.ErrOrStderr(), terminalSafe(p.String()))
+				}
+				return exitError{code: 2, msg: fmt.Sprintf("%s: %d problems; fix them and run relay sinks validate again", args[0], len(ce.Problems))}
+			}
 			if err != nil {
 				return exitError{code: 2, msg: err.Error()}
 			}
