@@ -63,7 +63,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				return json.NewEncoder(out).Encode(st)
+				return json.NewEncoder(out).Encode(map[string]any{"sinks": st})
 			}
 			if len(st) == 0 {
 				fmt.Fprintln(out, "no sinks (start the relay with --sinks FILE)")
