@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -138,5 +139,35 @@ func TestPostEventsRoundTrip(t *testing.T) {
 	st, err := sink.List(ctx, db.Pool)
 	if err != nil || len(st) != 1 || st[0].Name != "payments" || st[0].Delivered < 1 {
 		t.Fatalf("sinks: %+v %v", st, err)
+	}
+
+	// The same through the API, and the metrics.
+	call := func(method, path string) (int, string) {
+		req, _ := http.NewRequest(method, "http://"+r.Addr()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	var list struct{ Sinks []sink.Status }
+	code, body := call("GET", "/v1/sinks")
+	if json.Unmarshal([]byte(body), &list); code != 200 || len(list.Sinks) != 1 || list.Sinks[0].Name != "payments" || list.Sinks[0].State != sink.StateUp {
+		t.Fatalf("GET /v1/sinks: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/sinks/nope/retry"); code != 404 {
+		t.Fatalf("retry of an unknown sink: %d %s", code, body)
+	}
+	if code, body := call("POST", "/v1/sinks/payments/retry"); code != 200 {
+		t.Fatalf("retry: %d %s", code, body)
+	}
+	_, metrics := call("GET", "/metrics")
+	for _, want := range []string{`compensa_sink_delivered_total{sink="payments"}`, `compensa_sink_parked{sink="payments"} 0`, `compensa_sink_delivery_seconds_count{sink="payments"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
