@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -154,6 +156,9 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
 		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		// A retry or cancel through the API wakes the runners, as the
+		// correlator does after a start.
+		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
 	if cfg.OutboxColumns == "" {
@@ -230,6 +235,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	r.cfg.Logger.Info("relay started", "slot", r.cfg.Slot, "stream", !r.cfg.NoStream,
 		"workers", r.cfg.Workers, "http", r.Addr())
+	r.logSagas()
 	return nil
 }
 
@@ -377,5 +383,31 @@ func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
 			Slot: r.Slot, Exists: true, Active: r.Active, WALStatus: r.WALStatus, LagBytes: r.LagBytes,
 			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
 		}, nil
+	}
+}
+
+// logSagas says at start which sagas this relay runs and which events start
+// them: an event that starts none is ignored by design (most outbox events
+// are not triggers), and this line is where an operator checks why.
+func (r *Relay) logSagas() {
+	defs := r.cfg.Registry.Definitions()
+	if len(defs) == 0 {
+		r.cfg.Logger.Warn("no sagas registered: every streamed event is ignored (compensa_events_total{outcome=\"ignored\"}) except replies to waiting steps")
+		return
+	}
+	for _, d := range defs {
+		var triggers []string
+		for _, t := range d.Triggers {
+			s := t.EventType
+			if t.AggregateType != "" {
+				s += " (aggregate " + t.AggregateType + ")"
+			}
+			if t.TenantID != uuid.Nil {
+				s += " (tenant " + t.TenantID.String() + ")"
+			}
+			triggers = append(triggers, s)
+		}
+		r.cfg.Logger.Info("saga registered", "saga", d.Key().String(), "steps", len(d.Steps),
+			"triggers", strings.Join(triggers, ", "))
 	}
 }
