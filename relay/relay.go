@@ -22,6 +22,8 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/dial"
 )
 
 // Relay is an assembled relay: the replication stream (unless NoStream), the
@@ -37,6 +39,8 @@ type Relay struct {
 	runner     *saga.Runner
 	correlator *correlator.Correlator
 	stream     *cdc.Stream
+	fanout     *sink.Fanout
+	sinks      []sink.Destination
 	metrics    *httpapi.Metrics
 	monitor    *httpapi.Server
 
@@ -106,10 +110,17 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	if err != nil {
 		return err
 	}
-	r.correlator, err = correlator.New(r.pool, &correlator.Config{
+	corrCfg := &correlator.Config{
 		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
 		OnStarted: r.metrics.SagasStarted,
-	})
+	}
+	if cfg.Sinks != "" && !cfg.NoStream {
+		if err := r.openSinks(ctx); err != nil {
+			return err
+		}
+		corrCfg.InBatchTx = r.fanout.WriteParked
+	}
+	r.correlator, err = correlator.New(r.pool, corrCfg)
 	if err != nil {
 		return err
 	}
@@ -126,7 +137,13 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		if err := cdc.Preflight(ctx, r.pool, streamCfg); err != nil {
 			return err
 		}
-		if r.stream, err = cdc.NewStream(streamCfg, failpoint.Wrap(r.correlator)); err != nil {
+		next := failpoint.Wrap(r.correlator)
+		if r.fanout != nil {
+			// Deliveries first; parked rows commit in the correlator's
+			// transaction, with the checkpoint.
+			next = r.fanout.Sink(next)
+		}
+		if r.stream, err = cdc.NewStream(streamCfg, next); err != nil {
 			return err
 		}
 	}
@@ -148,6 +165,9 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		// correlator does after a start.
 		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
+	}
+	if cfg.OutboxColumns == "" {
+		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
 	}
 	if r.stream != nil {
 		sources.Lag = func() (int64, float64) {
@@ -205,6 +225,13 @@ func (r *Relay) Start(ctx context.Context) error {
 			}
 		}()
 	}
+	if r.fanout != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.fanout.Run(runCtx)
+		}()
+	}
 	if r.stream != nil {
 		go func() {
 			r.streamErr = r.stream.Run(runCtx)
@@ -226,6 +253,8 @@ func (r *Relay) failStart() {
 }
 
 func (r *Relay) closePools() {
+	dial.Close(r.sinks)
+	r.sinks = nil
 	r.monPool.Close()
 	r.pool.Close()
 }
@@ -328,6 +357,21 @@ func (r *Relay) Stop(ctx context.Context) error {
 	r.wg.Wait()
 	r.closePools()
 	return errors.Join(errs...)
+}
+
+// openSinks loads the sinks file, connects every sink and builds the
+// fan-out in front of the correlator.
+func (r *Relay) openSinks(ctx context.Context) error {
+	cfg, err := sink.LoadFile(r.cfg.Sinks)
+	if err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	if r.sinks, err = dial.Open(cfg, nil); err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
+		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})
+	return err
 }
 
 // replicationFunc reports the slot for /v1/replication and /readyz.
