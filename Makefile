@@ -52,3 +52,11 @@ deploy-check:
 .PHONY: overview-bench
 overview-bench: postgres
 	$(GO) test -tags overviewscale -count=1 -v -timeout 60m -run '^TestOverviewAtScale$$' ./saga/admin -args -rows $(or $(ROWS),10000000)
+
+# `make test-sinks` is the sink fault suite of issue 15 (a few minutes): 5 kill -9
+# of the relay under load, nats-server (its own process) killed for 10 s, the
+# webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook.
+# `make test` runs its short mode (2 kills, 3 s outages) with the other packages.
+.PHONY: test-sinks
+test-sinks: postgres
+	$(GO) test -race -count=1 -v -timeout 30m -run '^TestSinkFaults$$' ./test/sinks -args -sinks.full

@@ -40,6 +40,12 @@ type Config struct {
 	// OnStarted is told, after each commit, how many instances of each saga
 	// the batch started (for per-saga metrics). Optional.
 	OnStarted func(saga string, n int)
+	// InBatchTx, when set, is called inside each fresh batch's transaction
+	// (after the checkpoint moved, before the commit; not for a replayed
+	// batch), so that other owners' rows (the sinks' parked deliveries)
+	// commit with the checkpoint or not at all. ctx is the one HandleBatch
+	// received. An error rolls the batch back and stops the stream.
+	InBatchTx func(ctx context.Context, tx pgx.Tx, b cdc.Batch) error
 	Logger    *slog.Logger
 }
 
@@ -222,6 +228,11 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 	if !p.empty() {
 		if err := c.applyEffects(ctx, tx, b, p, &out); err != nil {
 			return out, err
+		}
+	}
+	if c.cfg.InBatchTx != nil {
+		if err := c.cfg.InBatchTx(ctx, tx, b); err != nil {
+			return out, fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

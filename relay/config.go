@@ -93,6 +93,11 @@ type Config struct {
 	// open connections); zero fields mean httpapi's defaults.
 	HTTPServer httpapi.ServerConfig
 
+	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
+	// relay also delivers outbox events to those NATS, Kafka and webhook
+	// destinations. Empty: no sinks. Ignored with NoStream.
+	Sinks string
+
 	// Logger receives the relay's structured logs (default: discarded).
 	Logger *slog.Logger
 	// MetricsRegistry receives the relay's Prometheus metrics and is what

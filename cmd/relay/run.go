@@ -70,6 +70,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
+	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }

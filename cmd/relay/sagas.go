@@ -160,6 +160,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			if strings.TrimSpace(retryReason) == "" {
 				return fmt.Errorf("--reason is required: say why you retry (it is journaled with your name)")
 			}
+			if err := plainReason(retryReason); err != nil {
+				return err
+			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
 				res, err := a.Retry(cmd.Context(), id, retryReason, cliActor())
 				if err != nil {
@@ -188,6 +191,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			}
 			id, err := parseInstanceID(args[0])
 			if err != nil {
+				return err
+			}
+			if err := plainReason(cancelReason); err != nil {
 				return err
 			}
 			return withAdmin(cmd, func(a *admin.Admin) error {

@@ -45,6 +45,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// OutboxTable is the outbox table POST /v1/events writes to (a name
+	// outbox.ParseTableName accepts, with the default columns). Empty: that
+	// endpoint answers 501.
+	OutboxTable string
 	// Wake, when set, is called after a retry or a cancel was recorded, so
 	// that the step runners pick the instance up now instead of at their
 	// next poll (the correlator wakes them the same way).
@@ -183,6 +187,9 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodGet, "/v1/overview", s.overview},
 		{http.MethodGet, "/v1/search", s.search},
 		{http.MethodGet, "/v1/openapi.json", s.openAPI},
+		{http.MethodPost, "/v1/events", s.postEvent},
+		{http.MethodGet, "/v1/sinks", s.listSinks},
+		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
 	}
 }
 
