@@ -65,7 +65,7 @@ func setupScoped(t *testing.T) *scoped {
 	if s.metrics, err = httpapi.NewMetrics(nil); err != nil {
 		t.Fatal(err)
 	}
-	if s.srv, err = httpapi.New(httpapi.Config{Pool: s.db.Pool, Registry: s.reg, Journal: j, Tokens: tokens, Metrics: s.metrics}); err != nil {
+	if s.srv, err = httpapi.New(httpapi.Config{Pool: s.db.Pool, Registry: s.reg, Journal: j, Tokens: tokens, Metrics: s.metrics, OutboxTable: "outbox"}); err != nil {
 		t.Fatal(err)
 	}
 	s.ts = httptest.NewServer(s.srv)
@@ -296,6 +296,31 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("replication: %d", r.status)
 			}
 		},
+		"POST /v1/events": func(t *testing.T) {
+			// A tenant-scoped token writes its own tenant's events only.
+			if r := s.call(t, acmeToken, "POST", "/v1/events", `{"event_type": "x.happened", "tenant_id": "`+tenantB.String()+`", "payload": {}}`); r.status != http.StatusForbidden {
+				t.Errorf("event for tenant B: %d %s, want 403", r.status, r.body)
+			}
+			id := uuid.NewString()
+			r := s.call(t, acmeToken, "POST", "/v1/events", `{"id": "`+id+`", "event_type": "x.happened", "payload": {}}`)
+			if r.status != http.StatusCreated {
+				t.Fatalf("event as tenant A: %d %s", r.status, r.body)
+			}
+			var tenant string
+			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id::text FROM outbox WHERE id = $1`, id).Scan(&tenant); err != nil || tenant != tenantA.String() {
+				t.Errorf("the event was written for tenant %q (%v), want A", tenant, err)
+			}
+		},
+		"GET /v1/sinks": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "GET", "/v1/sinks", ""); r.status != http.StatusForbidden {
+				t.Errorf("sinks as tenant A: %d, want 403 (a sink carries every tenant's events)", r.status)
+			}
+		},
+		"POST /v1/sinks/{name}/retry": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/kafka/retry", ""); r.status != http.StatusForbidden {
+				t.Errorf("sink retry as tenant A: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -352,16 +377,19 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 
 	a := s.a.failed.String()
 	requests := map[string][][2]string{ // route → (path, body) pairs to send
-		"GET /v1/sagas":              {{"/v1/sagas", ""}, {"/v1/sagas?stuck=true&limit=1", ""}, {"/v1/sagas?status=nope", ""}},
-		"GET /v1/sagas/{id}":         {{"/v1/sagas/" + a, ""}, {"/v1/sagas/" + uuid.NewString(), ""}, {"/v1/sagas/x", ""}},
-		"POST /v1/sagas/retry":       {{"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r"}`}, {"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r", "dry_run": false, "limit": 1}`}, {"/v1/sagas/retry", `{"reason": ""}`}},
-		"POST /v1/sagas/cancel":      {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
-		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
-		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
-		"GET /v1/replication":        {{"/v1/replication", ""}},
-		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
-		"GET /v1/search":             {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
-		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
+		"GET /v1/sagas":               {{"/v1/sagas", ""}, {"/v1/sagas?stuck=true&limit=1", ""}, {"/v1/sagas?status=nope", ""}},
+		"GET /v1/sagas/{id}":          {{"/v1/sagas/" + a, ""}, {"/v1/sagas/" + uuid.NewString(), ""}, {"/v1/sagas/x", ""}},
+		"POST /v1/sagas/retry":        {{"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r"}`}, {"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r", "dry_run": false, "limit": 1}`}, {"/v1/sagas/retry", `{"reason": ""}`}},
+		"POST /v1/sagas/cancel":       {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
+		"POST /v1/sagas/{id}/retry":   {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
+		"POST /v1/sagas/{id}/cancel":  {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
+		"GET /v1/replication":         {{"/v1/replication", ""}},
+		"GET /v1/overview":            {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
+		"GET /v1/search":              {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
+		"GET /v1/openapi.json":        {{"/v1/openapi.json", ""}},
+		"POST /v1/events":             {{"/v1/events", `{"event_type": "x.happened", "payload": {"n": 1}}`}, {"/v1/events", `{"payload": {}}`}},
+		"GET /v1/sinks":               {{"/v1/sinks", ""}},
+		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
 	}
 	for _, rt := range s.srv.Routes() {
 		reqs, ok := requests[rt.Method+" "+rt.Path]
@@ -374,7 +402,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 			s.conforms(t, rt, r)
 		}
 		// Unauthenticated: 401, described too.
-		r := s.do(t, rt.Method, strings.ReplaceAll(rt.Path, "{id}", a), "")
+		r := s.do(t, rt.Method, strings.NewReplacer("{id}", a, "{name}", "x").Replace(rt.Path), "")
 		if r.status != http.StatusUnauthorized {
 			t.Errorf("%s %s without a token: %d", rt.Method, rt.Path, r.status)
 		}
