@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -161,24 +162,45 @@ func (a *Admin) Overview(ctx context.Context) (Overview, error) {
 		return Overview{}, fmt.Errorf("admin: overview durations: %w", err)
 	}
 
-	rows, err = tx.Query(ctx, sqlOverviewErrors, a.scope, MaxErrorRows, TopErrorGroups)
+	rows, err = tx.Query(ctx, sqlOverviewErrors, a.scope, MaxErrorRows)
 	if err != nil {
 		return Overview{}, fmt.Errorf("admin: overview errors: %w", err)
 	}
+	groups := map[ErrorGroup]int64{}
+	read := 0
 	err = forEach(rows, func(r pgx.Rows) error {
 		var g ErrorGroup
-		var read int64
-		if err := r.Scan(&g.Saga, &g.Version, &g.Step, &g.Message, &g.Count, &read); err != nil {
+		var msg string
+		if err := r.Scan(&g.Saga, &g.Version, &g.Step, &msg); err != nil {
 			return err
 		}
-		o.ErrorsSampled = read >= MaxErrorRows
-		g.StepName = a.stepName(g.Saga, g.Version, g.Step)
-		g.Link = errorLink(g)
-		o.TopErrors = append(o.TopErrors, g)
+		read++
+		g.Message = NormaliseError(msg)
+		groups[g]++
 		return nil
 	})
 	if err != nil {
 		return Overview{}, fmt.Errorf("admin: overview errors: %w", err)
+	}
+	o.ErrorsSampled = read >= MaxErrorRows
+	for g, n := range groups {
+		g.Count = n
+		o.TopErrors = append(o.TopErrors, g)
+	}
+	sort.Slice(o.TopErrors, func(i, j int) bool {
+		x, y := o.TopErrors[i], o.TopErrors[j]
+		if x.Count != y.Count {
+			return x.Count > y.Count
+		}
+		return fmt.Sprint(x.Saga, x.Version, x.Step, x.Message) < fmt.Sprint(y.Saga, y.Version, y.Step, y.Message)
+	})
+	if len(o.TopErrors) > TopErrorGroups {
+		o.TopErrors = o.TopErrors[:TopErrorGroups]
+	}
+	for i := range o.TopErrors {
+		g := &o.TopErrors[i]
+		g.StepName = a.stepName(g.Saga, g.Version, g.Step)
+		g.Link = errorLink(*g)
 	}
 	if o.Sagas == nil {
 		o.Sagas = []SagaCounts{}
@@ -224,6 +246,51 @@ func (a *Admin) CompactCounts(ctx context.Context) (int64, error) {
 }
 
 var masked = regexp.MustCompile(`<id>|<n>`)
+
+// NormaliseError masks what differs between instances failing the same
+// way: UUIDs become <id>, runs of digits <n>.
+func NormaliseError(msg string) string {
+	var b strings.Builder
+	b.Grow(len(msg))
+	for i := 0; i < len(msg); {
+		if isUUIDAt(msg, i) {
+			b.WriteString("<id>")
+			i += 36
+			continue
+		}
+		if c := msg[i]; c >= '0' && c <= '9' {
+			for i < len(msg) && msg[i] >= '0' && msg[i] <= '9' {
+				i++
+			}
+			b.WriteString("<n>")
+			continue
+		}
+		b.WriteByte(msg[i])
+		i++
+	}
+	return b.String()
+}
+
+// isUUIDAt reports whether a UUID (8-4-4-4-12 hex digits) starts at s[i].
+func isUUIDAt(s string, i int) bool {
+	if len(s)-i < 36 {
+		return false
+	}
+	for j := 0; j < 36; j++ {
+		c := s[i+j]
+		switch j {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // errorLink is the page's list of an error group's instances. The filter
 // keeps the message's longest literal part: the masked parts differ from

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,28 @@ FROM generate_series(1, %d) g,
 	t.Logf("generated %d instances in %s", *scaleRows, time.Since(began).Round(time.Second))
 
 	adm := b.adm
+	// Each statement's plan and time, so that a slow overview says which
+	// part is slow.
+	for name, q := range admin.OverviewStatements {
+		args := []any{nil}
+		if name == "errors" {
+			args = append(args, admin.MaxErrorRows)
+		}
+		rows, err := b.db.Pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS OFF, TIMING OFF) "+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		rows.Close()
+		t.Logf("%s:\n%s", name, strings.Join(plan, "\n"))
+	}
 	// The first call folds the insert's count delta into the totals.
 	if _, err := adm.Overview(ctx); err != nil {
 		t.Fatal(err)
