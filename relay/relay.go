@@ -137,6 +137,12 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			if r.fanout != nil {
+				// A new stream session: another replica may have parked.
+				if err := r.fanout.Resync(ctx); err != nil {
+					return 0, false, err
+				}
+			}
 			return r.correlator.LoadCheckpoint(ctx, cfg.Slot)
 		},
 		Logger: log.With("component", "cdc"),
