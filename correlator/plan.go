@@ -30,6 +30,9 @@ type plan struct {
 	startCorr      []*[16]byte
 	startContext   []string
 	startDeadline  []int64 // microseconds; 0 = no deadline
+	// startAggregate is the trigger's aggregate id (nil when it has none),
+	// kept on the instance so that an operator can find it by that id.
+	startAggregate []*string
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -99,8 +102,13 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
+	var agg *string
+	if ev.AggregateID != "" {
+		agg = &ev.AggregateID
+	}
 	p.outStarted++
 	for _, d := range defs {
+		p.startAggregate = append(p.startAggregate, agg)
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
 		p.startSaga = append(p.startSaga, d.Name)

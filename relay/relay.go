@@ -167,9 +167,14 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	}
 	// The monitor reads through its own pool; retry and cancel go through
 	// the journal, fenced like the runner's writes.
+	tokens, err := cfg.loadTokens()
+	if err != nil {
+		return err
+	}
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
-		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		APIToken: cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
+		Metrics: r.metrics, Logger: log.With("component", "http"),
 		// A retry or cancel through the API wakes the runners, as the
 		// correlator does after a start.
 		Wake:         r.runner.Wake,

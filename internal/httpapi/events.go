@@ -66,6 +66,20 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 			*dst = *src
 		}
 	}
+	// A tenant-scoped token writes events of its tenant only: the event's
+	// tenant is the token's, and naming another is refused.
+	if c := callerOf(r); c.Tenant.Valid {
+		if msg.TenantID != uuid.Nil && msg.TenantID != c.Tenant.UUID {
+			writeError(w, http.StatusForbidden, "token "+c.Name+" is scoped to tenant "+c.Tenant.UUID.String()+": it cannot write another tenant's events")
+			return
+		}
+		msg.TenantID = c.Tenant.UUID
+	}
+	idGiven := msg.ID != uuid.Nil
+	if !idGiven {
+		// Chosen here, not by outbox.Write, so that the answer can name it.
+		msg.ID = uuid.New()
+	}
 	table, err := outbox.ParseTableName(s.cfg.OutboxTable)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "the relay's outbox table name is invalid")
@@ -74,7 +88,7 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 	ctx := r.Context()
 	created := true
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if msg.ID != uuid.Nil {
+		if idGiven {
 			var exists bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table.Quoted()+` WHERE id = $1)`, msg.ID).Scan(&exists); err != nil {
 				return err

@@ -11,6 +11,9 @@ import (
 // listSinks is GET /v1/sinks: each sink's state, delivered and parked
 // counts and the age of its oldest parked event (the same as `relay sinks list`).
 func (s *Server) listSinks(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	if !s.allTenants(w, r) {
+		return
+	}
 	st, err := sink.List(r.Context(), s.cfg.Pool)
 	if err != nil {
 		s.log.Warn("list sinks", "err", err)
@@ -23,6 +26,9 @@ func (s *Server) listSinks(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 // retrySink is POST /v1/sinks/{name}/retry: re-drive the parked events now
 // (the same as `relay sinks retry NAME`).
 func (s *Server) retrySink(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	if !s.allTenants(w, r) {
+		return
+	}
 	name := r.PathValue("name")
 	n, err := sink.RequestRetry(r.Context(), s.cfg.Pool, name)
 	switch {
@@ -34,4 +40,14 @@ func (s *Server) retrySink(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 	default:
 		writeJSON(w, http.StatusOK, map[string]any{"sink": name, "parked": n})
 	}
+}
+
+// allTenants refuses a tenant-scoped token: a sink carries every tenant's
+// events, so its counts and its retry belong to operators of all tenants.
+func (s *Server) allTenants(w http.ResponseWriter, r *http.Request) bool {
+	if c := callerOf(r); c.Tenant.Valid {
+		writeError(w, http.StatusForbidden, "token "+c.Name+" is scoped to one tenant; sinks carry every tenant's events: use a token with tenant \"*\"")
+		return false
+	}
+	return true
 }
