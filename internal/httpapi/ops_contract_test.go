@@ -297,28 +297,38 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 			}
 		},
 		"POST /v1/events": func(t *testing.T) {
-			// A tenant-scoped token writes its own tenant's events only.
-			if r := s.call(t, acmeToken, "POST", "/v1/events", `{"event_type": "x.happened", "tenant_id": "`+tenantB.String()+`", "payload": {}}`); r.status != http.StatusForbidden {
-				t.Errorf("event for tenant B: %d %s, want 403", r.status, r.body)
+			// An event naming tenant B is refused; one naming no tenant is
+			// written under the token's tenant A.
+			body := `{"event_type": "isolation.probe", "tenant_id": "` + tenantB.String() + `", "payload": {}}`
+			if r := s.call(t, acmeToken, "POST", "/v1/events", body); r.status != http.StatusForbidden {
+				t.Errorf("post an event of tenant B: %d %s, want 403", r.status, r.body)
 			}
-			id := uuid.NewString()
-			r := s.call(t, acmeToken, "POST", "/v1/events", `{"id": "`+id+`", "event_type": "x.happened", "payload": {}}`)
-			if r.status != http.StatusCreated {
-				t.Fatalf("event as tenant A: %d %s", r.status, r.body)
+			r := s.call(t, acmeToken, "POST", "/v1/events", `{"event_type": "isolation.probe", "payload": {}}`)
+			var res struct {
+				ID string `json:"id"`
 			}
-			var tenant string
-			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id::text FROM outbox WHERE id = $1`, id).Scan(&tenant); err != nil || tenant != tenantA.String() {
-				t.Errorf("the event was written for tenant %q (%v), want A", tenant, err)
+			if r.status != http.StatusCreated || json.Unmarshal(r.body, &res) != nil {
+				t.Fatalf("post an event without a tenant: %d %s", r.status, r.body)
+			}
+			var tenant uuid.UUID
+			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id FROM outbox WHERE id = $1`, res.ID).Scan(&tenant); err != nil || tenant != tenantA {
+				t.Errorf("the posted event's tenant is %s (%v), want the token's %s", tenant, err, tenantA)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/events", `{"event_type": "isolation.probe"}`); r.status != http.StatusForbidden {
+				t.Errorf("post by a read token: %d, want 403", r.status)
 			}
 		},
 		"GET /v1/sinks": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/sinks", ""); r.status != http.StatusForbidden {
-				t.Errorf("sinks as tenant A: %d, want 403 (a sink carries every tenant's events)", r.status)
+				t.Errorf("sinks as a tenant-scoped token: %d, want 403 (a sink carries every tenant's events)", r.status)
+			}
+			if r := s.call(t, opsToken, "GET", "/v1/sinks", ""); r.status != http.StatusOK {
+				t.Errorf("sinks as the * token: %d", r.status)
 			}
 		},
 		"POST /v1/sinks/{name}/retry": func(t *testing.T) {
-			if r := s.call(t, acmeToken, "POST", "/v1/sinks/kafka/retry", ""); r.status != http.StatusForbidden {
-				t.Errorf("sink retry as tenant A: %d, want 403", r.status)
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/any/retry", ""); r.status != http.StatusForbidden {
+				t.Errorf("sink retry as a tenant-scoped token: %d, want 403", r.status)
 			}
 		},
 		"GET /v1/openapi.json": func(t *testing.T) {
@@ -377,17 +387,18 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 
 	a := s.a.failed.String()
 	requests := map[string][][2]string{ // route → (path, body) pairs to send
-		"GET /v1/sagas":               {{"/v1/sagas", ""}, {"/v1/sagas?stuck=true&limit=1", ""}, {"/v1/sagas?status=nope", ""}},
-		"GET /v1/sagas/{id}":          {{"/v1/sagas/" + a, ""}, {"/v1/sagas/" + uuid.NewString(), ""}, {"/v1/sagas/x", ""}},
-		"POST /v1/sagas/retry":        {{"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r"}`}, {"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r", "dry_run": false, "limit": 1}`}, {"/v1/sagas/retry", `{"reason": ""}`}},
-		"POST /v1/sagas/cancel":       {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
-		"POST /v1/sagas/{id}/retry":   {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
-		"POST /v1/sagas/{id}/cancel":  {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
-		"GET /v1/replication":         {{"/v1/replication", ""}},
-		"GET /v1/overview":            {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
-		"GET /v1/search":              {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
-		"GET /v1/openapi.json":        {{"/v1/openapi.json", ""}},
-		"POST /v1/events":             {{"/v1/events", `{"event_type": "x.happened", "payload": {"n": 1}}`}, {"/v1/events", `{"payload": {}}`}},
+		"GET /v1/sagas":              {{"/v1/sagas", ""}, {"/v1/sagas?stuck=true&limit=1", ""}, {"/v1/sagas?status=nope", ""}},
+		"GET /v1/sagas/{id}":         {{"/v1/sagas/" + a, ""}, {"/v1/sagas/" + uuid.NewString(), ""}, {"/v1/sagas/x", ""}},
+		"POST /v1/sagas/retry":       {{"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r"}`}, {"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r", "dry_run": false, "limit": 1}`}, {"/v1/sagas/retry", `{"reason": ""}`}},
+		"POST /v1/sagas/cancel":      {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
+		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
+		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
+		"GET /v1/replication":        {{"/v1/replication", ""}},
+		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
+		"GET /v1/search":             {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
+		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
+		"POST /v1/events": {{"/v1/events", `{"event_type": "openapi.probe", "payload": {"n": 1}}`},
+			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
 		"GET /v1/sinks":               {{"/v1/sinks", ""}},
 		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
 	}
@@ -402,7 +413,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 			s.conforms(t, rt, r)
 		}
 		// Unauthenticated: 401, described too.
-		r := s.do(t, rt.Method, strings.NewReplacer("{id}", a, "{name}", "x").Replace(rt.Path), "")
+		r := s.do(t, rt.Method, strings.ReplaceAll(rt.Path, "{id}", a), "")
 		if r.status != http.StatusUnauthorized {
 			t.Errorf("%s %s without a token: %d", rt.Method, rt.Path, r.status)
 		}
