@@ -139,11 +139,11 @@ func leafStrict(c *cobra.Command) {
 	}
 	c.Args = func(c *cobra.Command, args []string) error {
 		if err := check(c, args); err != nil {
-			n := acceptedArgs(c, check)
+			least, most := acceptedArgs(c, check)
 			switch {
-			case n >= 0 && len(args) > n:
-				return usageError("unexpected argument %q for %q; usage: %s", args[n], c.CommandPath(), c.UseLine())
-			case n >= 0:
+			case most >= 0 && len(args) > most:
+				return usageError("unexpected argument %q for %q; usage: %s", args[most], c.CommandPath(), c.UseLine())
+			case least >= 0 && len(args) < least:
 				return usageError("%q is missing an argument; usage: %s", c.CommandPath(), c.UseLine())
 			}
 			return usageError("%s; usage: %s", err, c.UseLine())
@@ -152,19 +152,23 @@ func leafStrict(c *cobra.Command) {
 	}
 }
 
-// acceptedArgs finds how many positional arguments check accepts (-1: none
-// of 0..4, or a range).
-func acceptedArgs(c *cobra.Command, check cobra.PositionalArgs) int {
-	found := -1
+// acceptedArgs finds the fewest and the most positional arguments check
+// accepts among 0..4 (-1 when it accepts none of them; most is -1 when it
+// also accepts 4, as for any number).
+func acceptedArgs(c *cobra.Command, check cobra.PositionalArgs) (least, most int) {
+	least, most = -1, -1
 	for n := 0; n <= 4; n++ {
 		if check(c, make([]string, n)) == nil {
-			if found >= 0 {
-				return -1
+			if least < 0 {
+				least = n
 			}
-			found = n
+			most = n
 		}
 	}
-	return found
+	if most == 4 {
+		most = -1
+	}
+	return least, most
 }
 
 func findSubcommand(c *cobra.Command, name string) *cobra.Command {
