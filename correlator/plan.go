@@ -76,12 +76,24 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	// Validate against every saga first so that a poison trigger starts none
 	// of them: parking is all or nothing per event.
-	for _, d := range defs {
+	var states []string // per definition, when one builds its own start state
+	for i, d := range defs {
 		if d.DecodeState != nil {
 			if err := d.DecodeState(ev.Payload); err != nil {
 				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
 				return
 			}
+		}
+		if d.StartState != nil {
+			st, err := d.StartState(*ev)
+			if err != nil {
+				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
+				return
+			}
+			if states == nil {
+				states = make([]string, len(defs))
+			}
+			states[i] = string(st)
 		}
 	}
 	var ws *[16]byte
@@ -94,14 +106,18 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
-	for _, d := range defs {
+	for i, d := range defs {
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
 		p.startSaga = append(p.startSaga, d.Name)
 		p.startVersion = append(p.startVersion, int32(d.Version))
 		p.startTrigger = append(p.startTrigger, ev.ID)
 		p.startCorr = append(p.startCorr, corr)
-		p.startContext = append(p.startContext, string(ev.Payload))
+		if states != nil && d.StartState != nil {
+			p.startContext = append(p.startContext, states[i])
+		} else {
+			p.startContext = append(p.startContext, string(ev.Payload))
+		}
 		p.startDeadline = append(p.startDeadline, d.Deadline.Microseconds())
 	}
 }

@@ -31,13 +31,16 @@ const (
 	FailureTimeout      = "timeout"
 	FailureReplyTimeout = "reply_timeout"
 	FailureReplyError   = "reply_error"
+	// FailureMayHaveActed: Do said so (MayHaveActed), e.g. a call out
+	// that got a 5xx or no answer.
+	FailureMayHaveActed = "may_have_acted"
 )
 
 // mayHaveActed reports whether a step_failed reason marks a step that may
 // have acted.
 func mayHaveActed(reason string) bool {
 	switch reason {
-	case FailureTimeout, FailureReplyTimeout, FailureReplyError:
+	case FailureTimeout, FailureReplyTimeout, FailureReplyError, FailureMayHaveActed:
 		return true
 	}
 	return false
@@ -402,6 +405,9 @@ func (w *work) afterFailedAttempt(ctx context.Context, step Step, attempt int, e
 		reason = FailureTimeout
 		err = fmt.Errorf("%w after %s: %w", errStepTimeout, step.Timeout, err)
 	}
+	if reason == "" && errors.Is(err, ErrMayHaveActed) {
+		reason = FailureMayHaveActed
+	}
 	return w.fail(ctx, step, attempt, err, reason, took)
 }
 
@@ -623,7 +629,11 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	msg := err.Error()
 	ev := Event{Kind: EventStepFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg, Reason: reason}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
-		ev.RetryIn = w.capToDeadline(pol.Delay(attempt))
+		ev.RetryIn = pol.Delay(attempt)
+		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+			ev.RetryIn = d // the service asked for at least this much
+		}
+		ev.RetryIn = w.capToDeadline(ev.RetryIn)
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err
@@ -872,6 +882,9 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	ev := Event{Kind: EventCompensationFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
+		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+			ev.RetryIn = d
+		}
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err
