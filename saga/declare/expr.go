@@ -398,10 +398,7 @@ func compileTemplate(n *yaml.Node, file string, sc *scope, r *report) *template 
 	if n == nil {
 		return nil
 	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	t := &template{at: nodeAt(n)}
+	t := &template{at: nodeAt(n)} // an alias is refused by the conversion
 	switch n.Kind {
 	case yaml.MappingNode:
 		t.isMap = true

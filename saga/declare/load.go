@@ -260,11 +260,7 @@ func (m mapping) get(key string) *yaml.Node {
 	}
 	for i := 0; i+1 < len(m.n.Content); i += 2 {
 		if m.n.Content[i].Value == key {
-			v := m.n.Content[i+1]
-			if v.Kind == yaml.AliasNode && v.Alias != nil {
-				v = v.Alias
-			}
-			return v
+			return m.n.Content[i+1]
 		}
 	}
 	return nil

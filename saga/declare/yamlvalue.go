@@ -31,12 +31,14 @@ func pointerJoin(ptr, token string) string {
 }
 
 func (d *docValue) convert(n *yaml.Node, ptr string, r *report, depth int) any {
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		// Aliases are expanded once; a cycle or a billion-laughs document
-		// stops at the depth limit below.
-		n = n.Alias
-	}
 	d.values[ptr] = n
+	if n.Kind == yaml.AliasNode {
+		// Refused rather than expanded: a hand-written definition does not
+		// need them, and expanding them lets a small file grow without
+		// bound (a "billion laughs" document).
+		r.add(nodeAt(n), "aliases (*name) are not supported; write the value out")
+		return nil
+	}
 	if depth > 64 {
 		r.add(nodeAt(n), "the document nests deeper than 64 levels; flatten it")
 		return nil
