@@ -19,6 +19,7 @@ import (
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
 )
 
@@ -40,7 +41,10 @@ type appConfig struct {
 	LeaseDuration     time.Duration
 	StuckAfter        time.Duration
 	APIToken          string
-	Logger            *slog.Logger
+	// SagasDir holds declared saga definitions (*.yaml), loaded and
+	// pinned before anything starts; empty runs only the built-in sagas.
+	SagasDir string
+	Logger   *slog.Logger
 }
 
 // app is a running relay: the stream (unless NoStream), the correlator, the
@@ -102,6 +106,15 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 	fail := func(err error) (*app, error) {
 		pool.Close()
 		return nil, err
+	}
+	if cfg.SagasDir != "" {
+		loaded, err := declare.Install(ctx, pool, a.registry, cfg.SagasDir, &declare.Runtime{Logger: log.With("component", "declared")})
+		if err != nil {
+			return fail(err)
+		}
+		for _, s := range loaded {
+			log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+		}
 	}
 	a.journal, err = pgjournal.New(pool, nil)
 	if err != nil {

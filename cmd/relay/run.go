@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/saga/declare"
 )
 
 func init() { registerCommand(newRunCmd) }
@@ -50,6 +52,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.LeaseDuration, "lease", 30*time.Second, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", 5*time.Minute, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringVar(&cfg.SagasDir, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts (env RELAY_SAGAS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }
@@ -59,6 +62,12 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) error {
 	a, err := startApp(ctx, cfg)
 	if err != nil {
+		var ps declare.Problems
+		if errors.As(err, &ps) {
+			// One problem per line, every one of them: the SRE fixes them all
+			// in one go.
+			return problemsExit(os.Stderr, ps)
+		}
 		return exitError{code: 2, msg: err.Error()}
 	}
 	var streamErr error

@@ -562,4 +562,3 @@ func retryAfter(v string) (time.Duration, bool) {
 	}
 	return 0, false
 }
-

@@ -1,0 +1,3 @@
+package main
+import "github.com/spf13/cobra"
+func newSagasTestCmd() *cobra.Command { return &cobra.Command{Use: "test"} }
