@@ -1,3 +1,5 @@
 package main
+
 import "github.com/spf13/cobra"
+
 func newSagasTestCmd() *cobra.Command { return &cobra.Command{Use: "test"} }
