@@ -38,3 +38,9 @@ bench: postgres build
 .PHONY: chaos
 chaos: postgres
 	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)
+
+# `make test-declared` runs the declared-saga kill test in full: three SIGKILLs
+# of the relay under load, 300 orders (make test runs one kill, 30 orders).
+.PHONY: test-declared
+test-declared: postgres
+	DECLARED_FULL=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e

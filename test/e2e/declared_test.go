@@ -84,9 +84,12 @@ type payments struct {
 	byOrder  map[string]int    // order id -> charges made
 	refunds  map[string]int    // charge id -> refunds
 	keys     map[string]map[string]bool
-	failNext int // answer 503 to this many charge requests first
+	failNext int           // answer 503 to this many charge requests first
+	delay    time.Duration // before answering a charge
 	bad      []string
 }
+
+func newServer(p *payments) *httptest.Server { return httptest.NewServer(p) }
 
 func newPayments() *payments {
 	return &payments{charges: map[string]string{}, byOrder: map[string]int{}, refunds: map[string]int{}, keys: map[string]map[string]bool{}}
@@ -101,6 +104,11 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.URL.Path == "/charges":
+		if p.delay > 0 {
+			p.mu.Unlock()
+			time.Sleep(p.delay)
+			p.mu.Lock()
+		}
 		if r.Header.Get("Authorization") != "Bearer "+plantedSecret {
 			p.bad = append(p.bad, "bad Authorization")
 			w.WriteHeader(http.StatusUnauthorized)
