@@ -29,6 +29,9 @@ type plan struct {
 	startCorr      []*[16]byte
 	startContext   []string
 	startDeadline  []int64 // microseconds; 0 = no deadline
+	// startXids are the source transactions of the triggers, each once: the
+	// batch waits until they are visible (see waitVisible).
+	startXids []int64
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -105,6 +108,9 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	if ev.CorrelationID.Valid {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
+	}
+	if ev.Xid != 0 && (len(p.startXids) == 0 || p.startXids[len(p.startXids)-1] != int64(ev.Xid)) {
+		p.startXids = append(p.startXids, int64(ev.Xid))
 	}
 	for i, d := range defs {
 		p.startTenant = append(p.startTenant, ev.TenantID)
