@@ -77,6 +77,10 @@ type Correlator struct {
 	pool   *pgxpool.Pool
 	cfg    Config
 	routes routes
+	// routesGen is the registry generation routes were built from: a
+	// registry changed since (declared sagas reloaded) rebuilds them at the
+	// next batch. Batches are handled one at a time.
+	routesGen uint64
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
 }
@@ -93,7 +97,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Correlator, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry)}, nil
+	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry), routesGen: c.Registry.Generation()}, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -141,6 +145,9 @@ type outcome struct {
 // transaction. A batch whose end LSN is not past the checkpoint was handled
 // before (a replay after a crash): it is skipped.
 func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
+	if g := c.cfg.Registry.Generation(); g != c.routesGen {
+		c.routes, c.routesGen = buildRoutes(c.cfg.Registry), g
+	}
 	var p plan
 	for i := range b.Events {
 		p.add(c.routes, &b.Events[i])

@@ -61,6 +61,10 @@ type app struct {
 	monitor    *httpapi.Server
 	http       *http.Server
 	httpAddr   string
+	// declared is the set of declared sagas in force (--sagas), replaced
+	// by a reload.
+	declared []*declare.Saga
+	rt       *declare.Runtime
 
 	cancel context.CancelFunc
 	// streamDone is closed when the stream's Run returned; streamErr is
@@ -108,10 +112,12 @@ func startApp(ctx context.Context, cfg appConfig) (*app, error) {
 		return nil, err
 	}
 	if cfg.SagasDir != "" {
-		loaded, err := declare.Install(ctx, pool, a.registry, cfg.SagasDir, &declare.Runtime{Logger: log.With("component", "declared")})
+		a.rt = &declare.Runtime{Logger: log.With("component", "declared")}
+		loaded, err := declare.Install(ctx, pool, a.registry, cfg.SagasDir, a.rt)
 		if err != nil {
 			return fail(err)
 		}
+		a.declared = loaded
 		for _, s := range loaded {
 			log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
 		}
@@ -262,4 +268,33 @@ func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
 			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
 		}, nil
 	}
+}
+
+// reloadSagas re-reads --sagas (SIGHUP): a fully valid set replaces the old
+// one at once; otherwise every problem is logged, one per line, and the old
+// set keeps running.
+func (a *app) reloadSagas(ctx context.Context) {
+	log := a.cfg.Logger
+	if a.cfg.SagasDir == "" {
+		log.Info("SIGHUP: no --sagas directory to reload")
+		return
+	}
+	next, err := declare.Reload(ctx, a.pool, a.registry, a.cfg.SagasDir, a.rt, a.declared)
+	if err != nil {
+		var ps declare.Problems
+		if errors.As(err, &ps) {
+			for _, p := range ps {
+				log.Error("saga reload refused: "+p.String(), "file", p.File)
+			}
+		} else {
+			log.Error("saga reload refused", "err", err)
+		}
+		log.Warn("saga reload refused: the previous set keeps running", "sagas", len(a.declared))
+		return
+	}
+	a.declared = next
+	for _, s := range next {
+		log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+	}
+	log.Info("saga reload done", "sagas", len(next))
 }

@@ -71,13 +71,23 @@ func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) err
 		return exitError{code: 2, msg: err.Error()}
 	}
 	var streamErr error
-	select {
-	case <-ctx.Done():
-		cfg.Logger.Info("stopping: signal received; a second signal stops at once")
-	case <-a.Done():
-		streamErr = a.StreamErr()
-		if streamErr != nil {
-			cfg.Logger.Error("replication stream stopped", "err", streamErr)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case <-hup:
+			a.reloadSagas(ctx)
+		case <-ctx.Done():
+			cfg.Logger.Info("stopping: signal received; a second signal stops at once")
+			break wait
+		case <-a.Done():
+			streamErr = a.StreamErr()
+			if streamErr != nil {
+				cfg.Logger.Error("replication stream stopped", "err", streamErr)
+			}
+			break wait
 		}
 	}
 	hard := make(chan os.Signal, 1)
