@@ -44,3 +44,9 @@ chaos: postgres
 .PHONY: test-declared
 test-declared: postgres
 	DECLARED_FULL=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
+
+# `make example-orders` runs examples/orders (README "Sagas without Go"): a
+# throwaway PostgreSQL, the Python payment service, the relay with --sagas.
+.PHONY: example-orders
+example-orders: postgres build
+	$(GO) run ./examples/orders/run

@@ -41,6 +41,13 @@ func (rt *Runtime) client() *http.Client {
 	return http.DefaultClient
 }
 
+func (rt *Runtime) logger() *slog.Logger {
+	if rt != nil && rt.Logger != nil {
+		return rt.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
 func (rt *Runtime) secret(name string) (string, bool) {
 	lookup := os.LookupEnv
 	if rt != nil && rt.LookupEnv != nil {
@@ -201,6 +208,20 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 			c, err := newCall(s, rt, x)
 			if err != nil {
 				return err
+			}
+			if _, recorded := c.st.Steps[st.Name]; comp.readsOwnOutput && !recorded {
+				// The step may have acted (a 5xx, no answer) but never
+				// completed, so the output this compensation reads (a
+				// charge id) does not exist and it cannot name what to
+				// undo; retrying would fail alike and end the instance
+				// FAILED. It is skipped with a warning. A service that
+				// acted and then answered 5xx keeps an effect that only the
+				// step's Idempotency-Key identifies: a compensation that
+				// must cover that case reads no output (it can send
+				// saga.id and the step name, which make up the key).
+				rt.logger().Warn("compensation skipped: it reads the step's output, which the step never recorded",
+					"saga_id", x.Instance.ID, "step", st.Name)
+				return nil
 			}
 			if err := c.act(ctx, comp, st.Name, true); err != nil {
 				return err

@@ -78,6 +78,10 @@ type scope struct {
 	// result, response, reply: available after the step's action.
 	result, response, reply bool
 	secrets                 bool
+	// selfName and readsSelf, in a compensation: readsSelf is set when an
+	// expression reads the step's own output.
+	selfName  string
+	readsSelf *bool
 }
 
 // expr is one compiled ${ … } expression.
@@ -255,6 +259,9 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			root, field := op.AsIdent(), sel.FieldName()
 			if fields, fixed := fixedFields[root]; fixed && !contains(fields, field) {
 				bad(e.ID(), "%s has no field %q; use one of: %s", root, field, strings.Join(fields, ", "))
+			}
+			if root == varSteps && field == sc.selfName && sc.readsSelf != nil {
+				*sc.readsSelf = true
 			}
 			if root == varSteps {
 				if _, ok := sc.steps[field]; !ok {

@@ -57,6 +57,9 @@ type Action struct {
 	HTTP    *HTTPAction
 	Command *CommandAction
 	Emit    []*Message
+	// readsOwnOutput: a compensation whose expressions read its step's
+	// output (steps.<own name>).
+	readsOwnOutput bool
 }
 
 // Kind is sql, http, command, or emit when the action only emits.
@@ -447,7 +450,10 @@ func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
 					}
 				}
 			}
+			reads := false
+			cs.selfName, cs.readsSelf = st.Name, &reads
 			a := buildAction(file, cm, place+".compensate", cs, true, r)
+			a.readsOwnOutput = reads
 			if ckinds == 0 && cm.get("emit") == nil && cm.get("command") == nil {
 				r.add(nodeAt(cn), "the compensation of step %s does nothing; give it sql, http or emit, or remove compensate", st.Name)
 			}

@@ -86,13 +86,15 @@ type payments struct {
 	keys     map[string]map[string]bool
 	failNext int           // answer 503 to this many charge requests first
 	delay    time.Duration // before answering a charge
-	bad      []string
+	// unavailable marks the declined orders that got their 503.
+	unavailable map[string]bool
+	bad         []string
 }
 
 func newServer(p *payments) *httptest.Server { return httptest.NewServer(p) }
 
 func newPayments() *payments {
-	return &payments{charges: map[string]string{}, byOrder: map[string]int{}, refunds: map[string]int{}, keys: map[string]map[string]bool{}}
+	return &payments{charges: map[string]string{}, byOrder: map[string]int{}, refunds: map[string]int{}, keys: map[string]map[string]bool{}, unavailable: map[string]bool{}}
 }
 
 func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -130,6 +132,14 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.keys[body.OrderID][key] = true
 		if p.failNext > 0 {
 			p.failNext--
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		if body.Cents > 10000 && !p.unavailable[body.OrderID] {
+			// A declined order first meets a 503: the step may have acted,
+			// so the saga compensates it, without a charge id to refund.
+			p.unavailable[body.OrderID] = true
 			w.Header().Set("Retry-After", "0")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
