@@ -17,7 +17,7 @@ chromium:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
-	$(GO) vet -tags failpoint ./cmd/relay
+	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
 test: postgres chromium vet
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -70,6 +70,14 @@ type Stats struct {
 	RepliesDelivered uint64
 	LateReplies      uint64
 	EventsParked     uint64
+	// What became of each event the stream handed over (they add up to
+	// EventsSeen): it started sagas, went to reply correlation, concerned
+	// no saga (ignored, by design: most outbox events are not triggers), or
+	// was parked.
+	OutcomeStarted uint64
+	OutcomeReply   uint64
+	OutcomeIgnored uint64
+	OutcomeParked  uint64
 }
 
 // Correlator is the stream's Sink: see the package documentation.
@@ -83,6 +91,7 @@ type Correlator struct {
 	routesGen uint64
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
+	outStarted, outReply, outIgnored, outParked                                atomic.Uint64
 }
 
 var _ cdc.Sink = (*Correlator)(nil)
@@ -106,6 +115,8 @@ func (c *Correlator) Stats() Stats {
 		EventsSeen: c.eventsSeen.Load(), Batches: c.batches.Load(), BatchesReplayed: c.replayed.Load(),
 		SagasStarted: c.started.Load(), DuplicateStarts: c.dupStarts.Load(),
 		RepliesDelivered: c.delivered.Load(), LateReplies: c.late.Load(), EventsParked: c.parked.Load(),
+		OutcomeStarted: c.outStarted.Load(), OutcomeReply: c.outReply.Load(),
+		OutcomeIgnored: c.outIgnored.Load(), OutcomeParked: c.outParked.Load(),
 	}
 }
 
@@ -174,6 +185,10 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		return nil
 	}
 	c.eventsSeen.Add(uint64(p.seen))
+	c.outStarted.Add(uint64(p.outStarted))
+	c.outReply.Add(uint64(p.outReply))
+	c.outIgnored.Add(uint64(p.outIgnored))
+	c.outParked.Add(uint64(p.outParked))
 	c.started.Add(uint64(out.started))
 	c.dupStarts.Add(uint64(out.dup))
 	c.delivered.Add(uint64(out.delivered))

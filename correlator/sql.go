@@ -91,7 +91,7 @@ WITH ins AS (
   INSERT INTO relay_dead_letters (event_id, event_type, lsn, reason, raw)
   SELECT t.event_id, t.event_type, t.lsn::pg_lsn, t.reason, t.raw::jsonb
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS t(event_id, event_type, lsn, reason, raw)
-  ON CONFLICT (lsn, event_id, event_type) DO NOTHING
+  ON CONFLICT DO NOTHING
   RETURNING 1)
 SELECT count(*) FROM ins`
 

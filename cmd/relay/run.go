@@ -11,6 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/relay"
+	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/declare"
 )
 
@@ -18,7 +22,7 @@ func init() { registerCommand(newRunCmd) }
 
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
-		cfg         appConfig
+		cfg         relay.Config
 		stopTimeout time.Duration
 	)
 	cmd := &cobra.Command{
@@ -38,36 +42,57 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			cfg.DatabaseURL, cfg.Slot, cfg.Publication = dsn, opts.Slot, opts.Publication
 			cfg.HTTPAddr, cfg.OutboxTable, cfg.OutboxColumns = opts.HTTPAddr, opts.OutboxTable, opts.OutboxColumns
 			opts.extraSecrets = append(opts.extraSecrets, cfg.APIToken)
+			if cfg.APIToken != "" {
+				if err := httpapi.CheckTokenStrength("--api-token", cfg.APIToken); err != nil {
+					return exitError{code: 2, msg: err.Error()}
+				}
+			}
+			if cfg.SessionTTL <= 0 {
+				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
+			}
 			cfg.Logger = newLogger(opts)
 			return runRelay(cmd.Context(), cfg, stopTimeout)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&cfg.NoStream, "no-stream", false, "run only the step workers, not the replication stream (env RELAY_NO_STREAM)")
-	f.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
-	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
+	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
-	f.DurationVar(&cfg.Retention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
-	f.IntVar(&cfg.Workers, "workers", 8, "step workers in this process (env RELAY_WORKERS)")
-	f.DurationVar(&cfg.LeaseDuration, "lease", 30*time.Second, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
-	f.DurationVar(&cfg.StuckAfter, "stuck-after", 5*time.Minute, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
-	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1 (env RELAY_API_TOKEN); without one, mutations answer 403")
-	f.StringVar(&cfg.SagasDir, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts (env RELAY_SAGAS)")
+	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
+	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
+	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
+	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
+	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
+	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
+	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
+	f.StringVar(&cfg.Sagas, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts; SIGHUP reloads it (env RELAY_SAGAS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }
 
-// runRelay starts the relay and blocks until a signal (ctx) or a fatal stream
-// error. A second signal during the graceful stop exits at once.
-func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) error {
-	a, err := startApp(ctx, cfg)
+// runRelay builds the relay with this binary's sagas and runs it until a
+// signal (ctx) or a fatal stream error. A second signal during the graceful
+// stop exits at once.
+func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) error {
+	log := cfg.Logger
+	reg, err := registryForURL(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
+	cfg.Registry = reg
+	r, err := relay.New(ctx, cfg)
 	if err != nil {
 		var ps declare.Problems
 		if errors.As(err, &ps) {
-			// One problem per line, every one of them: the SRE fixes them all
-			// in one go.
+			// One problem per line, every one of them: the SRE fixes them
+			// all in one go.
 			return problemsExit(os.Stderr, ps)
 		}
+		return exitError{code: 2, msg: err.Error()}
+	}
+	if err := r.Start(ctx); err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
 	var streamErr error
@@ -78,14 +103,14 @@ wait:
 	for {
 		select {
 		case <-hup:
-			a.reloadSagas(ctx)
+			reloadSagas(ctx, r, cfg)
 		case <-ctx.Done():
-			cfg.Logger.Info("stopping: signal received; a second signal stops at once")
+			log.Info("stopping: signal received; a second signal stops at once")
 			break wait
-		case <-a.Done():
-			streamErr = a.StreamErr()
+		case <-r.Done():
+			streamErr = r.Err()
 			if streamErr != nil {
-				cfg.Logger.Error("replication stream stopped", "err", streamErr)
+				log.Error("replication stream stopped", "err", streamErr)
 			}
 			break wait
 		}
@@ -98,19 +123,57 @@ wait:
 	go func() {
 		select {
 		case <-hard:
-			cfg.Logger.Warn("second signal: stopping at once")
+			log.Warn("second signal: stopping at once")
 			cancel()
 		case <-stopCtx.Done():
 		}
 	}()
-	stopErr := a.Stop(stopCtx)
-	if streamErr != nil && !errors.Is(streamErr, context.Canceled) {
+	stopErr := r.Stop(stopCtx)
+	if streamErr != nil {
 		// Stop reports the same error again: say it once.
 		return exitError{code: 1, msg: streamErr.Error()}
 	}
 	if stopErr != nil {
 		return fmt.Errorf("stop: %w", stopErr)
 	}
-	cfg.Logger.Info("relay stopped")
+	log.Info("relay stopped")
 	return nil
+}
+
+// registryForURL is registryFor over a short-lived connection.
+func registryForURL(ctx context.Context, dsn string) (*saga.Registry, error) {
+	conn, err := dbconn.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return registryFor(ctx, conn)
+}
+
+// reloadSagas re-reads --sagas on SIGHUP: a fully valid set replaces the old
+// one at once; otherwise every problem is logged, one per line, and the old
+// set keeps running.
+func reloadSagas(ctx context.Context, r *relay.Relay, cfg relay.Config) {
+	log := cfg.Logger
+	if cfg.Sagas == "" {
+		log.Info("SIGHUP: no --sagas directory to reload")
+		return
+	}
+	next, err := r.ReloadSagas(ctx)
+	if err != nil {
+		var ps declare.Problems
+		if errors.As(err, &ps) {
+			for _, p := range ps {
+				log.Error("saga reload refused: "+p.String(), "file", p.File)
+			}
+		} else {
+			log.Error("saga reload refused", "err", err)
+		}
+		log.Warn("saga reload refused: the previous set keeps running", "sagas", len(next))
+		return
+	}
+	for _, s := range next {
+		log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+	}
+	log.Info("saga reload done", "sagas", len(next))
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			return err
 		}
 		defer pool.Close()
-		a, err := newSagaAdmin(pool, stuckAfter)
+		a, err := newSagaAdmin(cmd.Context(), pool, stuckAfter)
 		if err != nil {
 			return err
 		}
@@ -191,12 +192,16 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 
 // newSagaAdmin builds the admin the way `relay run` does, with this binary's
 // saga definitions, so that the CLI's view of "stuck" matches the API's.
-func newSagaAdmin(pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
+func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
 	j, err := pgjournal.New(pool, nil)
 	if err != nil {
 		return nil, err
 	}
-	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: defaultRegistry(), StuckAfter: stuckAfter})
+	reg, err := registryFor(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: reg, StuckAfter: stuckAfter})
 }
 
 func parseInstanceID(s string) (uuid.UUID, error) {

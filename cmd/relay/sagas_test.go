@@ -121,8 +121,10 @@ func TestSagasCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &page); err != nil || len(page.Items) != 1 || page.Items[0].ID == first || page.NextCursor != nil {
 		t.Errorf("second page: %v\n%s", err, out)
 	}
-	if _, err := runSagas(t, c.URL, "sagas", "list", "--status", "DONE"); !errors.Is(err, saga.ErrInvalid) {
-		t.Errorf("list --status DONE: %v, want an invalid-input error", err)
+	// A bad status is refused while the flags are parsed (exit 2).
+	var ee exitError
+	if _, err := runSagas(t, c.URL, "sagas", "list", "--status", "DONE"); !errors.As(err, &ee) || ee.code != 2 || !strings.Contains(ee.msg, "--status") {
+		t.Errorf("list --status DONE: %v, want a usage error naming --status", err)
 	}
 
 	out, err = runSagas(t, c.URL, "sagas", "show", failed.String())

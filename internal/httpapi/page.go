@@ -24,7 +24,7 @@ import (
 //
 // Authentication: with a token configured, the page asks for it once
 // (/login), checks it in constant time and sets an HttpOnly, SameSite=Strict
-// session cookie derived from it (an HMAC, not the token itself). The page's
+// cookie naming a random server-side session (session.go). The page's
 // fetch calls to /v1 carry that cookie and the X-Compensa-Page header; the
 // header is required for retry and cancel by cookie, which a cross-site form
 // cannot send. Without a token the page is open and its retry and cancel
@@ -80,8 +80,8 @@ func newPageRenderer() (*pageRenderer, error) {
 func (s *Server) pageRoutes(m *http.ServeMux) {
 	assets, _ := fs.Sub(assetFS, "web/assets")
 	m.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServer(http.FS(assets))))
-	m.HandleFunc("GET /{$}", s.pageAuth(s.indexPage))
-	m.HandleFunc("GET /sagas/{id}", s.pageAuth(s.sagaPage))
+	m.HandleFunc("GET /{$}", s.limited(s.pageAuth(s.indexPage)))
+	m.HandleFunc("GET /sagas/{id}", s.limited(s.pageAuth(s.sagaPage)))
 	m.HandleFunc("GET /login", s.loginPage)
 	m.HandleFunc("POST /login", s.login)
 	m.HandleFunc("POST /logout", s.logout)
@@ -91,7 +91,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 // token is configured.
 func (s *Server) pageAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.APIToken != "" && !s.hasSession(r) {
+		if s.tokenConfigured() && !s.hasSession(r) {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -108,7 +108,7 @@ type layoutData struct {
 }
 
 func (s *Server) layout(r *http.Request, title string) layoutData {
-	return layoutData{Title: title, TokenSet: s.cfg.APIToken != "", LoggedIn: s.hasSession(r), CanMutate: s.cfg.APIToken != ""}
+	return layoutData{Title: title, TokenSet: s.tokenConfigured(), LoggedIn: s.hasSession(r), CanMutate: s.tokenConfigured()}
 }
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Template, status int, data any) {
@@ -164,10 +164,16 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	d.Filter = f
 	d.HasFilter = f.Status != "" || f.Saga != ""
 	recent, err := s.admin.List(ctx, f)
-	if err != nil {
+	switch {
+	case errors.Is(err, saga.ErrInvalid):
 		// A bad filter is the visitor's mistake: show it on the page.
 		d.Error = err.Error()
-	} else {
+	case err != nil:
+		// Anything else may carry the database's own words, which are not
+		// meant for visitors.
+		s.log.Error("page: list instances", "path", r.URL.Path, "err", err)
+		d.Error = "cannot list the instances; see the relay's log"
+	default:
 		d.Recent, d.NextCursor = recent.Items, recent.NextCursor
 		next := url.Values{}
 		if f.Status != "" {
@@ -234,7 +240,7 @@ type loginData struct {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.APIToken == "" {
+	if !s.tokenConfigured() {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -247,23 +253,35 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
+	for k, vs := range r.PostForm {
+		for _, v := range vs {
+			if !cleanText(k) || !cleanText(v) {
+				http.Error(w, "the form holds invalid UTF-8 or a NUL byte", http.StatusBadRequest)
+				return
+			}
+		}
+	}
 	next := safeNext(r.PostForm.Get("next"))
-	if s.cfg.APIToken == "" {
+	if !s.tokenConfigured() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
+	if s.authThrottled(w, r) {
+		return
+	}
 	if !tokenMatches(r.PostForm.Get("token"), s.cfg.APIToken) {
-		s.log.Warn("page login with a wrong token", "remote", r.RemoteAddr)
+		s.authFailed(r, "login form")
 		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not the relay's API token."})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	s.startSession(w, r)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout deletes the session on the server, so that a copy of the cookie
+// is worthless from now on, not only the browser's.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	s.endSession(w, r)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -137,6 +138,14 @@ func readAction(r *http.Request) (actionBody, error) {
 	if dec.More() {
 		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
 	}
+	// The reason is journaled and printed by `relay sagas show` in an
+	// operator's terminal, where escape sequences would be obeyed.
+	if hasControl(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason holds control characters (escape sequences, NUL, newlines); send plain text on one line")
+	}
+	if !utf8.ValidString(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason is not valid UTF-8")
+	}
 	return b, nil
 }
 
@@ -176,6 +185,9 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 		result = "already_requested"
 	}
 	s.metrics.manual(action, result)
+	if !res.AlreadyRequested && s.cfg.Wake != nil {
+		s.cfg.Wake()
+	}
 	s.log.Info(fmt.Sprintf("saga %s %s by operator", action, result), "saga_id", id, "saga", res.Instance.SagaName,
 		"step", res.Instance.CurrentStep, "status", string(res.Instance.Status), "actor", who, "reason", body.Reason)
 	writeJSON(w, http.StatusOK, res)

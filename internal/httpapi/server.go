@@ -3,10 +3,8 @@ package httpapi
 import (
 	"cmp"
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,6 +42,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// Wake, when set, is called after a retry or a cancel was recorded, so
+	// that the step runners pick the instance up now instead of at their
+	// next poll (the correlator wakes them the same way).
+	Wake func()
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).
@@ -54,6 +55,34 @@ type Config struct {
 	// 120: ten minutes at the default interval).
 	LagSampleInterval time.Duration
 	LagSamples        int
+
+	// AllowedHosts are the names (besides IP literals and localhost) that
+	// requests may carry in their Host header when no token is configured
+	// (--http-allowed-hosts); others get 403, which defeats DNS rebinding.
+	AllowedHosts []string
+	// SessionTTL is how long a page login lasts (default 12h).
+	SessionTTL time.Duration
+	// SecureCookies marks the session cookie Secure even when the request
+	// came over plain HTTP: a TLS-terminating proxy is in front
+	// (--http-secure-cookies). With TLS at the relay it is Secure anyway.
+	SecureCookies bool
+	// MaxConcurrent bounds the /v1 and page requests served at once
+	// (default 8); QueueWait is how long a request waits for a turn before
+	// 503 (default 5s).
+	MaxConcurrent int
+	QueueWait     time.Duration
+	// MaxScrapes bounds concurrent /metrics scrapes (default 4);
+	// ScrapesPerSecond paces them (default 10): a scrape waits its turn up
+	// to QueueWait, then gets 503.
+	MaxScrapes       int
+	ScrapesPerSecond int
+	// ReadinessMaxAge is how old the answer of /readyz may be (default 1s):
+	// probes are answered from the last check instead of each querying.
+	ReadinessMaxAge time.Duration
+	// AuthFailures failed authentications per AuthWindow from one address
+	// are allowed (defaults 10 per minute); more get 429.
+	AuthFailures int
+	AuthWindow   time.Duration
 }
 
 // Server is the monitor's http.Handler: the JSON API under /v1, /metrics,
@@ -66,9 +95,12 @@ type Server struct {
 	mux     *http.ServeMux
 	lag     *lagRing
 	page    *pageRenderer
-	// session is the page's cookie value for the configured token (see
-	// auth.go); empty without a token.
-	session string
+
+	allowedHosts map[string]bool
+	sessions     *sessionStore
+	authFailures *authLimiter
+	slots        requestSlots
+	ready        readinessCache
 }
 
 // New validates cfg and builds the server. Call Run to sample the lag for
@@ -82,7 +114,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.LagSampleInterval = cmp.Or(cfg.LagSampleInterval, 5*time.Second)
 	cfg.LagSamples = cmp.Or(cfg.LagSamples, 120)
-	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger}
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, 12*time.Hour)
+	cfg.MaxConcurrent = cmp.Or(cfg.MaxConcurrent, 8)
+	cfg.QueueWait = cmp.Or(cfg.QueueWait, 5*time.Second)
+	cfg.MaxScrapes = cmp.Or(cfg.MaxScrapes, 4)
+	cfg.ScrapesPerSecond = cmp.Or(cfg.ScrapesPerSecond, 10)
+	cfg.ReadinessMaxAge = cmp.Or(cfg.ReadinessMaxAge, time.Second)
+	cfg.AuthFailures = cmp.Or(cfg.AuthFailures, 10)
+	cfg.AuthWindow = cmp.Or(cfg.AuthWindow, time.Minute)
+	if cfg.SessionTTL < 0 || cfg.MaxConcurrent < 0 || cfg.MaxScrapes < 0 || cfg.ScrapesPerSecond < 0 || cfg.AuthFailures < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.SessionTTL, MaxConcurrent, MaxScrapes and AuthFailures must not be negative")
+	}
+	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger,
+		allowedHosts: normalizeHosts(cfg.AllowedHosts), sessions: newSessionStore(cfg.SessionTTL),
+		authFailures: newAuthLimiter(cfg.AuthFailures, cfg.AuthWindow), slots: make(requestSlots, cfg.MaxConcurrent)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -102,9 +147,6 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.setAdmin(s.admin, s.log)
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
-	if cfg.APIToken != "" {
-		s.session = sessionValue(cfg.APIToken)
-	}
 	var err error
 	if s.page, err = newPageRenderer(); err != nil {
 		return nil, err
@@ -115,7 +157,7 @@ func New(cfg Config) (*Server, error) {
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.Handle("GET /metrics", s.metrics.Handler())
+	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
 
@@ -137,23 +179,34 @@ func (s *Server) routes() {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !s.guard(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// Run samples the replication lag every LagSampleInterval for the page's
-// chart until ctx ends. Without a ReplicationFunc it returns at once.
+// Run refreshes, until ctx ends, the gauges that need a query (every
+// Metrics' gauge interval, so that scrapes are served from memory) and
+// samples the replication lag every LagSampleInterval for the page's chart.
 func (s *Server) Run(ctx context.Context) error {
-	if s.cfg.Replication == nil {
-		return nil
-	}
-	t := time.NewTicker(s.cfg.LagSampleInterval)
-	defer t.Stop()
-	for {
+	var lagTick <-chan time.Time
+	if s.cfg.Replication != nil {
+		t := time.NewTicker(s.cfg.LagSampleInterval)
+		defer t.Stop()
+		lagTick = t.C
 		s.sampleLag(ctx)
+	}
+	gauges := time.NewTicker(s.metrics.gaugeInterval())
+	defer gauges.Stop()
+	s.metrics.refreshGauges(ctx)
+	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-lagTick:
+			s.sampleLag(ctx)
+		case <-gauges.C:
+			s.metrics.refreshGauges(ctx)
 		}
 	}
 }
@@ -213,13 +266,26 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers from the last readiness check, running one when that is
+// older than ReadinessMaxAge: a burst of probes costs one query per second
+// at most, not one each.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	res, ok := s.ready.get(r.Context(), s.cfg.ReadinessMaxAge, s.checkReady)
+	if !ok {
+		return // the prober went away
+	}
+	writeJSON(w, res.status, res.body)
+}
+
+func (s *Server) checkReady() readyResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	fail := func(msg string) readyResult {
+		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"error": msg}}
+	}
 	if err := s.cfg.Pool.Ping(ctx); err != nil {
 		s.log.Warn("readyz: database unreachable", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "database unreachable")
-		return
+		return fail("database unreachable")
 	}
 	out := map[string]any{"status": "ok", "database": "ok"}
 	if s.cfg.Replication != nil {
@@ -227,19 +293,16 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err != nil:
 			s.log.Warn("readyz: replication status", "err", err)
-			writeError(w, http.StatusServiceUnavailable, "cannot read the replication slot's status")
-			return
+			return fail("cannot read the replication slot's status")
 		case !st.Exists:
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" does not exist: events written since it was lost may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " does not exist: events written since it was lost may have been skipped")
 		case !st.Healthy():
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" has wal_status "+st.WALStatus+": the WAL it needs is gone and events may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " has wal_status " + st.WALStatus + ": the WAL it needs is gone and events may have been skipped")
 		}
 		out["slot"] = st.Slot
 		out["wal_status"] = st.WALStatus
 	}
-	writeJSON(w, http.StatusOK, out)
+	return readyResult{status: http.StatusOK, body: out}
 }
 
 // --- JSON API plumbing ----------------------------------------------------
@@ -251,7 +314,7 @@ type apiHandler func(w http.ResponseWriter, r *http.Request, a *admin.Admin)
 // mutation rule and the tenant scope. method "" accepts any.
 func (s *Server) api(h apiHandler, method string) http.Handler {
 	mutation := method == http.MethodPost
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return s.limited(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		if !s.authenticate(w, r, mutation) {
 			return
@@ -262,12 +325,12 @@ func (s *Server) api(h apiHandler, method string) http.Handler {
 			return
 		}
 		a := s.admin
-		if t := r.Header.Get("X-Tenant-ID"); t != "" {
-			id, err := uuid.Parse(strings.TrimSpace(t))
-			if err != nil {
-				writeError(w, http.StatusBadRequest, "X-Tenant-ID is not a UUID")
-				return
-			}
+		id, set, msg := tenantHeader(r)
+		if msg != "" {
+			writeError(w, http.StatusBadRequest, msg)
+			return
+		}
+		if set {
 			a = a.ForTenant(id)
 		}
 		h(w, r, a)
@@ -284,18 +347,22 @@ func (s *Server) api(h apiHandler, method string) http.Handler {
 //   - No token is configured: reads are open, mutations answer 403, so that
 //     a deployment that forgot the token cannot be pushed around.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) bool {
-	if s.cfg.APIToken == "" {
+	if !s.tokenConfigured() {
 		if mutation {
 			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token or RELAY_API_TOKEN")
 			return false
 		}
 		return true
 	}
+	if s.authThrottled(w, r) {
+		return false
+	}
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		scheme, token, ok := strings.Cut(auth, " ")
 		if ok && strings.EqualFold(scheme, "Bearer") && tokenMatches(strings.TrimSpace(token), s.cfg.APIToken) {
 			return true
 		}
+		s.authFailed(r, "bearer token")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
 		writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
 		return false
@@ -320,27 +387,11 @@ func tokenMatches(given, want string) bool {
 	return subtle.ConstantTimeCompare(g[:], h[:]) == 1
 }
 
-// sessionValue derives the page's cookie from the token, so that the cookie
-// is not the token itself and changing the token logs every page out.
-func sessionValue(token string) string {
-	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("compensa monitor session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
-}
+// pageHeader marks the page's own fetch requests.
+const pageHeader = "X-Compensa-Page"
 
-const (
-	sessionCookie = "compensa_session"
-	// pageHeader marks the page's own fetch requests.
-	pageHeader = "X-Compensa-Page"
-)
-
-func (s *Server) hasSession(r *http.Request) bool {
-	if s.session == "" {
-		return false
-	}
-	c, err := r.Cookie(sessionCookie)
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
-}
+// tokenConfigured reports whether requests must authenticate.
+func (s *Server) tokenConfigured() bool { return s.cfg.APIToken != "" }
 
 // actor names the caller in the journal: there is one token and so no
 // user identity, so the remote address says where the request came from.

@@ -173,6 +173,27 @@ func (a *Admin) StuckCounts(ctx context.Context) ([]StuckCount, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: count stuck instances: %w", err)
 	}
+	// Every registered saga reports every reason, 0 when none is stuck: a
+	// series that vanishes cannot be told from one that was never scraped,
+	// and an alert on it would not resolve.
+	seen := map[[2]string]bool{}
+	for _, c := range out {
+		seen[[2]string{c.Saga, c.Reason}] = true
+	}
+	if a.cfg.Registry != nil {
+		done := map[string]bool{}
+		for _, d := range a.cfg.Registry.Definitions() {
+			if done[d.Name] {
+				continue
+			}
+			done[d.Name] = true
+			for _, reason := range []string{StuckFailed, StuckOverdue, StuckUnregistered} {
+				if !seen[[2]string{d.Name, reason}] {
+					out = append(out, StuckCount{Saga: d.Name, Reason: reason})
+				}
+			}
+		}
+	}
 	return out, nil
 }
 

@@ -60,7 +60,7 @@ type Item struct {
 	Status      saga.Status `json:"status"`
 	CurrentStep int         `json:"current_step"`
 	// CurrentStepName is "" when the definition is not registered here.
-	CurrentStepName string     `json:"current_step_name,omitempty"`
+	CurrentStepName string     `json:"current_step_name"`
 	Attempt         int        `json:"attempt"`
 	NextAttemptAt   time.Time  `json:"next_attempt_at"`
 	TimeoutAt       *time.Time `json:"timeout_at"`
@@ -69,7 +69,7 @@ type Item struct {
 	// StuckFailed, StuckOverdue, StuckUnregistered; StuckDetail says it in
 	// words, with what to do.
 	StuckReason    string     `json:"stuck_reason"`
-	StuckDetail    string     `json:"stuck_detail,omitempty"`
+	StuckDetail    string     `json:"stuck_detail"`
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
@@ -80,7 +80,24 @@ type Item struct {
 // Page is one page of List. NextCursor is empty on the last page.
 type Page struct {
 	Items      []Item `json:"items"`
-	NextCursor string `json:"next_cursor,omitempty"`
+	NextCursor string `json:"next_cursor"`
+}
+
+// MarshalJSON writes every key, always: items is [] when empty and
+// next_cursor null on the last page, as the README documents.
+func (p Page) MarshalJSON() ([]byte, error) {
+	items := p.Items
+	if items == nil {
+		items = []Item{}
+	}
+	var next *string
+	if p.NextCursor != "" {
+		next = &p.NextCursor
+	}
+	return json.Marshal(struct {
+		Items      []Item  `json:"items"`
+		NextCursor *string `json:"next_cursor"`
+	}{items, next})
 }
 
 func (f *Filter) validate() error {

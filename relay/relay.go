@@ -1,0 +1,376 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/failpoint"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// Relay is an assembled relay: the replication stream (unless NoStream), the
+// correlator, the step runner and the monitor, sharing one pool. Build it with
+// New, start it with Start (or Run), stop it with Stop. A Relay runs once.
+type Relay struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	// declared is the set of declared sagas in force (Config.Sagas),
+	// replaced by ReloadSagas under declaredMu.
+	declaredMu sync.Mutex
+	declared   []*declare.Saga
+	declaredRT *declare.Runtime
+	// monPool is the monitor's own, small pool (MonitorPoolSize).
+	monPool *pgxpool.Pool
+
+	journal    saga.Journal
+	runner     *saga.Runner
+	correlator *correlator.Correlator
+	stream     *cdc.Stream
+	metrics    *httpapi.Metrics
+	monitor    *httpapi.Server
+
+	ln   net.Listener
+	http *http.Server
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+	// done is closed when the stream's Run returned (or at Stop when there is
+	// no stream); streamErr is what it returned.
+	done      chan struct{}
+	streamErr error
+	wg        sync.WaitGroup
+}
+
+// New checks cfg, connects, and checks the database before anything runs:
+// wal_level, the role's privileges, the outbox table and its columns, the
+// publication and the slot (see the Err variables). It starts nothing; the
+// pool it opened is closed by Stop, or at once when New fails.
+func New(ctx context.Context, cfg Config) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	table, err := outbox.ParseTableName(cfg.OutboxTable)
+	if err != nil {
+		return nil, fmt.Errorf("outbox table: %w", err)
+	}
+	cols, err := outbox.ParseColumnMap(cfg.OutboxColumns)
+	if err != nil {
+		return nil, err
+	}
+	// The workers, the correlator, the stream's checkpoint reads and the
+	// monitor each need a connection at once.
+	pool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	monPool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, MonitorPoolSize)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{})}
+	if cfg.Sagas != "" {
+		// Before the correlator and the runner exist: they see the declared
+		// sagas from their first batch and claim on.
+		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared")}
+		loaded, err := declare.Install(ctx, pool, cfg.Registry, cfg.Sagas, r.declaredRT)
+		if err != nil {
+			r.closePools()
+			return nil, err
+		}
+		r.declared = loaded
+		for _, s := range loaded {
+			cfg.Logger.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+		}
+	}
+	if err := r.assemble(ctx, table, cols); err != nil {
+		r.closePools()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbox.ColumnMap) error {
+	cfg, log := r.cfg, r.cfg.Logger
+	var err error
+	if r.journal, err = pgjournal.New(r.pool, nil); err != nil {
+		return err
+	}
+	if r.metrics, err = httpapi.NewMetrics(cfg.MetricsRegistry); err != nil {
+		return err
+	}
+	r.runner, err = saga.NewRunner(r.journal, r.pool, cfg.Registry, &saga.RunnerConfig{
+		Workers: cfg.Workers, LeaseDuration: cfg.LeaseDuration, OutboxTable: table.Quoted(),
+		Logger: log.With("component", "runner"), Hooks: r.metrics.RunnerHooks(),
+	})
+	if err != nil {
+		return err
+	}
+	r.correlator, err = correlator.New(r.pool, &correlator.Config{
+		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
+		OnStarted: r.metrics.SagasStarted,
+	})
+	if err != nil {
+		return err
+	}
+	streamCfg := cdc.Config{
+		DatabaseURL: cfg.DatabaseURL, Slot: cfg.Slot, Publication: cfg.Publication,
+		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
+		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
+		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			return r.correlator.LoadCheckpoint(ctx, cfg.Slot)
+		},
+		Logger: log.With("component", "cdc"),
+	}
+	if !cfg.NoStream {
+		if err := cdc.Preflight(ctx, r.pool, streamCfg); err != nil {
+			return err
+		}
+		if r.stream, err = cdc.NewStream(streamCfg, failpoint.Wrap(r.correlator)); err != nil {
+			return err
+		}
+	}
+
+	sources := httpapi.Sources{
+		Correlator: func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(r.correlator.Stats()) },
+	}
+	// The monitor reads through its own pool; retry and cancel go through
+	// the journal, fenced like the runner's writes.
+	monCfg := httpapi.Config{
+		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
+		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
+	}
+	if r.stream != nil {
+		sources.Lag = func() (int64, float64) {
+			l := r.stream.Lag()
+			return int64(l.Bytes), l.Seconds
+		}
+		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
+	}
+	r.metrics.SetSources(sources)
+	r.monitor, err = httpapi.New(monCfg)
+	return err
+}
+
+// Start starts every part and returns once they run: the monitor listens on
+// HTTPAddr (see Addr), the runner's workers claim due instances, and the
+// stream connects. ctx bounds only the start; the parts run until Stop. A
+// fatal stream error later (a lost slot) closes Done.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return saga.Errorf(saga.ErrInvalid, "relay: Start called twice; build a new Relay with New")
+	}
+	r.started = true
+	if !r.cfg.handlerOnly() {
+		ln, err := httpapi.Listen(r.cfg.HTTPAddr, r.cfg.HTTPServer)
+		if err != nil {
+			r.failStart()
+			return fmt.Errorf("monitor address %s: %w (is another relay running? pick another address)", r.cfg.HTTPAddr, err)
+		}
+		r.ln = ln
+		r.http = httpapi.NewHTTPServer(r.monitor, r.cfg.HTTPServer)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	if err := r.runner.Start(runCtx); err != nil {
+		cancel()
+		if r.ln != nil {
+			r.ln.Close()
+		}
+		r.failStart()
+		return err
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.monitor.Run(runCtx)
+	}()
+	if r.http != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.http.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.cfg.Logger.Error("http monitor stopped", "err", err)
+			}
+		}()
+	}
+	if r.stream != nil {
+		go func() {
+			r.streamErr = r.stream.Run(runCtx)
+			close(r.done)
+		}()
+	}
+	r.cfg.Logger.Info("relay started", "slot", r.cfg.Slot, "stream", !r.cfg.NoStream,
+		"workers", r.cfg.Workers, "http", r.Addr())
+	return nil
+}
+
+// failStart releases what New acquired after a failed Start; Stop is then a
+// no-op.
+func (r *Relay) failStart() {
+	r.stopped = true
+	close(r.done)
+	r.closePools()
+}
+
+func (r *Relay) closePools() {
+	r.monPool.Close()
+	r.pool.Close()
+}
+
+// Run starts the relay and blocks until ctx is cancelled or the stream stops
+// on a fatal error, then stops it within stopTimeout. It returns the stream's
+// error, if any, joined with what Stop reported.
+func (r *Relay) Run(ctx context.Context, stopTimeout time.Duration) error {
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	var streamErr error
+	select {
+	case <-ctx.Done():
+	case <-r.Done():
+		streamErr = r.Err()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	stopErr := r.Stop(sctx)
+	if streamErr != nil {
+		return streamErr // Stop reports the same error again: say it once
+	}
+	return stopErr
+}
+
+// Done is closed when the stream stops on its own (a fatal error such as a
+// lost slot: see Err) or after Stop. With NoStream it closes only at Stop.
+func (r *Relay) Done() <-chan struct{} { return r.done }
+
+// Err is why the stream stopped, once Done is closed; nil after a clean Stop.
+func (r *Relay) Err() error {
+	select {
+	case <-r.done:
+		if errors.Is(r.streamErr, context.Canceled) {
+			return nil
+		}
+		return r.streamErr
+	default:
+		return nil
+	}
+}
+
+// Addr is the monitor's listening address (host:port), or "" when the
+// application mounts Handler itself.
+func (r *Relay) Addr() string {
+	if r.ln == nil {
+		return ""
+	}
+	return r.ln.Addr().String()
+}
+
+// ServeHTTP serves the monitor: the web page, /v1, /metrics, /healthz and
+// /readyz. Mount it when Config.HTTPAddr is empty (it works either way).
+func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.monitor.ServeHTTP(w, req) }
+
+// Handler is r as an http.Handler, for symmetry with http.Server.
+func (r *Relay) Handler() http.Handler { return r }
+
+// Runner is the step runner, for Wake after an application writes work the
+// runner should pick up at once.
+func (r *Relay) Runner() *saga.Runner { return r.runner }
+
+// Stop stops the stream (nothing more is acknowledged), then the runner
+// (in-flight steps finish within ctx or are abandoned uncommitted: their
+// lease expires and another worker takes them over), then the monitor, and
+// closes the pool. It is safe to call more than once and without Start.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return nil
+	}
+	r.stopped = true
+	if !r.started {
+		close(r.done)
+		r.closePools()
+		return nil
+	}
+	r.cancel()
+	var errs []error
+	if r.stream != nil {
+		select {
+		case <-r.done:
+			if err := r.streamErr; err != nil && !errors.Is(err, context.Canceled) {
+				errs = append(errs, err)
+			}
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("stream did not stop in time"))
+		}
+	} else {
+		close(r.done)
+	}
+	if err := r.runner.Stop(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("runner stop: %w", err))
+	}
+	if r.http != nil {
+		r.http.Shutdown(ctx)
+	}
+	r.wg.Wait()
+	r.closePools()
+	return errors.Join(errs...)
+}
+
+// replicationFunc reports the slot for /v1/replication and /readyz.
+func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
+	return func(ctx context.Context) (httpapi.ReplicationStatus, error) {
+		r, err := cdc.QueryLag(ctx, pool, slot)
+		if errors.Is(err, cdc.ErrSlotNotFound) {
+			return httpapi.ReplicationStatus{Slot: slot}, nil
+		}
+		if err != nil {
+			return httpapi.ReplicationStatus{}, err
+		}
+		return httpapi.ReplicationStatus{
+			Slot: r.Slot, Exists: true, Active: r.Active, WALStatus: r.WALStatus, LagBytes: r.LagBytes,
+			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
+		}, nil
+	}
+}
+
+// ReloadSagas re-reads Config.Sagas (relay run does on SIGHUP): a fully
+// valid set replaces the declared sagas at once (new triggers start the new
+// set from the next batch; running instances keep their versions); on any
+// problem nothing changes and the error lists every problem
+// (declare.Problems). It returns the set now in force.
+func (r *Relay) ReloadSagas(ctx context.Context) ([]*declare.Saga, error) {
+	if r.cfg.Sagas == "" {
+		return nil, fmt.Errorf("no saga directory to reload: Config.Sagas is empty")
+	}
+	r.declaredMu.Lock()
+	defer r.declaredMu.Unlock()
+	next, err := declare.Reload(ctx, r.pool, r.cfg.Registry, r.cfg.Sagas, r.declaredRT, r.declared)
+	if err != nil {
+		return r.declared, err
+	}
+	r.declared = next
+	return next, nil
+}
