@@ -156,7 +156,8 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	// the journal, fenced like the runner's writes.
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
-		APIToken: cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		Definitions: r.definitions,
+		APIToken:    cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
 	if r.stream != nil {
@@ -373,4 +374,34 @@ func (r *Relay) ReloadSagas(ctx context.Context) ([]*declare.Saga, error) {
 	}
 	r.declared = next
 	return next, nil
+}
+
+// definitions describes every registered definition for GET /v1/definitions:
+// declared ones with their file, hash and step kinds, the others as Go.
+func (r *Relay) definitions() []httpapi.Definition {
+	r.declaredMu.Lock()
+	byKey := map[saga.Key]*declare.Saga{}
+	for _, s := range r.declared {
+		byKey[saga.Key{Name: s.Name, Version: s.Version}] = s
+	}
+	r.declaredMu.Unlock()
+	out := httpapi.RegistryDefinitions(r.cfg.Registry)
+	for i, d := range out {
+		s, ok := byKey[saga.Key{Name: d.Name, Version: d.Version}]
+		if !ok {
+			continue
+		}
+		out[i].Source, out[i].Hash = s.File, s.Hash
+		for j, st := range s.Steps {
+			if j >= len(out[i].Steps) {
+				break
+			}
+			out[i].Steps[j].Kind = st.Kind()
+			out[i].Steps[j].Compensate = ""
+			if st.Compensate != nil {
+				out[i].Steps[j].Compensate = st.Compensate.Kind()
+			}
+		}
+	}
+	return out
 }

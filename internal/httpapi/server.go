@@ -33,6 +33,9 @@ type Config struct {
 	Journal admin.Journal
 	// Registry names the steps and tells unregistered versions apart.
 	Registry *saga.Registry
+	// Definitions lists the loaded definitions for GET /v1/definitions;
+	// nil describes Registry's as sagas defined in Go.
+	Definitions DefinitionsFunc
 	// StuckAfter: see admin.Config.StuckAfter (used when Admin is nil).
 	StuckAfter time.Duration
 	// APIToken, when set, is required as "Authorization: Bearer <token>" on
@@ -168,6 +171,7 @@ func (s *Server) routes() {
 	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
 	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
 	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	m.Handle("/v1/definitions", s.api(s.definitions, http.MethodGet))
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
 	}, ""))

@@ -64,3 +64,16 @@ func TestDeclaredReloadOnSIGHUP(t *testing.T) {
 	waitFor(t, 30*time.Second, "version 2 to start on new triggers", func() bool { return versionOf(third) == 2 })
 	p.Stop(30 * time.Second)
 }
+
+// TestDeclaredNameAlsoInGoIsRefused: a file saga with the name of a saga
+// defined in Go (the briefs example) stops the relay at start.
+func TestDeclaredNameAlsoInGoIsRefused(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	dir := t.TempDir()
+	writeSaga(t, dir, "briefs.yaml", strings.Replace(reloadV1, "saga: hup", "saga: brief_enrichment", 1), "")
+	out, code := relaytest.Run(t, nil, append([]string{"run", "--http-addr", "127.0.0.1:0"}, relayArgs(db, "--sagas", dir)...)...)
+	if code != 2 || !strings.Contains(out, "briefs.yaml:1:1: saga brief_enrichment is also defined in Go in this relay; rename one of them") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}

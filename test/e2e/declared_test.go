@@ -372,6 +372,41 @@ func TestDeclaredOrderSaga(t *testing.T) {
 			}
 		}
 	}
+	// GET /v1/definitions lists the declared saga with its file, hash and
+	// step kinds.
+	req, _ := http.NewRequest(http.MethodGet, "http://"+p.Addr+"/v1/definitions", nil)
+	req.Header.Set("Authorization", "Bearer tok-for-test-0123456789abcdef")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var defs struct {
+		Items []struct {
+			Name    string `json:"name"`
+			Version int    `json:"version"`
+			Source  string `json:"source"`
+			Hash    string `json:"hash"`
+			Steps   []struct {
+				Name, Kind, Compensate string
+			} `json:"steps"`
+		} `json:"items"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&defs)
+	resp.Body.Close()
+	// The Go saga of this binary (the briefs example, registered where its
+	// schema exists) and the file saga share one registry.
+	if err != nil || len(defs.Items) != 2 || defs.Items[0].Name != "brief_enrichment" || defs.Items[0].Source != "go" {
+		t.Fatalf("/v1/definitions: %v %+v", err, defs)
+	}
+	d := defs.Items[1]
+	var kinds []string
+	for _, st := range d.Steps {
+		kinds = append(kinds, st.Name+":"+st.Kind+"/"+st.Compensate)
+	}
+	if d.Name != "order_fulfilment" || d.Version != 1 || !strings.HasSuffix(d.Source, "order_fulfilment.yaml") || len(d.Hash) != 64 ||
+		strings.Join(kinds, " ") != "reserve_stock:sql/sql charge_payment:http/http confirm:sql/" {
+		t.Fatalf("/v1/definitions: %+v", d)
+	}
 	p.Stop(30 * time.Second)
 	if strings.Contains(p.Output(), plantedSecret) {
 		t.Errorf("the relay's log holds the secret")
