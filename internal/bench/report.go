@@ -22,6 +22,7 @@ type Report struct {
 	CorrelatorAlone []CorrelatorCase `json:"correlator_alone,omitempty"`
 	Latency         []LatencyCase    `json:"latency,omitempty"`
 	Steps           *StepsResult     `json:"steps,omitempty"`
+	Declared        *DeclaredResult  `json:"declared,omitempty"`
 	Curve           []CurvePoint     `json:"curve,omitempty"`
 
 	LoadAverage []ScenarioLoad `json:"load_average"`
@@ -149,6 +150,7 @@ type Summary struct {
 	StepsPerSec             *float64 `json:"steps_per_sec"`
 	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
 	StepRatio               *float64 `json:"step_ratio"`
+	DeclaredStepRatio       *float64 `json:"declared_step_ratio"`
 	PeakRSSMB               *float64 `json:"peak_rss_mb"`
 
 	// The 100-rows-per-transaction stream case.
@@ -211,6 +213,9 @@ func (r *Report) Summary() Summary {
 			s.HighFirstStepP99Ms = f64(c.FirstStep.P99)
 			s.HighFirstStepUnfinished = &unfinished
 		}
+	}
+	if d := r.Declared; d != nil {
+		s.DeclaredStepRatio = f64(d.Ratio)
 	}
 	if st := r.Steps; st != nil {
 		s.StepsPerSec = f64(st.StepsPerSec)
@@ -302,6 +307,10 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.5)\tclaims\tinstances/claim\tclaim s")
 		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.5),
 			st.Claims, st.PerClaim, st.ClaimSeconds)
+	}
+	if d := r.Declared; d != nil {
+		fmt.Fprintln(tw, "\n3b. declared steps\tsagas×steps\tGo steps/s\tdeclared steps/s\tdeclared_step_ratio (≥0.9)")
+		fmt.Fprintf(tw, "\t%d×%d\t%.0f\t%.0f\t%.2f %s\n", d.Sagas, benchStepsPerSaga, d.GoStepsPerSec, d.DeclaredStepsPerSec, d.Ratio, mark(d.Ratio >= 0.9))
 	}
 	if len(r.Curve) > 0 {
 		fmt.Fprintln(tw, "\n4/5. stream+correlator cost curve\tevents\trows/tx\tseconds\tevents/s\tpeak RSS MB (<150 at 1M)\tCPU s\tCPU s per 100k events\tmeasured")
