@@ -34,9 +34,10 @@ func TestWaitVisibleWaitsForTheTriggersTransaction(t *testing.T) {
 	if err := waitVisible(ctx, tx, []int64{xid}, 300*time.Millisecond); err == nil {
 		t.Fatal("an open transaction was taken as visible")
 	}
+	committed := make(chan error, 1)
 	go func() {
 		time.Sleep(200 * time.Millisecond)
-		_ = trig.Commit(ctx)
+		committed <- trig.Commit(ctx)
 	}()
 	began := time.Now()
 	if err := waitVisible(ctx, tx, []int64{xid}, 10*time.Second); err != nil {
@@ -44,6 +45,9 @@ func TestWaitVisibleWaitsForTheTriggersTransaction(t *testing.T) {
 	}
 	if took := time.Since(began); took < 150*time.Millisecond {
 		t.Fatalf("returned after %s, before the commit", took)
+	}
+	if err := <-committed; err != nil {
+		t.Fatal(err)
 	}
 	// Long-committed transactions (and a batch without xids) pass at once.
 	if err := waitVisible(ctx, tx, []int64{3, xid}, time.Millisecond); err != nil {
