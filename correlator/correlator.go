@@ -41,6 +41,12 @@ type Config struct {
 	// OnStarted is told, after each commit, how many instances of each saga
 	// the batch started (for per-saga metrics). Optional.
 	OnStarted func(saga string, n int)
+	// InBatchTx, when set, is called inside each fresh batch's transaction
+	// (after the checkpoint moved, before the commit; not for a replayed
+	// batch), so that other owners' rows (the sinks' parked deliveries)
+	// commit with the checkpoint or not at all. ctx is the one HandleBatch
+	// received. An error rolls the batch back and stops the stream.
+	InBatchTx func(ctx context.Context, tx pgx.Tx, b cdc.Batch) error
 	Logger    *slog.Logger
 }
 
@@ -232,6 +238,11 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 			return out, err
 		}
 	}
+	if c.cfg.InBatchTx != nil {
+		if err := c.cfg.InBatchTx(ctx, tx, b); err != nil {
+			return out, fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("correlator: commit batch at %s: %w", b.EndLSN, err)
 	}
@@ -273,7 +284,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
 	if len(p.startSaga) > 0 {
 		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
-			p.startTrigger, p.startCorr, p.startContext, p.startDeadline)
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate)
 	}
 	if len(p.replyEvent) > 0 {
 		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer)

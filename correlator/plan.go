@@ -33,6 +33,9 @@ type plan struct {
 	// startXids are the source transactions of the triggers, each once: the
 	// batch waits until they are visible (see waitVisible).
 	startXids []int64
+	// startAggregate is the trigger's aggregate id (nil when it has none),
+	// kept on the instance so that an operator can find it by that id.
+	startAggregate []*string
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -117,8 +120,13 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	if ev.Xid != 0 && (len(p.startXids) == 0 || p.startXids[len(p.startXids)-1] != int64(ev.Xid)) {
 		p.startXids = append(p.startXids, int64(ev.Xid))
 	}
+	var agg *string
+	if ev.AggregateID != "" {
+		agg = &ev.AggregateID
+	}
 	p.outStarted++
 	for i, d := range defs {
+		p.startAggregate = append(p.startAggregate, agg)
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
 		p.startSaga = append(p.startSaga, d.Name)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
 )
@@ -70,6 +71,16 @@ type Config struct {
 	// page's login. Unset: reads are open and mutations answer 403. It must
 	// carry at least 128 random bits (httpapi.CheckTokenStrength).
 	APIToken string
+	// APITokensFile is a token file (YAML: tokens with name, token_env or
+	// sha256, tenant or "*", role operate or read; see README.md, "API
+	// tokens"), loaded and validated by New with every problem reported as
+	// file:line:col. Its tokens work beside APIToken; a tenant-scoped one
+	// sees and acts on its tenant only.
+	APITokensFile string
+	// HTTPInsecure allows a monitor without any token on an address that
+	// is not loopback (New refuses that otherwise: every saga's state would
+	// be readable by whoever can reach it); the page then shows a banner.
+	HTTPInsecure bool
 	// AllowedHosts: without APIToken, the monitor answers only requests
 	// whose Host is an IP address, localhost or one of these names (DNS
 	// rebinding). SessionTTL is how long a login to the page lasts (default
@@ -88,6 +99,11 @@ type Config struct {
 	// defined in Go (a name defined both ways is refused); an error lists
 	// every problem (declare.Problems). ReloadSagas re-reads it. Empty: none.
 	Sagas string
+
+	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
+	// relay also delivers outbox events to those NATS, Kafka and webhook
+	// destinations. Empty: no sinks. Ignored with NoStream.
+	Sinks string
 
 	// Logger receives the relay's structured logs (default: discarded).
 	Logger *slog.Logger
@@ -159,10 +175,38 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("relay: %w", err))
 		}
 	}
+	if err := c.checkExposure(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.loadTokens(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return saga.Errorf(saga.ErrInvalid, "%s", err.Error())
 	}
 	return nil
+}
+
+// checkExposure refuses a monitor on an address that is not loopback with
+// no token configured, unless HTTPInsecure accepts it.
+func (c Config) checkExposure() error {
+	if c.handlerOnly() || c.HTTPInsecure || c.APIToken != "" || c.APITokensFile != "" || httpapi.IsLoopback(c.HTTPAddr) {
+		return nil
+	}
+	return fmt.Errorf("relay: Config.HTTPAddr %s is not a loopback address and no token is configured, so the monitor would show every saga's state to whoever can reach it; set APIToken or APITokensFile, or HTTPInsecure to accept that", c.HTTPAddr)
+}
+
+// loadTokens reads APITokensFile (nil when unset), every token at least as
+// strong as APIToken must be.
+func (c Config) loadTokens() (*apitoken.Set, error) {
+	if c.APITokensFile == "" {
+		return nil, nil
+	}
+	set, err := apitoken.Load(c.APITokensFile, nil, httpapi.CheckTokenStrength)
+	if err != nil {
+		return nil, saga.Errorf(saga.ErrInvalid, "%s", err.Error())
+	}
+	return set, nil
 }
 
 // handlerOnly reports whether the application serves Handler itself.

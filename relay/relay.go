@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -21,6 +23,8 @@ import (
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/dial"
 )
 
 // Relay is an assembled relay: the replication stream (unless NoStream), the
@@ -41,6 +45,8 @@ type Relay struct {
 	runner     *saga.Runner
 	correlator *correlator.Correlator
 	stream     *cdc.Stream
+	fanout     *sink.Fanout
+	sinks      []sink.Destination
 	metrics    *httpapi.Metrics
 	monitor    *httpapi.Server
 
@@ -124,10 +130,17 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	if err != nil {
 		return err
 	}
-	r.correlator, err = correlator.New(r.pool, &correlator.Config{
+	corrCfg := &correlator.Config{
 		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
 		OnStarted: r.metrics.SagasStarted,
-	})
+	}
+	if cfg.Sinks != "" && !cfg.NoStream {
+		if err := r.openSinks(ctx); err != nil {
+			return err
+		}
+		corrCfg.InBatchTx = r.fanout.WriteParked
+	}
+	r.correlator, err = correlator.New(r.pool, corrCfg)
 	if err != nil {
 		return err
 	}
@@ -144,7 +157,13 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		if err := cdc.Preflight(ctx, r.pool, streamCfg); err != nil {
 			return err
 		}
-		if r.stream, err = cdc.NewStream(streamCfg, failpoint.Wrap(r.correlator)); err != nil {
+		next := failpoint.Wrap(r.correlator)
+		if r.fanout != nil {
+			// Deliveries first; parked rows commit in the correlator's
+			// transaction, with the checkpoint.
+			next = r.fanout.Sink(next)
+		}
+		if r.stream, err = cdc.NewStream(streamCfg, next); err != nil {
 			return err
 		}
 	}
@@ -154,11 +173,22 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	}
 	// The monitor reads through its own pool; retry and cancel go through
 	// the journal, fenced like the runner's writes.
+	tokens, err := cfg.loadTokens()
+	if err != nil {
+		return err
+	}
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
 		Definitions: r.definitions,
-		APIToken:    cfg.APIToken, Metrics: r.metrics, Logger: log.With("component", "http"),
+		APIToken:    cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
+		Metrics: r.metrics, Logger: log.With("component", "http"),
+		// A retry or cancel through the API wakes the runners, as the
+		// correlator does after a start.
+		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
+	}
+	if cfg.OutboxColumns == "" {
+		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
 	}
 	if r.stream != nil {
 		sources.Lag = func() (int64, float64) {
@@ -216,6 +246,13 @@ func (r *Relay) Start(ctx context.Context) error {
 			}
 		}()
 	}
+	if r.fanout != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.fanout.Run(runCtx)
+		}()
+	}
 	if r.stream != nil {
 		go func() {
 			r.streamErr = r.stream.Run(runCtx)
@@ -224,6 +261,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	}
 	r.cfg.Logger.Info("relay started", "slot", r.cfg.Slot, "stream", !r.cfg.NoStream,
 		"workers", r.cfg.Workers, "http", r.Addr())
+	r.logSagas()
 	return nil
 }
 
@@ -236,6 +274,8 @@ func (r *Relay) failStart() {
 }
 
 func (r *Relay) closePools() {
+	dial.Close(r.sinks)
+	r.sinks = nil
 	r.monPool.Close()
 	r.pool.Close()
 }
@@ -340,6 +380,21 @@ func (r *Relay) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// openSinks loads the sinks file, connects every sink and builds the
+// fan-out in front of the correlator.
+func (r *Relay) openSinks(ctx context.Context) error {
+	cfg, err := sink.LoadFile(r.cfg.Sinks)
+	if err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	if r.sinks, err = dial.Open(cfg, nil); err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
+		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})
+	return err
+}
+
 // replicationFunc reports the slot for /v1/replication and /readyz.
 func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
 	return func(ctx context.Context) (httpapi.ReplicationStatus, error) {
@@ -404,4 +459,30 @@ func (r *Relay) definitions() []httpapi.Definition {
 		}
 	}
 	return out
+}
+
+// logSagas says at start which sagas this relay runs and which events start
+// them: an event that starts none is ignored by design (most outbox events
+// are not triggers), and this line is where an operator checks why.
+func (r *Relay) logSagas() {
+	defs := r.cfg.Registry.Definitions()
+	if len(defs) == 0 {
+		r.cfg.Logger.Warn("no sagas registered: every streamed event is ignored (compensa_events_total{outcome=\"ignored\"}) except replies to waiting steps")
+		return
+	}
+	for _, d := range defs {
+		var triggers []string
+		for _, t := range d.Triggers {
+			s := t.EventType
+			if t.AggregateType != "" {
+				s += " (aggregate " + t.AggregateType + ")"
+			}
+			if t.TenantID != uuid.Nil {
+				s += " (tenant " + t.TenantID.String() + ")"
+			}
+			triggers = append(triggers, s)
+		}
+		r.cfg.Logger.Info("saga registered", "saga", d.Key().String(), "steps", len(d.Steps),
+			"triggers", strings.Join(triggers, ", "))
+	}
 }

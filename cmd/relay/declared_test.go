@@ -9,7 +9,7 @@ import (
 )
 
 // runCLI runs `relay <args>` in process and returns its output and exit code.
-func runCLI(t *testing.T, args ...string) (string, int) {
+func runDeclaredCLI(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	root := newRootCmd(&rootOptions{})
 	var out bytes.Buffer
@@ -107,7 +107,7 @@ COMPENSATED
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			out, code := runCLI(t, append([]string{"sagas", "test", exampleSaga, "--trigger", trigger}, tc.args...)...)
+			out, code := runDeclaredCLI(t, append([]string{"sagas", "test", exampleSaga, "--trigger", trigger}, tc.args...)...)
 			if code != tc.code {
 				t.Errorf("exit %d, want %d", code, tc.code)
 			}
@@ -128,12 +128,12 @@ COMPENSATED
 // one prints every problem and exits 2.
 func TestSagasValidate(t *testing.T) {
 	t.Parallel()
-	out, code := runCLI(t, "sagas", "validate", "../../examples/orders/sagas")
+	out, code := runDeclaredCLI(t, "sagas", "validate", "../../examples/orders/sagas")
 	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → confirm (sql)\n"
 	if code != 0 || out != want {
 		t.Fatalf("exit %d:\n%s\nwant:\n%s", code, out, want)
 	}
-	out, code = runCLI(t, "sagas", "validate", "../../saga/declare/testdata")
+	out, code = runDeclaredCLI(t, "sagas", "validate", "../../saga/declare/testdata")
 	if code != 2 || !strings.Contains(out, "no *.yaml or *.yml file in the saga directory") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}

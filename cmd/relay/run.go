@@ -47,6 +47,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 					return exitError{code: 2, msg: err.Error()}
 				}
 			}
+			if cfg.HTTPAddr != "" && !cfg.HTTPInsecure && cfg.APIToken == "" && cfg.APITokensFile == "" && !httpapi.IsLoopback(cfg.HTTPAddr) {
+				return exitError{code: 2, msg: fmt.Sprintf("--http-addr %s is not a loopback address and no token is configured: anyone who can reach it could read every saga's state; pass --api-token (or RELAY_API_TOKEN) or --api-tokens FILE, or --http-insecure to accept that", cfg.HTTPAddr)}
+			}
 			if cfg.SessionTTL <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
@@ -64,10 +67,13 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see README.md, API tokens")
+	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token; the page shows a banner (env RELAY_HTTP_INSECURE)")
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
 	f.StringVar(&cfg.Sagas, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts; SIGHUP reloads it (env RELAY_SAGAS)")
+	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }

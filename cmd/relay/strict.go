@@ -52,6 +52,9 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
+	"relay sinks validate":    {},
+	"relay sinks list":        {"database-url"},
+	"relay sinks retry":       {"database-url"},
 	"relay demo":              {"http-addr", "log-level"},
 	"relay bench":             {"database-url"},
 	"relay bench consume":     {"database-url", "slot", "publication", "log-level"},
@@ -296,7 +299,7 @@ func (v *checkedValue) Set(s string) error {
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
 	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
-	"only":      {"stream", "latency", "steps", "declared", "curve"},
+	"only":      {"stream", "sinks", "latency", "steps", "declared", "curve"},
 }
 
 // stringChecks check free-text flags that still have a form.

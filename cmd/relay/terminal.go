@@ -71,3 +71,12 @@ func escapeTerm(s, keep string) string {
 	}
 	return b.String()
 }
+
+// plainReason refuses a --reason with control characters, as the API does:
+// it is journaled and shown in other operators' terminals and pages.
+func plainReason(reason string) error {
+	if strings.ContainsFunc(reason, func(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f }) {
+		return fmt.Errorf("--reason holds control characters (escape sequences, newlines); give plain text on one line")
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -127,5 +128,41 @@ func TestEscapeTerm(t *testing.T) {
 	}
 	if got := termSafe("two\nlines\x00"); got != `two\u000alines\u0000` {
 		t.Errorf("termSafe: %q", got)
+	}
+}
+
+// FuzzEscapeTerm: whatever the database holds, what reaches the terminal
+// has no control character but tab and newline, and is valid UTF-8.
+func FuzzEscapeTerm(f *testing.F) {
+	for _, s := range []string{hostile, "plain", "\xff\xfe", "\u0085\u009b", "\x00\x7f", "é\u2028"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var buf strings.Builder
+		if _, err := newTermWriter(&buf).Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		if bad := terminalUnsafe(out); bad != "" || !utf8.ValidString(out) {
+			t.Fatalf("escapeTerm(%q) = %q still holds %q", s, out, bad)
+		}
+		if clean([]byte(s)) && out != s {
+			t.Fatalf("clean text changed: %q -> %q", s, out)
+		}
+	})
+}
+
+// TestReasonControlCharsRefusedByCLI: the CLI refuses what the API refuses,
+// before connecting.
+func TestReasonControlCharsRefusedByCLI(t *testing.T) {
+	t.Parallel()
+	id := uuid.NewString()
+	for _, args := range [][]string{
+		{"sagas", "retry", id, "--reason", "fixed\x1b]8;;https://evil.example\x07"},
+		{"sagas", "cancel", id, "--reason", "two\nlines"},
+	} {
+		if _, err := runSagas(t, "postgres://nobody@127.0.0.1:1/none", args...); err == nil || !strings.Contains(err.Error(), "control characters") {
+			t.Errorf("relay %s: %v, want a refusal", strings.Join(args[:2], " "), err)
+		}
 	}
 }

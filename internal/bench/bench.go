@@ -45,7 +45,7 @@ type Config struct {
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
-var Scenarios = []string{"stream", "latency", "steps", "declared", "curve"}
+var Scenarios = []string{"stream", "sinks", "latency", "steps", "declared", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -146,6 +146,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	scenarios := map[string]func(context.Context) error{
 		"stream":   r.streamScenario,
+		"sinks":    r.sinksScenario,
 		"latency":  r.latencyScenario,
 		"steps":    r.stepsScenario,
 		"declared": r.declaredScenario,

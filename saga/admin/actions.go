@@ -45,7 +45,15 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, reason, actor string) (
 	if err != nil {
 		return Result{}, err
 	}
-	return a.act(ctx, id, func(inst Instance) (bool, error) {
+	return a.act(ctx, id, retryRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
+	})
+}
+
+// retryRule is Retry's decision for an instance it holds locked: refuse it,
+// call it already requested, or go ahead.
+func retryRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
 		switch inst.Status {
 		case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: it has finished, there is nothing to retry", id, inst.Status)
@@ -64,9 +72,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, reason, actor string) (
 				id, inst.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05Z07:00"))
 		}
 		return false, nil
-	}, func(ctx context.Context) error {
-		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
-	})
+	}
 }
 
 // Cancel starts the compensation of a RUNNING instance: the steps that
@@ -79,7 +85,14 @@ func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason, actor string) 
 	if err != nil {
 		return Result{}, err
 	}
-	return a.act(ctx, id, func(inst Instance) (bool, error) {
+	return a.act(ctx, id, cancelRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
+	})
+}
+
+// cancelRule is Cancel's decision for an instance it holds locked.
+func cancelRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
 		switch {
 		case inst.Status == saga.StatusCompensating && inst.lastKind == string(saga.EventCancelRequested):
 			return true, nil
@@ -93,9 +106,7 @@ func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason, actor string) 
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a RUNNING instance can be cancelled", id, inst.Status)
 		}
 		return false, nil
-	}, func(ctx context.Context) error {
-		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
-	})
+	}
 }
 
 func checkRequest(reason, actor string, reasonRequired bool) (string, error) {
@@ -119,6 +130,15 @@ func checkRequest(reason, actor string, reasonRequired bool) (string, error) {
 // done, performs the request in the same transaction and returns the state
 // after it.
 func (a *Admin) act(ctx context.Context, id uuid.UUID, decide func(Instance) (already bool, err error), request func(context.Context) error) (Result, error) {
+	return a.actIf(ctx, id, nil, decide, request)
+}
+
+// actIf is act with a condition checked under the row lock, before decide:
+// when it says no, the instance is left alone and errNoLongerMatches is
+// returned (a bulk action's filter, which may have stopped holding since the
+// instance was selected).
+func (a *Admin) actIf(ctx context.Context, id uuid.UUID, still func(context.Context, pgx.Tx) (bool, error),
+	decide func(Instance) (already bool, err error), request func(context.Context) error) (Result, error) {
 	if a.cfg.Journal == nil {
 		return Result{}, ErrReadOnly
 	}
@@ -127,6 +147,15 @@ func (a *Admin) act(ctx context.Context, id uuid.UUID, decide func(Instance) (al
 		inst, err := a.get(ctx, tx, id, true)
 		if err != nil {
 			return err
+		}
+		if still != nil {
+			ok, err := still(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errNoLongerMatches
+			}
 		}
 		already, err := decide(inst)
 		if err != nil {

@@ -174,6 +174,9 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		return metricValue(t, p.Addr, `compensa_events_total{outcome="ignored"}`) >= 1
 	})
 	p.Stop(30 * time.Second)
+	if !strings.Contains(p.Output(), "no sagas registered") {
+		t.Errorf("a relay with no sagas does not say so at start:\n%s", p.Output())
+	}
 	if strings.Contains(p.Output(), "relay-secret") {
 		t.Fatal("the relay's password appears in its output")
 	}
@@ -212,6 +215,9 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		super.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED' AND tenant_id = $1`, tenant).Scan(&n)
 		return n == 1
 	})
+	if !strings.Contains(p.Output(), `msg="saga registered" saga=brief_enrichment@v1`) || !strings.Contains(p.Output(), "triggers=research_brief.created") {
+		t.Errorf("the relay does not log its sagas and their triggers at start:\n%s", p.Output())
+	}
 	if v := metricValue(t, p.Addr, `compensa_events_total{outcome="started"}`); v < 1 {
 		t.Fatalf(`compensa_events_total{outcome="started"} = %v after a saga started`, v)
 	}
