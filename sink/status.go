@@ -13,7 +13,7 @@ type Status struct {
 	Name      string `json:"name"`
 	Kind      string `json:"kind"`
 	State     string `json:"state"`
-	Reason    string `json:"reason,omitempty"`
+	Reason    string `json:"reason"`
 	Delivered int64  `json:"delivered"`
 	Parked    int64  `json:"parked"`
 	// OldestParkedSeconds is the age of the oldest parked event; nil when

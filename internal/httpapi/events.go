@@ -75,6 +75,11 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		}
 		msg.TenantID = c.Tenant.UUID
 	}
+	idGiven := msg.ID != uuid.Nil
+	if !idGiven {
+		// Chosen here, not by outbox.Write, so that the answer can name it.
+		msg.ID = uuid.New()
+	}
 	table, err := outbox.ParseTableName(s.cfg.OutboxTable)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "the relay's outbox table name is invalid")
@@ -83,7 +88,7 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 	ctx := r.Context()
 	created := true
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if msg.ID != uuid.Nil {
+		if idGiven {
 			var exists bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table.Quoted()+` WHERE id = $1)`, msg.ID).Scan(&exists); err != nil {
 				return err

@@ -65,7 +65,7 @@ func setupScoped(t *testing.T) *scoped {
 	if s.metrics, err = httpapi.NewMetrics(nil); err != nil {
 		t.Fatal(err)
 	}
-	if s.srv, err = httpapi.New(httpapi.Config{Pool: s.db.Pool, Registry: s.reg, Journal: j, Tokens: tokens, Metrics: s.metrics}); err != nil {
+	if s.srv, err = httpapi.New(httpapi.Config{Pool: s.db.Pool, Registry: s.reg, Journal: j, Tokens: tokens, Metrics: s.metrics, OutboxTable: "outbox"}); err != nil {
 		t.Fatal(err)
 	}
 	s.ts = httptest.NewServer(s.srv)
@@ -303,6 +303,41 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("replication: %d", r.status)
 			}
 		},
+		"POST /v1/events": func(t *testing.T) {
+			// An event naming tenant B is refused; one naming no tenant is
+			// written under the token's tenant A.
+			body := `{"event_type": "isolation.probe", "tenant_id": "` + tenantB.String() + `", "payload": {}}`
+			if r := s.call(t, acmeToken, "POST", "/v1/events", body); r.status != http.StatusForbidden {
+				t.Errorf("post an event of tenant B: %d %s, want 403", r.status, r.body)
+			}
+			r := s.call(t, acmeToken, "POST", "/v1/events", `{"event_type": "isolation.probe", "payload": {}}`)
+			var res struct {
+				ID string `json:"id"`
+			}
+			if r.status != http.StatusCreated || json.Unmarshal(r.body, &res) != nil {
+				t.Fatalf("post an event without a tenant: %d %s", r.status, r.body)
+			}
+			var tenant uuid.UUID
+			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id FROM outbox WHERE id = $1`, res.ID).Scan(&tenant); err != nil || tenant != tenantA {
+				t.Errorf("the posted event's tenant is %s (%v), want the token's %s", tenant, err, tenantA)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/events", `{"event_type": "isolation.probe"}`); r.status != http.StatusForbidden {
+				t.Errorf("post by a read token: %d, want 403", r.status)
+			}
+		},
+		"GET /v1/sinks": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "GET", "/v1/sinks", ""); r.status != http.StatusForbidden {
+				t.Errorf("sinks as a tenant-scoped token: %d, want 403 (a sink carries every tenant's events)", r.status)
+			}
+			if r := s.call(t, opsToken, "GET", "/v1/sinks", ""); r.status != http.StatusOK {
+				t.Errorf("sinks as the * token: %d", r.status)
+			}
+		},
+		"POST /v1/sinks/{name}/retry": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/any/retry", ""); r.status != http.StatusForbidden {
+				t.Errorf("sink retry as a tenant-scoped token: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -370,6 +405,10 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
 		"GET /v1/search":             {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
 		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
+		"POST /v1/events": {{"/v1/events", `{"event_type": "openapi.probe", "payload": {"n": 1}}`},
+			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
+		"GET /v1/sinks":               {{"/v1/sinks", ""}},
+		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
 	}
 	for _, rt := range s.srv.Routes() {
 		reqs, ok := requests[rt.Method+" "+rt.Path]
