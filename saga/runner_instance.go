@@ -114,7 +114,7 @@ func (r *Runner) process(c claim) {
 	hbStopped := make(chan struct{})
 	go func() {
 		defer close(hbStopped)
-		w.heartbeat(leaseCtx, lose, hbDone)
+		w.heartbeat(leaseCtx, lose, hbDone, inst.ID)
 	}()
 	defer func() {
 		close(hbDone)
@@ -178,7 +178,10 @@ func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
 // heartbeat extends the lease every third of its duration until done. A
 // refused heartbeat, or none accepted for a whole lease, loses the lease:
 // lose cancels every context of the instance's work.
-func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
+//
+// It runs beside the worker, which replaces w.inst as the instance advances:
+// it reads only id (given, not w.inst.ID) and fields that do not change.
+func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}, id uuid.UUID) {
 	d := w.r.cfg.LeaseDuration
 	t := time.NewTicker(d / 3)
 	defer t.Stop()
@@ -193,13 +196,13 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 		}
 		sent := time.Now()
 		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, w.inst.ID, w.lease, d)
+		ok, err := w.r.journal.Heartbeat(hctx, id, w.lease, d)
 		cancel()
 		switch {
 		case err == nil && ok:
 			last = sent
 		case err == nil:
-			w.log.Warn("saga lease lost: heartbeat refused", "step", w.inst.CurrentStep)
+			w.log.Warn("saga lease lost: heartbeat refused")
 			lose(errLeaseGone)
 			return
 		default:
