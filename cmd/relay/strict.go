@@ -48,6 +48,8 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas show":        {"database-url"},
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
+	"relay sagas validate":    {},
+	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
 	"relay sinks validate":    {},
@@ -301,7 +303,7 @@ func (v *checkedValue) Set(s string) error {
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
 	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
-	"only":      {"stream", "sinks", "latency", "steps", "curve"},
+	"only":      {"stream", "sinks", "latency", "steps", "declared", "curve"},
 }
 
 // stringChecks check free-text flags that still have a form.
