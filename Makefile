@@ -39,6 +39,18 @@ bench: postgres build
 chaos: postgres
 	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)
 
+# `make test-declared` runs the declared-saga kill test in full: three SIGKILLs
+# of the relay under load, 300 orders (make test runs one kill, 30 orders).
+.PHONY: test-declared
+test-declared: postgres
+	DECLARED_FULL=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
+
+# `make example-orders` runs examples/orders (README "Sagas without Go"): a
+# throwaway PostgreSQL, the Python payment service, the relay with --sagas.
+.PHONY: example-orders
+example-orders: postgres build
+	$(GO) run ./examples/orders/run
+
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
 # own rule parser (model/rulefmt, as promtool does). It is a module of its own
 # (deploy/check) so that the Prometheus module stays out of the relay's go.mod.

@@ -105,6 +105,7 @@ type receiver struct {
 
 	inTx bool
 	tx   struct {
+		xid        uint32
 		commitLSN  pglogrepl.LSN
 		commitTime time.Time
 		events     []outbox.Event
@@ -306,7 +307,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 			return errorf(ErrProtocol, "BEGIN of transaction %d inside another transaction", m.Xid)
 		}
 		r.inTx = true
-		r.tx.commitLSN, r.tx.commitTime = m.FinalLSN, m.CommitTime
+		r.tx.commitLSN, r.tx.commitTime, r.tx.xid = m.FinalLSN, m.CommitTime, m.Xid
 		r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
 	case *pglogrepl.InsertMessage:
 		if !r.inTx {
@@ -324,6 +325,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 			return err
 		}
 		ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
+		ev.Xid = r.tx.xid
 		r.tx.events = append(r.tx.events, ev)
 		r.tx.bytes += eventBytes(&ev)
 		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -90,6 +91,10 @@ type Correlator struct {
 	pool   *pgxpool.Pool
 	cfg    Config
 	routes routes
+	// routesGen is the registry generation routes were built from: a
+	// registry changed since (declared sagas reloaded) rebuilds them at the
+	// next batch. Batches are handled one at a time.
+	routesGen uint64
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
 	outStarted, outReply, outIgnored, outParked                                atomic.Uint64
@@ -107,7 +112,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Correlator, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry)}, nil
+	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry), routesGen: c.Registry.Generation()}, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -157,6 +162,9 @@ type outcome struct {
 // transaction. A batch whose end LSN is not past the checkpoint was handled
 // before (a replay after a crash): it is skipped.
 func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
+	if g := c.cfg.Registry.Generation(); g != c.routesGen {
+		c.routes, c.routesGen = buildRoutes(c.cfg.Registry), g
+	}
 	var p plan
 	for i := range b.Events {
 		p.add(c.routes, &b.Events[i])
@@ -267,6 +275,11 @@ func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, error) {
 }
 
 func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, out *outcome) error {
+	if len(p.startXids) > 0 {
+		if err := waitVisible(ctx, tx, p.startXids, visibleWait); err != nil {
+			return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+		}
+	}
 	var batch pgx.Batch
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
 	if len(p.startSaga) > 0 {
@@ -351,4 +364,42 @@ func (c *Correlator) replanRefused(ctx context.Context, b cdc.Batch) (plan, int)
 		p.add(c.routes, &events[i])
 	}
 	return p, refused
+}
+
+// visibleWait bounds how long a batch waits for its triggers' transactions to
+// become visible; past it the batch fails and the stream retries it.
+const visibleWait = 10 * time.Second
+
+// waitVisible returns once every transaction in xids (32-bit ids from the
+// stream) is visible to a new snapshot. Logical decoding can deliver a
+// commit a moment before a new snapshot sees its rows: the commit record is
+// written before the transaction leaves the proc array. Were an instance
+// started then, its first step could run in a snapshot that does not see the
+// trigger's rows yet. Once a transaction is visible to one snapshot it is to
+// every later one, and no runner can claim the instance before this
+// transaction commits, so waiting here makes "the first step sees the
+// trigger's transaction" hold for every saga, with no retry policy in the
+// saga. The statement runs in READ COMMITTED, so each poll takes a fresh
+// snapshot; the first one nearly always succeeds.
+func waitVisible(ctx context.Context, tx pgx.Tx, xids []int64, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	pause := 200 * time.Microsecond
+	for {
+		var visible bool
+		if err := tx.QueryRow(ctx, sqlTriggersVisible, xids).Scan(&visible); err != nil {
+			return fmt.Errorf("check that the triggers' transactions are visible: %w", err)
+		}
+		if visible {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the triggers' transactions %v are not visible after %s", xids, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		pause = min(pause*2, 20*time.Millisecond)
+	}
 }

@@ -30,6 +30,9 @@ type plan struct {
 	startCorr      []*[16]byte
 	startContext   []string
 	startDeadline  []int64 // microseconds; 0 = no deadline
+	// startXids are the source transactions of the triggers, each once: the
+	// batch waits until they are visible (see waitVisible).
+	startXids []int64
 	// startAggregate is the trigger's aggregate id (nil when it has none),
 	// kept on the instance so that an operator can find it by that id.
 	startAggregate []*string
@@ -84,12 +87,24 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	// Validate against every saga first so that a poison trigger starts none
 	// of them: parking is all or nothing per event.
-	for _, d := range defs {
+	var states []string // per definition, when one builds its own start state
+	for i, d := range defs {
 		if d.DecodeState != nil {
 			if err := d.DecodeState(ev.Payload); err != nil {
 				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
 				return
 			}
+		}
+		if d.StartState != nil {
+			st, err := d.StartState(*ev)
+			if err != nil {
+				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
+				return
+			}
+			if states == nil {
+				states = make([]string, len(defs))
+			}
+			states[i] = string(st)
 		}
 	}
 	var ws *[16]byte
@@ -102,12 +117,15 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
+	if ev.Xid != 0 && (len(p.startXids) == 0 || p.startXids[len(p.startXids)-1] != int64(ev.Xid)) {
+		p.startXids = append(p.startXids, int64(ev.Xid))
+	}
 	var agg *string
 	if ev.AggregateID != "" {
 		agg = &ev.AggregateID
 	}
 	p.outStarted++
-	for _, d := range defs {
+	for i, d := range defs {
 		p.startAggregate = append(p.startAggregate, agg)
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
@@ -115,7 +133,11 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		p.startVersion = append(p.startVersion, int32(d.Version))
 		p.startTrigger = append(p.startTrigger, ev.ID)
 		p.startCorr = append(p.startCorr, corr)
-		p.startContext = append(p.startContext, string(ev.Payload))
+		if states != nil && d.StartState != nil {
+			p.startContext = append(p.startContext, states[i])
+		} else {
+			p.startContext = append(p.startContext, string(ev.Payload))
+		}
 		p.startDeadline = append(p.startDeadline, d.Deadline.Microseconds())
 	}
 }

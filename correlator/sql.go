@@ -94,3 +94,14 @@ WITH ins AS (
   ON CONFLICT DO NOTHING
   RETURNING 1)
 SELECT count(*) FROM ins`
+
+// sqlTriggersVisible reports whether every transaction of $1 (32-bit xids
+// from logical decoding, recent) is visible to the statement's snapshot. The
+// epoch comes from the snapshot's xmax: a recent xid above xmax's low 32 bits
+// belongs to the epoch before.
+const sqlTriggersVisible = `
+WITH r AS (SELECT pg_current_snapshot() AS snap, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax)
+SELECT coalesce(bool_and(pg_visible_in_snapshot(
+         (GREATEST(0, (r.xmax >> 32) - CASE WHEN x > (r.xmax & 4294967295) THEN 1 ELSE 0 END) << 32 | x)::text::xid8,
+         r.snap)), true)
+FROM r, unnest($1::bigint[]) AS x`

@@ -157,6 +157,10 @@ type Event struct {
 	CreatedAt     time.Time
 	// LSN is the commit LSN of the source transaction.
 	LSN uint64
+	// Xid is the source transaction's id as logical decoding gives it (32
+	// bits, no epoch); 0 when unknown (rows read from the initial snapshot,
+	// which are long visible).
+	Xid uint32
 	// Raw is the row as decoded, kept for dead letters: keyed by our field
 	// names (see Fields), values as the text PostgreSQL sent (nil for NULL).
 	Raw map[string]any

@@ -93,6 +93,13 @@ type Config struct {
 	// open connections); zero fields mean httpapi's defaults.
 	HTTPServer httpapi.ServerConfig
 
+	// Sagas is a directory of declared saga definitions (*.yaml, *.yml;
+	// `relay run --sagas`). New loads, checks and pins every file before
+	// anything starts and registers them on Registry beside the sagas
+	// defined in Go (a name defined both ways is refused); an error lists
+	// every problem (declare.Problems). ReloadSagas re-reads it. Empty: none.
+	Sagas string
+
 	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
 	// relay also delivers outbox events to those NATS, Kafka and webhook
 	// destinations. Empty: no sinks. Ignored with NoStream.

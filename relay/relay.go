@@ -21,6 +21,7 @@ import (
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/dial"
@@ -32,6 +33,11 @@ import (
 type Relay struct {
 	cfg  Config
 	pool *pgxpool.Pool
+	// declared is the set of declared sagas in force (Config.Sagas),
+	// replaced by ReloadSagas under declaredMu.
+	declaredMu sync.Mutex
+	declared   []*declare.Saga
+	declaredRT *declare.Runtime
 	// monPool is the monitor's own, small pool (MonitorPoolSize).
 	monPool *pgxpool.Pool
 
@@ -95,6 +101,20 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{}), sinksCfg: sinks}
+	if cfg.Sagas != "" {
+		// Before the correlator and the runner exist: they see the declared
+		// sagas from their first batch and claim on.
+		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared")}
+		loaded, err := declare.Install(ctx, pool, cfg.Registry, cfg.Sagas, r.declaredRT)
+		if err != nil {
+			r.closePools()
+			return nil, err
+		}
+		r.declared = loaded
+		for _, s := range loaded {
+			cfg.Logger.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+		}
+	}
 	if err := r.assemble(ctx, table, cols); err != nil {
 		r.closePools()
 		return nil, err
@@ -173,7 +193,8 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	}
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
-		APIToken: cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
+		Definitions: r.definitions,
+		APIToken:    cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
 		Metrics: r.metrics, Logger: log.With("component", "http"),
 		// A retry or cancel through the API wakes the runners, as the
 		// correlator does after a start.
@@ -400,6 +421,55 @@ func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
 			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
 		}, nil
 	}
+}
+
+// ReloadSagas re-reads Config.Sagas (relay run does on SIGHUP): a fully
+// valid set replaces the declared sagas at once (new triggers start the new
+// set from the next batch; running instances keep their versions); on any
+// problem nothing changes and the error lists every problem
+// (declare.Problems). It returns the set now in force.
+func (r *Relay) ReloadSagas(ctx context.Context) ([]*declare.Saga, error) {
+	if r.cfg.Sagas == "" {
+		return nil, fmt.Errorf("no saga directory to reload: Config.Sagas is empty")
+	}
+	r.declaredMu.Lock()
+	defer r.declaredMu.Unlock()
+	next, err := declare.Reload(ctx, r.pool, r.cfg.Registry, r.cfg.Sagas, r.declaredRT, r.declared)
+	if err != nil {
+		return r.declared, err
+	}
+	r.declared = next
+	return next, nil
+}
+
+// definitions describes every registered definition for GET /v1/definitions:
+// declared ones with their file, hash and step kinds, the others as Go.
+func (r *Relay) definitions() []httpapi.Definition {
+	r.declaredMu.Lock()
+	byKey := map[saga.Key]*declare.Saga{}
+	for _, s := range r.declared {
+		byKey[saga.Key{Name: s.Name, Version: s.Version}] = s
+	}
+	r.declaredMu.Unlock()
+	out := httpapi.RegistryDefinitions(r.cfg.Registry)
+	for i, d := range out {
+		s, ok := byKey[saga.Key{Name: d.Name, Version: d.Version}]
+		if !ok {
+			continue
+		}
+		out[i].Source, out[i].Hash = s.File, s.Hash
+		for j, st := range s.Steps {
+			if j >= len(out[i].Steps) {
+				break
+			}
+			out[i].Steps[j].Kind = st.Kind()
+			out[i].Steps[j].Compensate = ""
+			if st.Compensate != nil {
+				out[i].Steps[j].Compensate = st.Compensate.Kind()
+			}
+		}
+	}
+	return out
 }
 
 // logSagas says at start which sagas this relay runs and which events start

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/outbox"
 )
 
 // Definition is one version of a saga, declared in code. Instances are pinned
@@ -25,6 +27,11 @@ type Definition struct {
 	// (it decodes into the saga's state type, required fields are there). An
 	// error parks the event as a dead letter. Nil accepts any JSON object.
 	DecodeState func(payload json.RawMessage) error
+	// StartState, when set, builds an instance's initial state from its
+	// whole trigger event (declared sagas keep the event's type, aggregate
+	// and headers for their expressions); nil starts with the payload. An
+	// error parks the event as a dead letter.
+	StartState func(ev outbox.Event) (json.RawMessage, error)
 }
 
 // Trigger matches events that start a saga. Empty AggregateType and a nil

@@ -3,6 +3,7 @@ package saga
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Registry holds the saga definitions this process knows. Several versions of
@@ -11,6 +12,9 @@ import (
 type Registry struct {
 	mu   sync.RWMutex
 	defs map[Key]Definition
+	// gen counts changes, so that a reader that caches what it derived
+	// from the registry (the correlator's routes) knows when to derive again.
+	gen atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -30,8 +34,40 @@ func (r *Registry) Register(defs ...Definition) error {
 		}
 		r.defs[d.Key()] = d
 	}
+	r.gen.Add(1)
 	return nil
 }
+
+// Swap removes the definitions of old and registers defs, as one change: a
+// reader sees the registry before or after, never in between, and on an
+// error (an invalid definition, a key still taken) nothing changes. It is how
+// a reloaded set of declared sagas replaces the previous one.
+func (r *Registry) Swap(old []Key, defs []Definition) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := make(map[Key]Definition, len(r.defs))
+	for k, d := range r.defs {
+		next[k] = d
+	}
+	for _, k := range old {
+		delete(next, k)
+	}
+	for _, d := range defs {
+		if err := d.validate(); err != nil {
+			return err
+		}
+		if _, dup := next[d.Key()]; dup {
+			return Errorf(ErrConflict, "definition %s is already registered", d.Key())
+		}
+		next[d.Key()] = d
+	}
+	r.defs = next
+	r.gen.Add(1)
+	return nil
+}
+
+// Generation changes whenever the set of definitions does.
+func (r *Registry) Generation() uint64 { return r.gen.Load() }
 
 // MustRegister is Register for program start-up: it panics on error.
 func (r *Registry) MustRegister(defs ...Definition) {

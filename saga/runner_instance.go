@@ -31,13 +31,16 @@ const (
 	FailureTimeout      = "timeout"
 	FailureReplyTimeout = "reply_timeout"
 	FailureReplyError   = "reply_error"
+	// FailureMayHaveActed: Do said so (MayHaveActed), e.g. a call out
+	// that got a 5xx or no answer.
+	FailureMayHaveActed = "may_have_acted"
 )
 
 // mayHaveActed reports whether a step_failed reason marks a step that may
 // have acted.
 func mayHaveActed(reason string) bool {
 	switch reason {
-	case FailureTimeout, FailureReplyTimeout, FailureReplyError:
+	case FailureTimeout, FailureReplyTimeout, FailureReplyError, FailureMayHaveActed:
 		return true
 	}
 	return false
@@ -111,7 +114,7 @@ func (r *Runner) process(c claim) {
 	hbStopped := make(chan struct{})
 	go func() {
 		defer close(hbStopped)
-		w.heartbeat(leaseCtx, lose, hbDone)
+		w.heartbeat(leaseCtx, lose, hbDone, inst.ID)
 	}()
 	defer func() {
 		close(hbDone)
@@ -175,7 +178,10 @@ func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
 // heartbeat extends the lease every third of its duration until done. A
 // refused heartbeat, or none accepted for a whole lease, loses the lease:
 // lose cancels every context of the instance's work.
-func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
+//
+// It runs beside the worker, which replaces w.inst as the instance advances:
+// it reads only id (given, not w.inst.ID) and fields that do not change.
+func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}, id uuid.UUID) {
 	d := w.r.cfg.LeaseDuration
 	t := time.NewTicker(d / 3)
 	defer t.Stop()
@@ -190,13 +196,13 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 		}
 		sent := time.Now()
 		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, w.inst.ID, w.lease, d)
+		ok, err := w.r.journal.Heartbeat(hctx, id, w.lease, d)
 		cancel()
 		switch {
 		case err == nil && ok:
 			last = sent
 		case err == nil:
-			w.log.Warn("saga lease lost: heartbeat refused", "step", w.inst.CurrentStep)
+			w.log.Warn("saga lease lost: heartbeat refused")
 			lose(errLeaseGone)
 			return
 		default:
@@ -401,6 +407,9 @@ func (w *work) afterFailedAttempt(ctx context.Context, step Step, attempt int, e
 	if timedOut {
 		reason = FailureTimeout
 		err = fmt.Errorf("%w after %s: %w", errStepTimeout, step.Timeout, err)
+	}
+	if reason == "" && errors.Is(err, ErrMayHaveActed) {
+		reason = FailureMayHaveActed
 	}
 	return w.fail(ctx, step, attempt, err, reason, took)
 }
@@ -623,7 +632,11 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	msg := err.Error()
 	ev := Event{Kind: EventStepFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg, Reason: reason}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
-		ev.RetryIn = w.capToDeadline(pol.Delay(attempt))
+		ev.RetryIn = pol.Delay(attempt)
+		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+			ev.RetryIn = d // the service asked for at least this much
+		}
+		ev.RetryIn = w.capToDeadline(ev.RetryIn)
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err
@@ -872,6 +885,9 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	ev := Event{Kind: EventCompensationFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
+		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+			ev.RetryIn = d
+		}
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,6 +15,7 @@ import (
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
 )
 
 func init() { registerCommand(newRunCmd) }
@@ -70,6 +72,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
+	f.StringVar(&cfg.Sagas, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts; SIGHUP reloads it (env RELAY_SAGAS)")
 	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
@@ -87,19 +90,35 @@ func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) 
 	cfg.Registry = reg
 	r, err := relay.New(ctx, cfg)
 	if err != nil {
+		var ps declare.Problems
+		if errors.As(err, &ps) {
+			// One problem per line, every one of them: the SRE fixes them
+			// all in one go.
+			return problemsExit(os.Stderr, ps)
+		}
 		return exitError{code: 2, msg: err.Error()}
 	}
 	if err := r.Start(ctx); err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
 	var streamErr error
-	select {
-	case <-ctx.Done():
-		log.Info("stopping: signal received; a second signal stops at once")
-	case <-r.Done():
-		streamErr = r.Err()
-		if streamErr != nil {
-			log.Error("replication stream stopped", "err", streamErr)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case <-hup:
+			reloadSagas(ctx, r, cfg)
+		case <-ctx.Done():
+			log.Info("stopping: signal received; a second signal stops at once")
+			break wait
+		case <-r.Done():
+			streamErr = r.Err()
+			if streamErr != nil {
+				log.Error("replication stream stopped", "err", streamErr)
+			}
+			break wait
 		}
 	}
 	hard := make(chan os.Signal, 1)
@@ -135,4 +154,32 @@ func registryForURL(ctx context.Context, dsn string) (*saga.Registry, error) {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return registryFor(ctx, conn)
+}
+
+// reloadSagas re-reads --sagas on SIGHUP: a fully valid set replaces the old
+// one at once; otherwise every problem is logged, one per line, and the old
+// set keeps running.
+func reloadSagas(ctx context.Context, r *relay.Relay, cfg relay.Config) {
+	log := cfg.Logger
+	if cfg.Sagas == "" {
+		log.Info("SIGHUP: no --sagas directory to reload")
+		return
+	}
+	next, err := r.ReloadSagas(ctx)
+	if err != nil {
+		var ps declare.Problems
+		if errors.As(err, &ps) {
+			for _, p := range ps {
+				log.Error("saga reload refused: "+p.String(), "file", p.File)
+			}
+		} else {
+			log.Error("saga reload refused", "err", err)
+		}
+		log.Warn("saga reload refused: the previous set keeps running", "sagas", len(next))
+		return
+	}
+	for _, s := range next {
+		log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+	}
+	log.Info("saga reload done", "sagas", len(next))
 }

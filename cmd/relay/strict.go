@@ -48,6 +48,8 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas show":        {"database-url"},
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
+	"relay sagas validate":    {},
+	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
 	"relay sinks validate":    {},
@@ -139,11 +141,11 @@ func leafStrict(c *cobra.Command) {
 	}
 	c.Args = func(c *cobra.Command, args []string) error {
 		if err := check(c, args); err != nil {
-			n := acceptedArgs(c, check)
+			least, most := acceptedArgs(c, check)
 			switch {
-			case n >= 0 && len(args) > n:
-				return usageError("unexpected argument %q for %q; usage: %s", args[n], c.CommandPath(), c.UseLine())
-			case n >= 0:
+			case most >= 0 && len(args) > most:
+				return usageError("unexpected argument %q for %q; usage: %s", args[most], c.CommandPath(), c.UseLine())
+			case least >= 0 && len(args) < least:
 				return usageError("%q is missing an argument; usage: %s", c.CommandPath(), c.UseLine())
 			}
 			return usageError("%s; usage: %s", err, c.UseLine())
@@ -152,17 +154,23 @@ func leafStrict(c *cobra.Command) {
 	}
 }
 
-// acceptedArgs finds the largest number of positional arguments (0..4) that
-// check accepts, -1 when it accepts none of them. Past that number an
-// argument is stray; below the smallest, one is missing.
-func acceptedArgs(c *cobra.Command, check cobra.PositionalArgs) int {
-	found := -1
+// acceptedArgs finds the fewest and the most positional arguments check
+// accepts among 0..4 (-1 when it accepts none of them; most is -1 when it
+// also accepts 4, as for any number).
+func acceptedArgs(c *cobra.Command, check cobra.PositionalArgs) (least, most int) {
+	least, most = -1, -1
 	for n := 0; n <= 4; n++ {
 		if check(c, make([]string, n)) == nil {
-			found = n
+			if least < 0 {
+				least = n
+			}
+			most = n
 		}
 	}
-	return found
+	if most == 4 {
+		most = -1
+	}
+	return least, most
 }
 
 func findSubcommand(c *cobra.Command, name string) *cobra.Command {
@@ -295,7 +303,7 @@ func (v *checkedValue) Set(s string) error {
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
 	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
-	"only":      {"stream", "sinks", "latency", "steps", "curve"},
+	"only":      {"stream", "sinks", "latency", "steps", "declared", "curve"},
 }
 
 // stringChecks check free-text flags that still have a form.

@@ -23,6 +23,7 @@ type Report struct {
 	Sinks           *SinkCase        `json:"sinks,omitempty"`
 	Latency         []LatencyCase    `json:"latency,omitempty"`
 	Steps           *StepsResult     `json:"steps,omitempty"`
+	Declared        *DeclaredResult  `json:"declared,omitempty"`
 	Curve           []CurvePoint     `json:"curve,omitempty"`
 
 	LoadAverage []ScenarioLoad `json:"load_average"`
@@ -150,6 +151,7 @@ type Summary struct {
 	StepsPerSec             *float64 `json:"steps_per_sec"`
 	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
 	StepRatio               *float64 `json:"step_ratio"`
+	DeclaredStepRatio       *float64 `json:"declared_step_ratio"`
 	NATSSinkEventsPerSec    *float64 `json:"nats_sink_events_per_sec"`
 	NATSSinkRatio           *float64 `json:"nats_sink_ratio"`
 	WebhookSinkEventsPerSec *float64 `json:"webhook_sink_events_per_sec"`
@@ -220,6 +222,9 @@ func (r *Report) Summary() Summary {
 			s.HighFirstStepP99Ms = f64(c.FirstStep.P99)
 			s.HighFirstStepUnfinished = &unfinished
 		}
+	}
+	if d := r.Declared; d != nil {
+		s.DeclaredStepRatio = f64(d.Ratio)
 	}
 	if st := r.Steps; st != nil {
 		s.StepsPerSec = f64(st.StepsPerSec)
@@ -316,6 +321,10 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.5)\tclaims\tinstances/claim\tclaim s")
 		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.5),
 			st.Claims, st.PerClaim, st.ClaimSeconds)
+	}
+	if d := r.Declared; d != nil {
+		fmt.Fprintln(tw, "\n3b. declared steps\tsagas×steps\tGo steps/s\tdeclared steps/s\tdeclared_step_ratio (≥0.9)")
+		fmt.Fprintf(tw, "\t%d×%d\t%.0f\t%.0f\t%.2f %s\n", d.Sagas, benchStepsPerSaga, d.GoStepsPerSec, d.DeclaredStepsPerSec, d.Ratio, mark(d.Ratio >= 0.9))
 	}
 	if len(r.Curve) > 0 {
 		fmt.Fprintln(tw, "\n4/5. stream+correlator cost curve\tevents\trows/tx\tseconds\tevents/s\tpeak RSS MB (<150 at 1M)\tCPU s\tCPU s per 100k events\tmeasured")

@@ -289,6 +289,13 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				}
 			}
 		},
+		"GET /v1/definitions": func(t *testing.T) {
+			// No tenant data: the definitions are the relay's, the same for
+			// every token.
+			if r := s.call(t, acmeToken, "GET", "/v1/definitions", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
+				t.Errorf("definitions: %d", r.status)
+			}
+		},
 		"GET /v1/replication": func(t *testing.T) {
 			// No tenant data: the slot is the relay's. Without a stream it
 			// answers 503 for every token alike.
@@ -394,6 +401,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
 		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
 		"GET /v1/replication":        {{"/v1/replication", ""}},
+		"GET /v1/definitions":        {{"/v1/definitions", ""}},
 		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
 		"GET /v1/search":             {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
 		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},

@@ -30,6 +30,9 @@ type Config struct {
 	Journal admin.Journal
 	// Registry names the steps and tells unregistered versions apart.
 	Registry *saga.Registry
+	// Definitions lists the loaded definitions for GET /v1/definitions;
+	// nil describes Registry's as sagas defined in Go.
+	Definitions DefinitionsFunc
 	// StuckAfter: see admin.Config.StuckAfter (used when Admin is nil).
 	StuckAfter time.Duration
 	// APIToken, when set, is required as "Authorization: Bearer <token>" on
@@ -184,6 +187,7 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodPost, "/v1/sagas/{id}/retry", s.retrySaga},
 		{http.MethodPost, "/v1/sagas/{id}/cancel", s.cancelSaga},
 		{http.MethodGet, "/v1/replication", s.replication},
+		{http.MethodGet, "/v1/definitions", s.definitions},
 		{http.MethodGet, "/v1/overview", s.overview},
 		{http.MethodGet, "/v1/search", s.search},
 		{http.MethodGet, "/v1/openapi.json", s.openAPI},

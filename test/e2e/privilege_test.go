@@ -26,6 +26,9 @@ func TestRelayRunsWithTheDocumentedLeastPrivilege(t *testing.T) {
 		fmt.Sprintf(`GRANT SELECT ON outbox TO %s`, role),
 		fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE ON saga_instances, saga_steps, saga_events, relay_checkpoints, relay_dead_letters, relay_inbox TO %s`, role),
 		fmt.Sprintf(`GRANT INSERT ON outbox TO %s`, role),
+		// The overview's status counts (migration 0006), written by triggers
+		// on saga_instances as the relay's role.
+		fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON saga_status_counts, saga_status_deltas TO %s`, role),
 		// What the example saga's steps read and write.
 		fmt.Sprintf(`GRANT SELECT, UPDATE ON research_briefs TO %s`, role),
 		fmt.Sprintf(`GRANT SELECT ON documents TO %s`, role),

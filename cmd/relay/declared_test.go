@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// runCLI runs `relay <args>` in process and returns its output and exit code.
+func runDeclaredCLI(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	root := newRootCmd(&rootOptions{})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	if err == nil {
+		return out.String(), 0
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return out.String() + "relay: " + ee.msg + "\n", ee.code
+	}
+	return out.String() + "relay: " + err.Error() + "\n", 1
+}
+
+const exampleSaga = "../../examples/orders/sagas/order_fulfilment.yaml"
+
+// TestSagasTestWalksTheExample checks `relay sagas test` on the orders
+// example: the forward path, the compensations of --fail in reverse order,
+// and an expression that cannot be evaluated.
+func TestSagasTestWalksTheExample(t *testing.T) {
+	t.Parallel()
+	trigger := "../../examples/orders/trigger.json"
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"forward", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"id":"ch_1"}`}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
+
+1. reserve_stock (sql)
+   sql: UPDATE stock SET reserved = reserved + $1 WHERE sku = $2 AND on_hand - reserved >= $1 RETURNING sku
+   $1 = 2
+   $2 = "apple"
+   result: 1 row(s) [{"sku":"apple"}] (expect one_row)
+   output: {"sku":"apple"}
+
+2. charge_payment (http)
+   POST http://127.0.0.1:8099/charges
+   Authorization: Bearer <secret PAYMENTS_TOKEN>
+   Idempotency-Key: <instance id>:charge_payment
+   body: {"cents":1250,"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"}
+   response: {"body":{"id":"ch_1"},"headers":{},"status":200}
+   output: {"charge_id":"ch_1"}
+
+3. confirm (sql)
+   sql: UPDATE orders SET status = 'CONFIRMED' WHERE id = $1::uuid
+   $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
+   result: 0 row(s) [] (expect one_row)
+   emit: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"order.confirmed","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"}}
+
+COMPLETED
+`},
+		{"fail confirm", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"status":201,"body":{"id":"ch_9"}}`, "--fail", "confirm"}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
+
+1. reserve_stock (sql)
+   sql: UPDATE stock SET reserved = reserved + $1 WHERE sku = $2 AND on_hand - reserved >= $1 RETURNING sku
+   $1 = 2
+   $2 = "apple"
+   result: 1 row(s) [{"sku":"apple"}] (expect one_row)
+   output: {"sku":"apple"}
+
+2. charge_payment (http)
+   POST http://127.0.0.1:8099/charges
+   Authorization: Bearer <secret PAYMENTS_TOKEN>
+   Idempotency-Key: <instance id>:charge_payment
+   body: {"cents":1250,"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"}
+   response: {"body":{"id":"ch_9"},"headers":{},"status":201}
+   output: {"charge_id":"ch_9"}
+
+3. confirm (sql)
+   sql: UPDATE orders SET status = 'CONFIRMED' WHERE id = $1::uuid
+   $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
+   result: 0 row(s) [] (expect one_row)
+   FAILS (--fail confirm): the saga compensates the steps before it, newest first
+
+compensate 2. charge_payment (http)
+   POST http://127.0.0.1:8099/charges/ch_9/refund
+   Idempotency-Key: <instance id>:charge_payment:compensate
+
+compensate 1. reserve_stock (sql)
+   sql: UPDATE stock SET reserved = reserved - $1 WHERE sku = $2
+   $1 = 2
+   $2 = "apple"
+
+COMPENSATED
+`},
+		{"no rows for result.rows[0]", nil, 1, "relay: ../../examples/orders/sagas/order_fulfilment.yaml:21:23: expression ${ result.rows[0].sku } failed: index out of bounds: 0\n"},
+		{"unknown step", []string{"--fail", "ship"}, 1, "relay: --fail ship: the saga has no such step; use one of: reserve_stock, charge_payment, confirm\n"},
+		{"bad reply flag", []string{"--rows", "reserve_stock"}, 2, "relay: --rows \"reserve_stock\": write step=JSON, e.g. --rows ship='{\"tracking\": \"T1\"}'\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out, code := runDeclaredCLI(t, append([]string{"sagas", "test", exampleSaga, "--trigger", trigger}, tc.args...)...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if tc.code == 1 && strings.HasPrefix(tc.want, "relay:") {
+				// The walk printed the steps it got through first.
+				if i := strings.LastIndex(out, "relay: "); i >= 0 {
+					out = out[i:]
+				}
+			}
+			if out != tc.want {
+				t.Errorf("output:\n%s\nwant:\n%s", out, tc.want)
+			}
+		})
+	}
+}
+
+// TestSagasValidate: a valid directory prints one line per saga; a broken
+// one prints every problem and exits 2.
+func TestSagasValidate(t *testing.T) {
+	t.Parallel()
+	out, code := runDeclaredCLI(t, "sagas", "validate", "../../examples/orders/sagas")
+	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → confirm (sql)\n"
+	if code != 0 || out != want {
+		t.Fatalf("exit %d:\n%s\nwant:\n%s", code, out, want)
+	}
+	out, code = runDeclaredCLI(t, "sagas", "validate", "../../saga/declare/testdata")
+	if code != 2 || !strings.Contains(out, "no *.yaml or *.yml file in the saga directory") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}

@@ -1,0 +1,585 @@
+package declare
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
+)
+
+// Runtime is what declared steps need from the process that runs them.
+type Runtime struct {
+	// HTTP makes the calls of http steps; nil is a client without a
+	// timeout of its own (the step's timeout bounds each call).
+	HTTP *http.Client
+	// LookupEnv reads secrets (RELAY_SECRET_<NAME>); nil is os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+func (rt *Runtime) client() *http.Client {
+	if rt != nil && rt.HTTP != nil {
+		return rt.HTTP
+	}
+	return http.DefaultClient
+}
+
+func (rt *Runtime) logger() *slog.Logger {
+	if rt != nil && rt.Logger != nil {
+		return rt.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func (rt *Runtime) secret(name string) (string, bool) {
+	lookup := os.LookupEnv
+	if rt != nil && rt.LookupEnv != nil {
+		lookup = rt.LookupEnv
+	}
+	return lookup(SecretEnvPrefix + name)
+}
+
+// maxBody caps what an http step reads of a response.
+const maxBody = 1 << 20
+
+// state is a declared saga's instance state: the trigger event and the
+// outputs of the steps done so far.
+type state struct {
+	Trigger map[string]any `json:"trigger"`
+	Steps   map[string]any `json:"steps"`
+}
+
+// StartState builds the initial state from a trigger event.
+func StartState(ev outbox.Event) (json.RawMessage, error) {
+	var payload any
+	if len(bytes.TrimSpace(ev.Payload)) > 0 {
+		if err := json.Unmarshal(ev.Payload, &payload); err != nil {
+			return nil, fmt.Errorf("payload is not JSON: %v", err)
+		}
+	}
+	headers := map[string]any{}
+	if len(bytes.TrimSpace(ev.Headers)) > 0 {
+		var h any
+		if json.Unmarshal(ev.Headers, &h) == nil {
+			if m, ok := h.(map[string]any); ok {
+				headers = m
+			}
+		}
+	}
+	var corr any
+	if ev.CorrelationID.Valid {
+		corr = ev.CorrelationID.UUID.String()
+	}
+	id := ev.RawID
+	if id == "" {
+		id = ev.ID.String()
+	}
+	trig := map[string]any{
+		"id": id, "event_type": ev.EventType, "aggregate_type": ev.AggregateType,
+		"aggregate_id": ev.AggregateID, "tenant_id": ev.TenantID.String(),
+		"correlation_id": corr, "payload": payload, "headers": headers,
+	}
+	return json.Marshal(state{Trigger: trig, Steps: map[string]any{}})
+}
+
+func decodeState(raw json.RawMessage) (state, error) {
+	var st state
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v map[string]any
+	if err := d.Decode(&v); err != nil {
+		return st, saga.Permanent(fmt.Errorf("the instance state is not a declared saga's state: %v", err))
+	}
+	conv, _ := plain(v).(map[string]any)
+	st.Trigger, _ = conv["trigger"].(map[string]any)
+	st.Steps, _ = conv["steps"].(map[string]any)
+	if st.Trigger == nil {
+		return st, saga.Permanent(errors.New("the instance state has no trigger: it was not started as a declared saga"))
+	}
+	if st.Steps == nil {
+		st.Steps = map[string]any{}
+	}
+	return st, nil
+}
+
+// Definition turns the loaded saga into the runner's saga.Definition.
+func (s *Saga) Definition(rt *Runtime) saga.Definition {
+	d := saga.Definition{
+		Name: s.Name, Version: s.Version, Triggers: s.Triggers, Deadline: s.Deadline,
+		StartState: StartState,
+	}
+	for _, st := range s.Steps {
+		d.Steps = append(d.Steps, st.runnerStep(s, rt))
+	}
+	return d
+}
+
+// call is one run of a step's function: the variables its expressions see.
+type call struct {
+	s    *Saga
+	rt   *Runtime
+	x    *saga.StepTx
+	st   state
+	vars map[string]any
+}
+
+func newCall(s *Saga, rt *Runtime, x *saga.StepTx) (*call, error) {
+	st, err := decodeState(x.State)
+	if err != nil {
+		return nil, err
+	}
+	c := &call{s: s, rt: rt, x: x, st: st}
+	c.vars = map[string]any{
+		varTrigger: st.Trigger,
+		varSaga:    map[string]any{"id": x.Instance.ID.String(), "name": s.Name, "version": int64(s.Version)},
+		varSteps:   st.Steps,
+	}
+	return c, nil
+}
+
+// evalErr makes an expression failure permanent: the same expression on
+// the same values fails the same way on every attempt.
+func evalErr(err error) error { return saga.Permanent(err) }
+
+func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
+	out := saga.Step{
+		Name: st.Name, Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
+	}
+	a := st.Action
+	if a.Command != nil {
+		out.ReplyTimeout = a.Command.ReplyTimeout
+		out.Do = func(ctx context.Context, x *saga.StepTx) error {
+			c, err := newCall(s, rt, x)
+			if err != nil {
+				return err
+			}
+			msg, err := c.message(&a.Command.Message)
+			if err != nil {
+				return err
+			}
+			return x.EmitCommand(ctx, msg)
+		}
+		out.OnReply = func(ctx context.Context, x *saga.StepTx, reply saga.Reply) error {
+			c, err := newCall(s, rt, x)
+			if err != nil {
+				return err
+			}
+			var v any
+			d := json.NewDecoder(bytes.NewReader(reply.Payload))
+			d.UseNumber()
+			if err := d.Decode(&v); err != nil {
+				return saga.Permanent(fmt.Errorf("reply is not JSON: %v", err))
+			}
+			c.vars[varReply] = plain(v)
+			return c.finish(ctx, st, &a)
+		}
+	} else {
+		out.Do = func(ctx context.Context, x *saga.StepTx) error {
+			c, err := newCall(s, rt, x)
+			if err != nil {
+				return err
+			}
+			if err := c.act(ctx, &a, st.Name, false); err != nil {
+				return err
+			}
+			return c.finish(ctx, st, &a)
+		}
+	}
+	if st.Compensate != nil {
+		comp := st.Compensate
+		out.Compensate = func(ctx context.Context, x *saga.StepTx) error {
+			c, err := newCall(s, rt, x)
+			if err != nil {
+				return err
+			}
+			if _, recorded := c.st.Steps[st.Name]; comp.readsOwnOutput && !recorded {
+				// The step may have acted (a 5xx, no answer) but never
+				// completed, so the output this compensation reads (a
+				// charge id) does not exist and it cannot name what to
+				// undo; retrying would fail alike and end the instance
+				// FAILED. It is skipped with a warning. A service that
+				// acted and then answered 5xx keeps an effect that only the
+				// step's Idempotency-Key identifies: a compensation that
+				// must cover that case reads no output (it can send
+				// saga.id and the step name, which make up the key).
+				rt.logger().Warn("compensation skipped: it reads the step's output, which the step never recorded",
+					"saga_id", x.Instance.ID, "step", st.Name)
+				return nil
+			}
+			if err := c.act(ctx, comp, st.Name, true); err != nil {
+				return err
+			}
+			return c.emit(ctx, comp)
+		}
+	}
+	return out
+}
+
+// finish computes the output, writes the emitted rows and saves the state.
+func (c *call) finish(ctx context.Context, st *Step, a *Action) error {
+	if err := c.emit(ctx, a); err != nil {
+		return err
+	}
+	if st.Output == nil {
+		if a.Command == nil {
+			c.x.Output = nil
+		}
+		return nil
+	}
+	v, err := st.Output.eval(c.vars)
+	if err != nil {
+		return evalErr(err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return saga.Permanent(fmt.Errorf("step %s: output cannot be written as JSON: %v", st.Name, err))
+	}
+	c.x.Output = b
+	c.st.Steps[st.Name] = v
+	sb, err := json.Marshal(c.st)
+	if err != nil {
+		return saga.Permanent(err)
+	}
+	c.x.State = sb
+	return nil
+}
+
+func (c *call) emit(ctx context.Context, a *Action) error {
+	if len(a.Emit) == 0 {
+		return nil
+	}
+	msgs := make([]outbox.Message, 0, len(a.Emit))
+	for _, m := range a.Emit {
+		msg, err := c.message(m)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, msg)
+	}
+	return c.x.Emit(ctx, msgs...)
+}
+
+func (c *call) message(m *Message) (outbox.Message, error) {
+	msg := outbox.Message{EventType: m.EventType}
+	var err error
+	if msg.AggregateType, err = m.AggregateType.evalText(c.vars); err != nil {
+		return msg, evalErr(err)
+	}
+	if msg.AggregateID, err = m.AggregateID.evalText(c.vars); err != nil {
+		return msg, evalErr(err)
+	}
+	p, err := m.Payload.eval(c.vars)
+	if err != nil {
+		return msg, evalErr(err)
+	}
+	if p == nil {
+		p = map[string]any{}
+	}
+	msg.Payload = p
+	if len(m.Headers) > 0 {
+		msg.Headers = map[string]string{}
+		for _, h := range m.Headers {
+			v, err := h.value.evalText(c.vars)
+			if err != nil {
+				return msg, evalErr(err)
+			}
+			msg.Headers[h.name] = v
+		}
+	}
+	return msg, nil
+}
+
+// act runs the action's sql or http (a command is sent by Do itself).
+func (c *call) act(ctx context.Context, a *Action, step string, comp bool) error {
+	switch {
+	case a.SQL != nil:
+		return c.runSQL(ctx, a.SQL)
+	case a.HTTP != nil:
+		key := c.x.Instance.ID.String() + ":" + step
+		if comp {
+			key += ":compensate"
+		}
+		return c.runHTTP(ctx, a.HTTP, key)
+	}
+	return nil
+}
+
+// bindParam turns an evaluated value into what pgx binds: whole numbers
+// as integers (so that they fit integer columns), maps and lists as JSON
+// for jsonb.
+func bindParam(v any) any {
+	switch t := v.(type) {
+	case float64:
+		if t == math.Trunc(t) && math.Abs(t) < 1<<53 {
+			return int64(t)
+		}
+	case map[string]any, []any:
+		b, _ := json.Marshal(t)
+		return string(b)
+	}
+	return v
+}
+
+func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
+	params := make([]any, len(q.Params))
+	for i, p := range q.Params {
+		v, err := p.eval(c.vars)
+		if err != nil {
+			return evalErr(err)
+		}
+		params[i] = bindParam(v)
+	}
+	rows, err := c.x.Tx.Query(ctx, q.Query, params...)
+	if err != nil {
+		return sqlErr(err)
+	}
+	var list []any
+	fields := rows.FieldDescriptions()
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return sqlErr(err)
+		}
+		row := make(map[string]any, len(vals))
+		for i, v := range vals {
+			row[fields[i].Name] = jsonValue(v)
+		}
+		list = append(list, row)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return sqlErr(err)
+	}
+	n := rows.CommandTag().RowsAffected()
+	if list == nil {
+		list = []any{}
+	}
+	c.vars[varResult] = map[string]any{"rows": list, "rows_affected": n}
+	got := int64(len(list))
+	if got == 0 {
+		got = n
+	}
+	switch q.Expect {
+	case "one_row":
+		if got != 1 {
+			return saga.Permanent(fmt.Errorf("sql expected one row, got %d", got))
+		}
+	case "some_rows":
+		if got == 0 {
+			return saga.Permanent(errors.New("sql expected some rows, got none"))
+		}
+	}
+	return nil
+}
+
+// sqlErr makes errors that another attempt cannot fix permanent: bad data,
+// a violated constraint, a syntax or access error.
+func sqlErr(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch pg.Code[:2] {
+		case "22", "23", "42":
+			return saga.Permanent(fmt.Errorf("sql: %s (SQLSTATE %s)", pg.Message, pg.Code))
+		}
+		return fmt.Errorf("sql: %s (SQLSTATE %s)", pg.Message, pg.Code)
+	}
+	return fmt.Errorf("sql: %w", err)
+}
+
+// jsonValue turns what pgx decoded into a JSON value.
+func jsonValue(v any) any {
+	switch t := v.(type) {
+	case nil, bool, string, float64, map[string]any, []any:
+		return t
+	case int64:
+		return t
+	case int32:
+		return int64(t)
+	case int16:
+		return int64(t)
+	case int8:
+		return int64(t)
+	case float32:
+		return float64(t)
+	case [16]byte:
+		return uuid.UUID(t).String()
+	case time.Time:
+		return t.UTC().Format(time.RFC3339Nano)
+	case pgtype.Numeric:
+		if i, err := t.Int64Value(); err == nil && i.Valid {
+			if f, _ := t.Float64Value(); f.Float64 == float64(i.Int64) {
+				return i.Int64
+			}
+		}
+		if f, err := t.Float64Value(); err == nil && f.Valid {
+			return f.Float64
+		}
+		return nil
+	case []byte:
+		return string(t)
+	case netipPrefixer:
+		return t.String()
+	}
+	b, err := json.Marshal(v)
+	if err == nil {
+		var out any
+		if json.Unmarshal(b, &out) == nil {
+			return plain(out)
+		}
+	}
+	return fmt.Sprint(v)
+}
+
+type netipPrefixer interface{ String() string }
+
+// httpErr is a failed call, already classified.
+func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
+	secrets := map[string]string{}
+	sv := map[string]any{}
+	for _, name := range h.secretNames() {
+		v, ok := c.rt.secret(name)
+		if !ok {
+			return saga.Permanent(fmt.Errorf("secret %s is not set: set %s%s for the relay", name, SecretEnvPrefix, name))
+		}
+		secrets[name] = v
+		sv[name] = v
+	}
+	vars := make(map[string]any, len(c.vars)+1)
+	for k, v := range c.vars {
+		vars[k] = v
+	}
+	vars[varSecrets] = sv
+	redact := func(s string) string {
+		for name, v := range secrets {
+			if v != "" {
+				s = strings.ReplaceAll(s, v, "<secret "+name+">")
+			}
+		}
+		return s
+	}
+	scrub := func(err error) error {
+		if err == nil {
+			return nil
+		}
+		msg := redact(err.Error())
+		switch {
+		case saga.IsPermanent(err):
+			return saga.Permanent(errors.New(msg))
+		case errors.Is(err, saga.ErrMayHaveActed):
+			return saga.MayHaveActed(errors.New(msg))
+		}
+		return errors.New(msg)
+	}
+	url, err := h.URL.evalText(vars)
+	if err != nil {
+		return scrub(evalErr(err))
+	}
+	var body io.Reader
+	if h.Body != nil {
+		v, err := h.Body.eval(c.vars)
+		if err != nil {
+			return evalErr(err)
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return saga.Permanent(err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, h.Method, url, body)
+	if err != nil {
+		return scrub(saga.Permanent(fmt.Errorf("http: %v", err)))
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	for _, hd := range h.Headers {
+		v, err := hd.value.evalText(vars)
+		if err != nil {
+			return scrub(evalErr(err))
+		}
+		req.Header.Set(hd.name, v)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := c.rt.client().Do(req)
+	if err != nil {
+		// No answer: the service may have acted before the connection
+		// broke.
+		return scrub(saga.MayHaveActed(fmt.Errorf("http %s: %v", h.Method, err)))
+	}
+	raw, rerr := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	resp.Body.Close()
+	st := resp.StatusCode
+	switch {
+	case st >= 200 && st < 300:
+		if rerr != nil {
+			return scrub(saga.MayHaveActed(fmt.Errorf("http %s: reading the %d response: %v", h.Method, st, rerr)))
+		}
+	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500:
+		err := saga.MayHaveActed(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw)))
+		if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
+			err = saga.RetryAfter(err, d)
+		}
+		return scrub(err)
+	default:
+		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw))))
+	}
+	var b any = string(raw)
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var j any
+	if len(bytes.TrimSpace(raw)) > 0 && d.Decode(&j) == nil {
+		b = plain(j)
+	}
+	hdr := map[string]any{}
+	for k, v := range resp.Header {
+		hdr[strings.ToLower(k)] = strings.Join(v, ", ")
+	}
+	c.vars[varResponse] = map[string]any{"status": int64(st), "headers": hdr, "body": b}
+	return nil
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	if s == "" {
+		return ""
+	}
+	return "(" + strconv.Quote(s) + ")"
+}
+
+// retryAfter reads a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+		return time.Duration(min(n, 86400)) * time.Second, true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(time.Until(t), 0), true
+	}
+	return 0, false
+}

@@ -1,0 +1,597 @@
+package declare
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/compensa/compensa/saga"
+)
+
+// Saga is one loaded, validated saga version: its compiled steps, where it
+// came from and the hash of its canonical form.
+type Saga struct {
+	Name     string
+	Version  int
+	File     string
+	Triggers []saga.Trigger
+	Deadline time.Duration
+	Steps    []*Step
+	// Body is the file as written; Hash is the SHA-256 of its canonical
+	// form (the parsed document re-encoded as JSON), so that comments and
+	// layout do not count as a change.
+	Body []byte
+	Hash string
+
+	namePos pos
+}
+
+// Step is one compiled step.
+type Step struct {
+	Name              string
+	Action            Action
+	Output            *template
+	Timeout           time.Duration
+	Retry             saga.RetryPolicy
+	CompensationRetry saga.RetryPolicy
+	Compensate        *Action
+	at                pos
+}
+
+// Kind names what a step does: sql, http, command or emit (only emits).
+func (s *Step) Kind() string { return s.Action.Kind() }
+
+// Action is what a step or a compensation does: at most one of SQL, HTTP,
+// Command, plus the rows it emits.
+type Action struct {
+	SQL     *SQLAction
+	HTTP    *HTTPAction
+	Command *CommandAction
+	Emit    []*Message
+	// readsOwnOutput: a compensation whose expressions read its step's
+	// output (steps.<own name>).
+	readsOwnOutput bool
+}
+
+// Kind is sql, http, command, or emit when the action only emits.
+func (a *Action) Kind() string {
+	switch {
+	case a == nil:
+		return ""
+	case a.SQL != nil:
+		return "sql"
+	case a.HTTP != nil:
+		return "http"
+	case a.Command != nil:
+		return "command"
+	}
+	return "emit"
+}
+
+// SQLAction runs a parameterised statement.
+type SQLAction struct {
+	Query  string
+	Params []*template
+	Expect string
+}
+
+// HTTPAction calls out.
+type HTTPAction struct {
+	Method  string
+	URL     *template
+	Headers []header
+	Body    *template
+}
+
+type header struct {
+	name  string
+	value *template
+}
+
+// CommandAction emits a command and waits for its reply.
+type CommandAction struct {
+	Message
+	ReplyTimeout time.Duration
+}
+
+// Message is an outbox row a step writes.
+type Message struct {
+	EventType     string
+	AggregateType *template
+	AggregateID   *template
+	Payload       *template
+	Headers       []header
+}
+
+// Options tune a load.
+type Options struct {
+	// RequireSecrets checks that every secrets.NAME a file reads has its
+	// RELAY_SECRET_NAME variable set (relay run does; validate does not,
+	// since it runs where the secrets are not).
+	RequireSecrets bool
+	// LookupEnv reads the environment; nil is os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+}
+
+// LoadDir loads every *.yaml and *.yml file of dir (not recursive). It
+// returns the sagas ordered by name and version, or every problem of every
+// file as Problems.
+func LoadDir(dir string, opt Options) ([]*Saga, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, Problems{{File: dir, Msg: fmt.Sprintf("cannot read the saga directory: %v; pass a directory that holds *.yaml files", err)}}
+	}
+	var files []string
+	for _, e := range entries {
+		ext := strings.ToLower(filepath.Ext(e.Name()))
+		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+			files = append(files, filepath.Join(dir, e.Name()))
+		}
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return nil, Problems{{File: dir, Msg: "no *.yaml or *.yml file in the saga directory; add one saga definition per file"}}
+	}
+	var all []*Saga
+	var probs Problems
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			probs = append(probs, Problem{File: f, Msg: fmt.Sprintf("cannot read: %v; check its permissions", err)})
+			continue
+		}
+		s, ps := LoadFile(f, b, opt)
+		probs = append(probs, ps...)
+		if s != nil {
+			all = append(all, s)
+		}
+	}
+	probs = append(probs, checkSet(all)...)
+	if len(probs) > 0 {
+		return nil, probs.sorted()
+	}
+	sortSagas(all)
+	return all, nil
+}
+
+func sortSagas(all []*Saga) {
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].Name != all[j].Name {
+			return all[i].Name < all[j].Name
+		}
+		return all[i].Version < all[j].Version
+	})
+}
+
+// checkSet finds a (saga, version) declared in two files.
+func checkSet(all []*Saga) Problems {
+	var probs Problems
+	seen := map[saga.Key]*Saga{}
+	for _, s := range all {
+		k := saga.Key{Name: s.Name, Version: s.Version}
+		if first, dup := seen[k]; dup {
+			probs = append(probs, Problem{File: s.File, Line: s.namePos.Line, Col: s.namePos.Col,
+				Msg: fmt.Sprintf("%s version %d is also declared in %s; give one of them another version", s.Name, s.Version, first.File)})
+			continue
+		}
+		seen[k] = s
+	}
+	return probs
+}
+
+// LoadFile loads one definition from its bytes; name is used in messages.
+// It returns the saga, or nil and every problem found.
+func LoadFile(name string, body []byte, opt Options) (*Saga, Problems) {
+	r := &report{file: name}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&doc); err != nil {
+		r.add(yamlErrorPos(err), "YAML syntax: %s; fix the syntax", yamlErrorText(err))
+		return nil, r.list.sorted()
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		r.add(nodeAt(&extra), "a second YAML document in one file; put one saga version per file")
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		at := pos{1, 1}
+		if len(doc.Content) > 0 {
+			at = nodeAt(doc.Content[0])
+		}
+		r.add(at, "the file is not a saga definition (a mapping with saga, version, triggers, steps); start from the example in README.md")
+		return nil, r.list.sorted()
+	}
+	root := doc.Content[0]
+	dv := newDocValue()
+	v := dv.convert(root, "", r, 0)
+	checkSchema(v, dv, r)
+	s := build(name, root, r, opt)
+	if len(r.list) > 0 {
+		return nil, r.list.sorted()
+	}
+	canon, err := json.Marshal(plain(v))
+	if err != nil {
+		r.add(pos{}, "cannot encode the definition: %v; report this as a bug", err)
+		return nil, r.list
+	}
+	sum := sha256.Sum256(canon)
+	s.Hash = hex.EncodeToString(sum[:])
+	s.Body = append([]byte(nil), body...)
+	return s, nil
+}
+
+func yamlErrorText(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	if i := strings.Index(msg, "line "); i == 0 {
+		if j := strings.Index(msg, ": "); j > 0 {
+			msg = msg[j+2:]
+		}
+	}
+	return msg
+}
+
+// yamlErrorPos reads "line N" (and ", column M" where given) from a yaml.v3
+// error.
+func yamlErrorPos(err error) pos {
+	msg := err.Error()
+	p := pos{1, 1}
+	if i := strings.Index(msg, "line "); i >= 0 {
+		fmt.Sscanf(msg[i:], "line %d", &p.Line)
+		if j := strings.Index(msg[i:], "column "); j >= 0 {
+			fmt.Sscanf(msg[i+j:], "column %d", &p.Col)
+		}
+	}
+	return p
+}
+
+// mapping helpers over a YAML mapping node.
+type mapping struct{ n *yaml.Node }
+
+func (m mapping) get(key string) *yaml.Node {
+	if m.n == nil || m.n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.n.Content); i += 2 {
+		if m.n.Content[i].Value == key {
+			return m.n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func (m mapping) keyAt(key string) pos {
+	for i := 0; i+1 < len(m.n.Content); i += 2 {
+		if m.n.Content[i].Value == key {
+			return nodeAt(m.n.Content[i])
+		}
+	}
+	return nodeAt(m.n)
+}
+
+func (m mapping) str(key string) string {
+	if n := m.get(key); n != nil && n.Kind == yaml.ScalarNode {
+		return n.Value
+	}
+	return ""
+}
+
+func (m mapping) sub(key string) mapping {
+	if n := m.get(key); n != nil && n.Kind == yaml.MappingNode {
+		return mapping{n}
+	}
+	return mapping{}
+}
+
+func (m mapping) ok() bool { return m.n != nil }
+
+func (m mapping) list(key string) []*yaml.Node {
+	if n := m.get(key); n != nil && n.Kind == yaml.SequenceNode {
+		return n.Content
+	}
+	return nil
+}
+
+// duration reads a duration key; the schema has checked its form, this
+// reports what it cannot (a value that overflows).
+func (m mapping) duration(key string, r *report) time.Duration {
+	n := m.get(key)
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return 0
+	}
+	d, err := time.ParseDuration(n.Value)
+	if err != nil {
+		// The schema reports a malformed one; an overflow passes its pattern.
+		if strings.Contains(err.Error(), "invalid duration") && !strings.Contains(err.Error(), "unknown unit") {
+			r.add(nodeAt(n), "%q is too long a duration; use a smaller one", n.Value)
+		}
+		return 0
+	}
+	if d < 0 {
+		r.add(nodeAt(n), "%q is negative; use a positive duration", n.Value)
+	}
+	return d
+}
+
+func (m mapping) retry(key string, def saga.RetryPolicy, r *report) saga.RetryPolicy {
+	rm := m.sub(key)
+	if !rm.ok() {
+		return def
+	}
+	p := def
+	if n := rm.get("max_attempts"); n != nil {
+		var i int
+		if n.Decode(&i) == nil && i > 0 {
+			p.MaxAttempts = i
+		}
+	}
+	if d := rm.duration("initial", r); d > 0 {
+		p.Base = d
+	}
+	if n := rm.get("factor"); n != nil {
+		var f float64
+		if n.Decode(&f) == nil && f >= 1 {
+			p.Factor = f
+		}
+	}
+	if d := rm.duration("max", r); d > 0 {
+		p.Max = d
+	}
+	eff := p.WithDefaults(saga.DefaultStepRetry)
+	if eff.Max < eff.Base {
+		r.add(rm.keyAt("max"), "%s.max (%s) is below %s.initial (%s); make max at least initial", key, eff.Max, key, eff.Base)
+	}
+	return p
+}
+
+// build turns a schema-checked document into a Saga, checking what the
+// schema cannot: step names, scopes of expressions, CEL.
+func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
+	m := mapping{root}
+	s := &Saga{File: file, Name: m.str("saga"), namePos: m.keyAt("saga")}
+	if n := m.get("version"); n != nil {
+		_ = n.Decode(&s.Version)
+	}
+	for _, tn := range m.list("triggers") {
+		tm := mapping{tn}
+		if et := tm.str("event_type"); et != "" {
+			s.Triggers = append(s.Triggers, saga.Trigger{EventType: et, AggregateType: tm.str("aggregate_type")})
+		}
+	}
+	s.Deadline = m.duration("deadline", r)
+	defs := m.sub("defaults")
+	defTimeout := defs.duration("timeout", r)
+	defRetry := defs.retry("retry", saga.RetryPolicy{}, r)
+	defComp := defs.retry("compensation_retry", saga.RetryPolicy{}, r)
+
+	stepNodes := m.list("steps")
+	order := map[string]int{}
+	for i, sn := range stepNodes {
+		sm := mapping{sn}
+		name := sm.str("name")
+		if name == "" {
+			continue
+		}
+		if first, dup := order[name]; dup {
+			r.add(nodeAt(sm.get("name")), "step name %q is used twice (first by step %d); give each step its own name", name, first+1)
+			continue
+		}
+		order[name] = i
+	}
+	// outputs[name] is the set of keys of the step's output (nil: not a
+	// mapping, keys unknown); a step without output is absent.
+	outputs := map[string]map[string]bool{}
+	for i, sn := range stepNodes {
+		sm := mapping{sn}
+		st := &Step{Name: sm.str("name"), at: nodeAt(sn), Timeout: defTimeout,
+			Retry: defRetry, CompensationRetry: defComp}
+		place := fmt.Sprintf("steps[%d]", i)
+		if st.Name != "" {
+			place = "step " + st.Name
+		}
+		before := map[string]map[string]bool{}
+		for k, v := range outputs {
+			before[k] = v
+		}
+		base := scope{steps: before, stepOrder: order, self: i}
+		kinds := 0
+		for _, k := range []string{"sql", "http", "command"} {
+			if sm.get(k) != nil {
+				kinds++
+				if kinds == 2 {
+					r.add(sm.keyAt(k), "step %s has more than one of sql, http, command; split it into one step per action", st.Name)
+				}
+			}
+		}
+		st.Action = buildAction(file, sm, place, base, false, r)
+		if kinds == 0 && len(st.Action.Emit) == 0 && sm.get("emit") == nil {
+			r.add(nodeAt(sn), "step %s does nothing; give it one of sql, http, command, or emit", st.Name)
+		}
+		if d := sm.duration("timeout", r); d > 0 {
+			st.Timeout = d
+		}
+		st.Retry = sm.retry("retry", defRetry, r)
+		st.CompensationRetry = sm.retry("compensation_retry", defComp, r)
+		if on := sm.get("output"); on != nil {
+			sc := base
+			sc.place = place + ".output"
+			sc.result, sc.response, sc.reply = actionScope(st.Action.Kind())
+			st.Output = compileTemplate(on, file, &sc, r)
+		}
+		if cn := sm.get("compensate"); cn != nil {
+			cm := mapping{cn}
+			if cm.get("command") != nil {
+				r.add(cm.keyAt("command"), "a compensation cannot wait for a reply; send the command with compensate.emit")
+			}
+			cs := base
+			// A compensation may read its own step's output.
+			if st.Name != "" && sm.get("output") != nil {
+				cs.steps = map[string]map[string]bool{}
+				for k, v := range before {
+					cs.steps[k] = v
+				}
+				cs.steps[st.Name] = outputKeys(sm.get("output"))
+			}
+			ckinds := 0
+			for _, k := range []string{"sql", "http"} {
+				if cm.get(k) != nil {
+					ckinds++
+					if ckinds == 2 {
+						r.add(cm.keyAt(k), "the compensation of step %s has both sql and http; keep one (a compensation has one action)", st.Name)
+					}
+				}
+			}
+			reads := false
+			cs.selfName, cs.readsSelf = st.Name, &reads
+			a := buildAction(file, cm, place+".compensate", cs, true, r)
+			a.readsOwnOutput = reads
+			if ckinds == 0 && cm.get("emit") == nil && cm.get("command") == nil {
+				r.add(nodeAt(cn), "the compensation of step %s does nothing; give it sql, http or emit, or remove compensate", st.Name)
+			}
+			st.Compensate = &a
+		}
+		s.Steps = append(s.Steps, st)
+		if st.Name != "" && sm.get("output") != nil {
+			outputs[st.Name] = outputKeys(sm.get("output"))
+		}
+	}
+	if opt.RequireSecrets {
+		lookup := opt.LookupEnv
+		if lookup == nil {
+			lookup = os.LookupEnv
+		}
+		for _, st := range s.Steps {
+			for _, a := range []*Action{&st.Action, st.Compensate} {
+				if a == nil || a.HTTP == nil {
+					continue
+				}
+				for _, name := range a.HTTP.secretNames() {
+					if _, ok := lookup(SecretEnvPrefix + name); !ok {
+						r.add(st.at, "step %s reads secrets.%s but %s%s is not set; set that environment variable for the relay", st.Name, name, SecretEnvPrefix, name)
+					}
+				}
+			}
+		}
+	}
+	return s
+}
+
+// SecretEnvPrefix prefixes the environment variable of a secret:
+// secrets.PAYMENTS_TOKEN is RELAY_SECRET_PAYMENTS_TOKEN.
+const SecretEnvPrefix = "RELAY_SECRET_"
+
+func outputKeys(n *yaml.Node) map[string]bool {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	keys := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		keys[n.Content[i].Value] = true
+	}
+	return keys
+}
+
+// actionScope says which of result, response, reply an action's output and
+// emits may read.
+func actionScope(kind string) (result, response, reply bool) {
+	return kind == "sql", kind == "http", kind == "command"
+}
+
+func buildAction(file string, m mapping, place string, base scope, comp bool, r *report) Action {
+	var a Action
+	if q := m.sub("sql"); q.ok() {
+		sa := &SQLAction{Query: q.str("query"), Expect: q.str("expect")}
+		if sa.Expect == "" {
+			sa.Expect = "any"
+		}
+		if qn := q.get("query"); qn != nil && strings.Contains(qn.Value, "${") {
+			r.add(nodeAt(qn), "%s.sql.query holds ${ … }: SQL text is never built from expressions; pass the value as a parameter ($1, $2, …) in params", place)
+		}
+		for i, pn := range q.list("params") {
+			sc := base
+			sc.place = fmt.Sprintf("%s.sql.params[%d]", place, i)
+			sa.Params = append(sa.Params, compileTemplate(pn, file, &sc, r))
+		}
+		a.SQL = sa
+	}
+	if h := m.sub("http"); h.ok() {
+		ha := &HTTPAction{Method: h.str("method")}
+		sc := base
+		sc.secrets = true
+		sc.place = place + ".http.url"
+		ha.URL = compileTemplate(h.get("url"), file, &sc, r)
+		sc.place = place + ".http.headers"
+		ha.Headers = headers(h.get("headers"), file, &sc, r)
+		if bn := h.get("body"); bn != nil {
+			bs := base
+			bs.place = place + ".http.body"
+			ha.Body = compileTemplate(bn, file, &bs, r)
+		}
+		a.HTTP = ha
+	}
+	if c := m.sub("command"); c.ok() && !comp {
+		ca := &CommandAction{Message: buildMessage(file, c, place+".command", base, r)}
+		ca.ReplyTimeout = c.duration("reply_timeout", r)
+		a.Command = ca
+	}
+	emitScope := base
+	emitScope.result, emitScope.response, emitScope.reply = actionScope(a.Kind())
+	for i, en := range m.list("emit") {
+		a.Emit = append(a.Emit, ptr(buildMessage(file, mapping{en}, fmt.Sprintf("%s.emit[%d]", place, i), emitScope, r)))
+	}
+	return a
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func buildMessage(file string, m mapping, place string, base scope, r *report) Message {
+	msg := Message{EventType: m.str("event_type")}
+	sc := base
+	if n := m.get("aggregate_type"); n != nil {
+		sc.place = place + ".aggregate_type"
+		msg.AggregateType = compileTemplate(n, file, &sc, r)
+	}
+	if n := m.get("aggregate_id"); n != nil {
+		sc.place = place + ".aggregate_id"
+		msg.AggregateID = compileTemplate(n, file, &sc, r)
+	}
+	if n := m.get("payload"); n != nil {
+		sc.place = place + ".payload"
+		msg.Payload = compileTemplate(n, file, &sc, r)
+	}
+	sc.place = place + ".headers"
+	msg.Headers = headers(m.get("headers"), file, &sc, r)
+	return msg
+}
+
+func headers(n *yaml.Node, file string, sc *scope, r *report) []header {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	var out []header
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		sub := *sc
+		sub.place = sc.place + "." + n.Content[i].Value
+		out = append(out, header{name: n.Content[i].Value, value: compileTemplate(n.Content[i+1], file, &sub, r)})
+	}
+	return out
+}
+
+func (h *HTTPAction) secretNames() []string {
+	out := h.URL.secretNames()
+	for _, x := range h.Headers {
+		out = append(out, x.value.secretNames()...)
+	}
+	return out
+}
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }

@@ -1,0 +1,241 @@
+package declare
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/santhosh-tekuri/jsonschema/v6/kind"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
+)
+
+// Schema is the JSON Schema of a saga definition file. The loader validates
+// every file against it before its own checks, and editors can use it
+// (`# yaml-language-server: $schema=saga.schema.json`).
+//
+//go:embed saga.schema.json
+var Schema []byte
+
+var (
+	schemaOnce sync.Once
+	schemaDoc  map[string]any
+	schemaComp *jsonschema.Schema
+	schemaErr  error
+)
+
+func compiledSchema() (*jsonschema.Schema, error) {
+	schemaOnce.Do(func() {
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(Schema))
+		if err != nil {
+			schemaErr = fmt.Errorf("saga.schema.json: %w", err)
+			return
+		}
+		schemaDoc, _ = doc.(map[string]any)
+		c := jsonschema.NewCompiler()
+		if err := c.AddResource("saga.schema.json", doc); err != nil {
+			schemaErr = err
+			return
+		}
+		schemaComp, schemaErr = c.Compile("saga.schema.json")
+	})
+	return schemaComp, schemaErr
+}
+
+var printer = message.NewPrinter(language.English)
+
+// checkSchema validates v against the schema and reports each leaf error at
+// the place it concerns.
+func checkSchema(v any, d *docValue, r *report) {
+	sch, err := compiledSchema()
+	if err != nil {
+		r.add(pos{}, "the built-in schema does not compile: %v; report this as a bug", err)
+		return
+	}
+	err = sch.Validate(v)
+	ve, ok := err.(*jsonschema.ValidationError)
+	if !ok {
+		return
+	}
+	var leaves []*jsonschema.ValidationError
+	var walk func(e *jsonschema.ValidationError)
+	walk = func(e *jsonschema.ValidationError) {
+		if len(e.Causes) == 0 {
+			leaves = append(leaves, e)
+			return
+		}
+		for _, c := range e.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	for _, e := range leaves {
+		schemaProblem(e, d, r)
+	}
+}
+
+func pointerOf(loc []string) string {
+	p := ""
+	for _, t := range loc {
+		p = pointerJoin(p, t)
+	}
+	return p
+}
+
+// where names a place in the document for a person: "steps[1].http".
+func where(loc []string) string {
+	if len(loc) == 0 {
+		return "the file"
+	}
+	var b strings.Builder
+	for _, t := range loc {
+		if t != "" && strings.Trim(t, "0123456789") == "" {
+			b.WriteString("[" + t + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(t)
+	}
+	return b.String()
+}
+
+func schemaProblem(e *jsonschema.ValidationError, d *docValue, r *report) {
+	ptr := pointerOf(e.InstanceLocation)
+	at := pos{}
+	if n := d.values[ptr]; n != nil {
+		at = nodeAt(n)
+	}
+	w := where(e.InstanceLocation)
+	switch k := e.ErrorKind.(type) {
+	case *kind.AdditionalProperties:
+		allowed := allowedKeys(e.SchemaURL)
+		for _, p := range k.Properties {
+			kp := at
+			if kn := d.keys[pointerJoin(ptr, p)]; kn != nil {
+				kp = nodeAt(kn)
+			}
+			fix := "remove it"
+			if len(allowed) > 0 {
+				fix = "remove it or use one of: " + strings.Join(allowed, ", ")
+			}
+			if s := closest(p, allowed); s != "" {
+				fix = fmt.Sprintf("did you mean %q?", s)
+			}
+			r.add(kp, "unknown key %q in %s; %s", p, w, fix)
+		}
+	case *kind.Required:
+		for _, m := range k.Missing {
+			r.add(at, "missing key %q in %s; add it", m, w)
+		}
+	case *kind.Type:
+		r.add(at, "%s must be %s, not %s; %s", w, strings.Join(k.Want, " or "), k.Got, typeFix(k.Want))
+	case *kind.Enum:
+		var want []string
+		for _, x := range k.Want {
+			want = append(want, fmt.Sprint(x))
+		}
+		r.add(at, "%s is %v; use one of: %s", w, k.Got, strings.Join(want, ", "))
+	case *kind.Pattern:
+		switch {
+		case strings.HasSuffix(e.SchemaURL, "/duration/pattern") || strings.Contains(e.SchemaURL, "duration"):
+			r.add(at, "%s is %q, not a duration; write a Go duration such as 200ms, 10s or 2m", w, k.Got)
+		case strings.Contains(e.SchemaURL, "stepName"):
+			r.add(at, "step name %q is not an identifier; use letters, digits and _ (it is read as steps.<name> in expressions)", k.Got)
+		default:
+			r.add(at, "%s %q is not a valid name; start with a letter and use letters, digits, _ . -", w, k.Got)
+		}
+	case *kind.MinItems:
+		r.add(at, "%s is empty; give it at least %d item(s)", w, k.Want)
+	case *kind.Minimum:
+		r.add(at, "%s is %s; it must be at least %s", w, k.Got.RatString(), k.Want.RatString())
+	case *kind.MinLength:
+		r.add(at, "%s is empty; give it a value", w)
+	default:
+		r.add(at, "%s: %s; see saga.schema.json", w, e.ErrorKind.LocalizedString(printer))
+	}
+}
+
+func typeFix(want []string) string {
+	switch strings.Join(want, ",") {
+	case "object":
+		return "write a mapping (key: value lines)"
+	case "array":
+		return "write a list (- item lines)"
+	case "string":
+		return "quote the value"
+	case "integer":
+		return "write a whole number"
+	case "number":
+		return "write a number"
+	}
+	return "see saga.schema.json"
+}
+
+// allowedKeys lists the properties of the schema object whose
+// additionalProperties refused a key, for the message.
+func allowedKeys(schemaURL string) []string {
+	_, frag, ok := strings.Cut(schemaURL, "#")
+	if !ok || schemaDoc == nil {
+		return nil
+	}
+	frag = strings.TrimSuffix(frag, "/additionalProperties")
+	var cur any = schemaDoc
+	for _, t := range strings.Split(strings.TrimPrefix(frag, "/"), "/") {
+		if t == "" {
+			continue
+		}
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil
+		}
+		cur = m[t]
+	}
+	m, _ := cur.(map[string]any)
+	props, _ := m["properties"].(map[string]any)
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// closest returns the allowed key within edit distance 2 of k, if one is.
+func closest(k string, allowed []string) string {
+	best, bestD := "", 3
+	for _, a := range allowed {
+		if d := editDistance(k, a); d < bestD {
+			best, bestD = a, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	if len(a) > 64 || len(b) > 64 {
+		return 99
+	}
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			c := 1
+			if a[i-1] == b[j-1] {
+				c = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+c)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
