@@ -59,6 +59,11 @@ func RegistryDefinitions(reg *saga.Registry) []Definition {
 
 // definitions is GET /v1/definitions.
 func (s *Server) definitions(w http.ResponseWriter, _ *http.Request, _ *admin.Admin) {
+	writeJSON(w, http.StatusOK, map[string]any{"items": s.loadedDefinitions()})
+}
+
+// loadedDefinitions is what GET /v1/definitions and the definitions page show.
+func (s *Server) loadedDefinitions() []Definition {
 	var defs []Definition
 	switch {
 	case s.cfg.Definitions != nil:
@@ -69,5 +74,5 @@ func (s *Server) definitions(w http.ResponseWriter, _ *http.Request, _ *admin.Ad
 	if defs == nil {
 		defs = []Definition{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": defs})
+	return defs
 }

@@ -38,7 +38,7 @@ var templateFS embed.FS
 var assetFS embed.FS
 
 type pageRenderer struct {
-	index, detail, login, search *template.Template
+	index, detail, login, search, definitions *template.Template
 }
 
 func newPageRenderer() (*pageRenderer, error) {
@@ -80,6 +80,9 @@ func newPageRenderer() (*pageRenderer, error) {
 	if p.search, err = parse("search.html"); err != nil {
 		return nil, err
 	}
+	if p.definitions, err = parse("definitions.html"); err != nil {
+		return nil, err
+	}
 	return &p, nil
 }
 
@@ -89,6 +92,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 	m.HandleFunc("GET /{$}", s.limited(s.pageAuth(s.indexPage)))
 	m.HandleFunc("GET /sagas/{id}", s.limited(s.pageAuth(s.sagaPage)))
 	m.HandleFunc("GET /search", s.limited(s.pageAuth(s.searchPage)))
+	m.HandleFunc("GET /definitions", s.limited(s.pageAuth(s.definitionsPage)))
 	m.HandleFunc("GET /login", s.loginPage)
 	m.HandleFunc("POST /login", s.login)
 	m.HandleFunc("POST /logout", s.logout)
