@@ -362,13 +362,11 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 			State: x.State, Output: x.Output}
 	}
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last && ev.Kind == EventStepCompleted {
-			return w.markTerminal(jctx, StatusCompleted, "")
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	if err != nil {
 		return w.afterFailedCommit(ctx, step, attempt, err, n, "", time.Since(began))
@@ -455,6 +453,20 @@ func (w *work) inTx(ctx context.Context, f func(jctx context.Context) error) (ne
 		return nextDrop, fmt.Errorf("begin: %w", err)
 	}
 	return w.commit(ctx, tx, f)
+}
+
+// appendEnding appends ev and ends the instance in final, in the caller's
+// transaction: in one fenced mutation when the journal can (TerminalAppender),
+// else Append then MarkTerminal.
+func (w *work) appendEnding(jctx context.Context, ev Event, final Status, reason string) error {
+	if ta, ok := w.r.journal.(TerminalAppender); ok {
+		_, err := ta.AppendTerminal(jctx, w.inst.ID, w.lease, ev, final, reason)
+		return err
+	}
+	if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+		return err
+	}
+	return w.markTerminal(jctx, final, reason)
 }
 
 func (w *work) markTerminal(jctx context.Context, st Status, reason string) error {
@@ -594,13 +606,11 @@ func (w *work) consumeReply(ctx context.Context, step Step) next {
 	last := w.inst.CurrentStep == len(w.def.Steps)-1
 	ev := Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name, State: x.State, Output: x.Output}
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last {
-			return w.markTerminal(jctx, StatusCompleted, "")
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	if err != nil {
 		return w.afterFailedCommit(ctx, step, attempt, err, n, FailureReplyError, time.Since(began))
@@ -836,13 +846,11 @@ func (w *work) compensationDoneTx(ctx context.Context, tx pgx.Tx, step Step, ev 
 	last := ev.Step == 0
 	reason := w.inst.CompensationReason
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last {
-			return w.markTerminal(jctx, final, reason)
+			return w.appendEnding(jctx, ev, final, reason)
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	o := OutcomeCompleted
 	if ev.Kind == EventCompensationSkipped {
@@ -891,10 +899,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	// which compensation gave up, for the person who must now act.
 	ev.Error = why
 	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
-		return w.markTerminal(jctx, StatusFailed, why)
+		return w.appendEnding(jctx, ev, StatusFailed, why)
 	}); cerr != nil {
 		return w.lostOrBroken(step, true, attempt, took, cerr, "record the failed compensation")
 	}

@@ -168,9 +168,13 @@ func TestUnfinishedEventsCountAsLowerBounds(t *testing.T) {
 	tl.step[1].Store(1 + 11*ms)
 	// Events 2 and 3 never had their first step; the wait ended at 1 s.
 	tl.stop.Store(1 + 1000*ms)
-	start, step, noStart, noStep := tl.summaries(0, 4)
-	if noStart != 0 || noStep != 2 {
-		t.Fatalf("unfinished = %d, %d; want 0, 2", noStart, noStep)
+	tl.end[0].Store(1 + 20*ms)
+	start, step, end, noStart, noStep, noEnd := tl.summaries(0, 4)
+	if noStart != 0 || noStep != 2 || noEnd != 3 {
+		t.Fatalf("unfinished = %d, %d, %d; want 0, 2, 3", noStart, noStep, noEnd)
+	}
+	if end.Count != 4 || end.Max != 997 {
+		t.Fatalf("end = %+v; want 4 samples, max 997 ms (the wait, from event 3's commit)", end)
 	}
 	if start.Count != 4 || start.Max != 2 {
 		t.Fatalf("start = %+v", start)

@@ -25,12 +25,20 @@ import (
 // paired ratios.
 func (r *run) stepsScenario(ctx context.Context) error {
 	var runs []StepsResult
+	var peers []peerRun
 	for i := range r.sz.repeats {
 		res, err := r.stepsRun(ctx, i)
 		if err != nil {
 			return err
 		}
 		runs = append(runs, res)
+		if r.cfg.Peers != "" {
+			p, err := r.runPeers(ctx, i)
+			if err != nil {
+				return err
+			}
+			peers = append(peers, p)
+		}
 	}
 	pick := func(f func(StepsResult) float64) float64 {
 		v := make([]float64, len(runs))
@@ -51,7 +59,30 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		res.StepsRuns = append(res.StepsRuns, x.StepsPerSec)
 		res.PgbenchRuns = append(res.PgbenchRuns, x.PgbenchTPS)
 	}
+	if len(peers) > 0 {
+		var d, rv, rf []float64
+		for _, p := range peers {
+			d, rv, rf = append(d, p.DBOS), append(rv, p.River), append(rf, p.RiverFast)
+			res.PeerRuns = append(res.PeerRuns, fmt.Sprintf("dbos %.0f, river %.0f, river-fast %.0f", p.DBOS, p.River, p.RiverFast))
+		}
+		res.PeerDBOS, res.PeerRiver, res.PeerRiverFast = f64(median(d)), f64(median(rv)), f64(median(rf))
+	}
 	r.report.Steps = &res
+
+	// Overload: the whole relay while a producer starts sagas at twice the
+	// rate the runner just sustained, so that a backlog builds; the steps/s
+	// while it exists and drains, against the figure above.
+	if res.StepsPerSec > 0 {
+		rate := max(1, int(2*res.StepsPerSec/benchStepsPerSaga))
+		r.progress("steps: overload: starting sagas at %d/s (twice the sustained %.0f sagas/s) for %s", rate, res.StepsPerSec/benchStepsPerSaga, r.sz.overloadDuration)
+		c, err := r.latencyCase(ctx, rate, r.sz.overloadDuration)
+		if err != nil {
+			return fmt.Errorf("overload: %w", err)
+		}
+		c.Overload = true
+		r.report.Overload = &c
+		r.progress("steps: overload: %.0f steps/s while the backlog existed and drained: %.2f of the step scenario's %.0f", c.StepsPerSec, c.StepsPerSec/res.StepsPerSec, res.StepsPerSec)
+	}
 	return nil
 }
 
