@@ -98,7 +98,7 @@ next:
 func TestOnlyRejectsAnUnknownScenario(t *testing.T) {
 	t.Parallel()
 	_, err := Run(context.Background(), Config{Only: "streem"})
-	if err == nil || !strings.Contains(err.Error(), "stream, latency, steps, curve") {
+	if err == nil || !strings.Contains(err.Error(), "stream, latency, steps, claim, curve") {
 		t.Fatalf("err = %v", err)
 	}
 }
