@@ -93,7 +93,7 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 		Overload: &LatencyCase{Rate: 2600, Overload: true, StepsPerSec: 3600},
 		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, PeerDBOS: f64(1900), PeerRiver: f64(1000)},
 		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
-		Curve: []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
+		Curve:    []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
 	}
 	var buf bytes.Buffer
 	if err := full.WriteJSON(&buf); err != nil {
