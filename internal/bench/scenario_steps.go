@@ -55,6 +55,7 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	res.Claims = int(pick(func(x StepsResult) float64 { return float64(x.Claims) }))
 	res.PerClaim = pick(func(x StepsResult) float64 { return x.PerClaim })
 	res.ClaimSeconds = pick(func(x StepsResult) float64 { return x.ClaimSeconds })
+	res.HotShare = pick(func(x StepsResult) float64 { return x.HotShare })
 	for _, x := range runs {
 		res.StepsRuns = append(res.StepsRuns, x.StepsPerSec)
 		res.PgbenchRuns = append(res.PgbenchRuns, x.PgbenchTPS)
@@ -94,6 +95,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		return res, err
 	}
 	reg := benchRegistry(nil)
+	upd0, hot0 := e.instanceUpdates(ctx)
 	r.progress("steps: run %d/%d: starting %d sagas through the correlator", i+1, r.sz.repeats, n)
 	if err := seedSagas(ctx, e.pool, reg, e.slotName("seed"), n); err != nil {
 		return res, err
@@ -174,6 +176,10 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	}
 	r.progress("steps: run %d/%d: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
 		i+1, r.sz.repeats, res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
+	pool.Close() // a backend's statistics reach pg_stat when it exits
+	if upd1, hot1 := e.instanceUpdates(ctx); upd1 > upd0 {
+		res.HotShare = float64(hot1-hot0) / float64(upd1-upd0)
+	}
 	pg, err := e.runPgbenchSteps(ctx, took, n)
 	if err != nil {
 		return res, err
@@ -221,4 +227,12 @@ func seedSagas(ctx context.Context, pool *pgxpool.Pool, reg *saga.Registry, slot
 		done += size
 	}
 	return nil
+}
+
+// instanceUpdates reads how many updates of saga_instances there were, and
+// how many of them were HOT (no new index entries), from pg_stat.
+func (e *env) instanceUpdates(ctx context.Context) (upd, hot int64) {
+	time.Sleep(600 * time.Millisecond) // backends flush their statistics at most every 500 ms when idle
+	_ = e.pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'saga_instances'`).Scan(&upd, &hot)
+	return upd, hot
 }
