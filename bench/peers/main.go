@@ -57,38 +57,47 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	srv, err := openServer(ctx, *url)
-	if err != nil {
+	if err := run(ctx, *url, want, *n, *repeats, *pgbT, *asJSON); err != nil {
 		fail(1, "%v", err)
+	}
+}
+
+// run measures every system and prints the table; the throwaway cluster is
+// stopped whatever happens (an error, an interrupt).
+func run(ctx context.Context, url string, want []string, n, repeats int, pgbT time.Duration, asJSON bool) error {
+	srv, err := openServer(ctx, url)
+	if err != nil {
+		return err
 	}
 	defer srv.close()
 	progress("server: PostgreSQL %s (%s), load average %.2f", srv.version, srv.kind, loadAverage())
 
 	results := map[string][]Result{}
 	loadStart := loadAverage()
-	for round := 1; round <= *repeats; round++ {
+	for round := 1; round <= repeats; round++ {
 		for _, sys := range want {
 			if ctx.Err() != nil {
-				fail(1, "interrupted")
+				return fmt.Errorf("interrupted")
 			}
-			progress("round %d/%d: %s (n=%d, load %.2f)", round, *repeats, sys, *n, loadAverage())
-			res, err := srv.runOne(ctx, sys, round, *n, *pgbT)
+			progress("round %d/%d: %s (n=%d, load %.2f)", round, repeats, sys, n, loadAverage())
+			res, err := srv.runOne(ctx, sys, round, n, pgbT)
 			if err != nil {
-				fail(1, "%s, round %d: %v", sys, round, err)
+				return fmt.Errorf("%s, round %d: %w", sys, round, err)
 			}
-			progress("round %d/%d: %s: %.0f steps/s", round, *repeats, sys, res.StepsPerSec)
+			progress("round %d/%d: %s: %.0f steps/s", round, repeats, sys, res.StepsPerSec)
 			results[sys] = append(results[sys], res)
 		}
 	}
-	table := Table{N: *n, Repeats: *repeats, LoadStart: loadStart, LoadEnd: loadAverage(), PostgreSQL: srv.version}
+	table := Table{N: n, Repeats: repeats, LoadStart: loadStart, LoadEnd: loadAverage(), PostgreSQL: srv.version}
 	for _, sys := range want {
 		table.Rows = append(table.Rows, medianOf(sys, results[sys]))
 	}
 	table.write(os.Stdout)
-	if *asJSON {
+	if asJSON {
 		b, _ := json.Marshal(table.summary())
 		fmt.Printf("%s\n", b)
 	}
+	return nil
 }
 
 func progress(format string, args ...any) {

@@ -120,6 +120,16 @@ type ClaimCase struct {
 	StartMs float64 `json:"start_ms"`
 }
 
+// StatementCost is one pg_stat_statements row of the step runs.
+type StatementCost struct {
+	Query           string  `json:"query"`
+	Calls           int64   `json:"calls"`
+	TotalMs         float64 `json:"total_ms"`
+	MeanMs          float64 `json:"mean_ms"`
+	PerStepMs       float64 `json:"ms_per_step"`
+	WALBytesPerCall float64 `json:"wal_bytes_per_call"`
+}
+
 // StepsResult is scenario 3.
 type StepsResult struct {
 	Sagas          int     `json:"sagas"`
@@ -140,6 +150,11 @@ type StepsResult struct {
 	// HotShare is the share of saga_instances updates during the runs
 	// that were HOT (no new index entries; pg_stat_user_tables).
 	HotShare float64 `json:"hot_update_share"`
+	// Statements are the server's costliest statements during the last
+	// run (pg_stat_statements, when the server has it).
+	Statements []StatementCost `json:"statements,omitempty"`
+	// PgbenchStatements: the same for pgbench's run (per transaction).
+	PgbenchStatements []StatementCost `json:"pgbench_statements,omitempty"`
 	// The runs behind the medians above.
 	StepsRuns   []float64 `json:"steps_runs,omitempty"`
 	PgbenchRuns []float64 `json:"pgbench_runs,omitempty"`
@@ -375,6 +390,15 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintln(tw, "\n   peers, same workload (bench/peers)\tDBOS steps/s\tRiver steps/s\tRiver 1 ms cooldown steps/s\tours ÷ DBOS (≥2)\tours ÷ River (≥3)\tours ÷ River 1 ms")
 			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t%s\t%s\n", fmtPtr(st.PeerDBOS), fmtPtr(st.PeerRiver), fmtPtr(st.PeerRiverFast),
 				times(st.StepsPerSec, st.PeerDBOS), times(st.StepsPerSec, st.PeerRiver), times(st.StepsPerSec, st.PeerRiverFast))
+		}
+	}
+	if st := r.Steps; st != nil && len(st.Statements) > 0 {
+		fmt.Fprintln(tw, "\n   server time per statement (last run, pg_stat_statements)\tcalls\tmean ms\tms per step\tWAL bytes/call\tstatement")
+		for _, c := range st.Statements {
+			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\t%s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
+		}
+		for _, c := range st.PgbenchStatements {
+			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\tpgbench: %s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
 		}
 	}
 	if len(r.Claim) > 0 {

@@ -344,22 +344,33 @@ func (j *Journal) mutateAll(ctx context.Context, lockSQL string, key uuid.UUID, 
 	}
 
 	write := &pgx.Batch{}
-	for _, tr := range trs {
-		write.Queue(sqlWrite, writeArgs(tr)...)
+	pair := len(trs) == 2 && trs[1].Step == nil
+	if pair {
+		// One statement: the projection updated once (one row version,
+		// one set of index entries), both events inserted.
+		write.Queue(sqlWritePair, pairArgs(trs[0], trs[1])...)
+	} else {
+		for _, tr := range trs {
+			write.Queue(sqlWrite, writeArgs(tr)...)
+		}
 	}
 	if s.own() {
 		write.Queue("COMMIT")
 	}
 	br := s.q.SendBatch(ctx, write)
-	for _, tr := range trs {
-		var seq int64
-		err = br.QueryRow().Scan(&seq)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
-		}
-		if err != nil {
-			err = fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
-			break
+	if pair {
+		err = readPair(br, trs[0])
+	} else {
+		for _, tr := range trs {
+			var seq int64
+			err = br.QueryRow().Scan(&seq)
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
+			}
+			if err != nil {
+				err = fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
+				break
+			}
 		}
 	}
 	if err == nil && s.own() {
@@ -461,6 +472,40 @@ func writeArgs(tr saga.Transition) []any {
 	}
 	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
 	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+}
+
+// pairArgs are sqlWritePair's parameters: the projection after second, the
+// version before first, first's step record, both events.
+func pairArgs(first, second saga.Transition) []any {
+	args := writeArgs(second)[:28]
+	args[16] = first.Instance.Version - 1
+	copy(args[17:28], writeArgs(first)[17:28])
+	for _, tr := range []saga.Transition{first, second} {
+		payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+		args = append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+	}
+	return args
+}
+
+// readPair reads sqlWritePair's result: two events, or none when the
+// projection's version was not the one read.
+func readPair(br pgx.BatchResults, first saga.Transition) error {
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("pgjournal: write %s (%s and the terminal event): %w", first.Instance.ID, first.Event.Kind, err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgjournal: write %s (%s and the terminal event): %w", first.Instance.ID, first.Event.Kind, err)
+	}
+	if n != 2 {
+		return fmt.Errorf("pgjournal: write %s: instance changed under its row lock (version %d expected): nothing was written", first.Instance.ID, first.Instance.Version-1)
+	}
+	return nil
 }
 
 // jsonArg passes absent JSON as SQL NULL.
