@@ -258,7 +258,7 @@ func (e *env) topStatements(ctx context.Context, n, steps int) []StatementCost {
 	rows, err := e.pool.Query(ctx, `
 SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 90), s.calls, s.total_exec_time, s.mean_exec_time, s.wal_bytes::float8
 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat%'
+WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat%' AND s.calls >= 10
 ORDER BY s.total_exec_time DESC LIMIT $1`, n)
 	if err != nil {
 		return nil
