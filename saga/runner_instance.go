@@ -77,6 +77,9 @@ type work struct {
 	r    *Runner
 	def  Definition
 	inst Instance
+	// id is inst.ID, for the heartbeat goroutine (the worker replaces inst
+	// as it advances).
+	id uuid.UUID
 	// lease is the lease this claim holds.
 	lease uuid.UUID
 	// dbAt is the journal clock's time when the claim ran and localAt the
@@ -87,24 +90,10 @@ type work struct {
 }
 
 func (r *Runner) process(c claim) {
-	inst := c.inst
-	key := Key{Name: inst.SagaName, Version: inst.SagaVersion}
-	log := r.log.With("saga_id", inst.ID, "saga", key.String())
-	if !inst.LeaseID.Valid {
-		log.Error("saga claim returned an instance without a lease: skipped")
+	w := r.newWork(c)
+	if w == nil {
 		return
 	}
-	def, ok := r.registry.Lookup(inst.SagaName, inst.SagaVersion)
-	if !ok {
-		r.stuck(log, inst, fmt.Sprintf("definition %s is not registered in this process", key))
-		return
-	}
-	w := &work{r: r, def: def, inst: inst, lease: inst.LeaseID.UUID, localAt: c.at, log: log}
-	w.dbAt = c.at
-	if inst.LeaseExpiresAt != nil {
-		w.dbAt = inst.LeaseExpiresAt.Add(-r.cfg.LeaseDuration)
-	}
-
 	leaseCtx, lose := context.WithCancelCause(r.baseCtx)
 	defer lose(nil)
 	hbDone := make(chan struct{})
@@ -117,7 +106,36 @@ func (r *Runner) process(c claim) {
 		close(hbDone)
 		<-hbStopped
 	}()
+	w.loop(leaseCtx)
+}
 
+// newWork prepares a claimed instance for a worker, or reports it (nil)
+// when it cannot be run here.
+func (r *Runner) newWork(c claim) *work {
+	inst := c.inst
+	key := Key{Name: inst.SagaName, Version: inst.SagaVersion}
+	log := r.log.With("saga_id", inst.ID, "saga", key.String())
+	if !inst.LeaseID.Valid {
+		log.Error("saga claim returned an instance without a lease: skipped")
+		return nil
+	}
+	def, ok := r.registry.Lookup(inst.SagaName, inst.SagaVersion)
+	if !ok {
+		r.stuck(log, inst, fmt.Sprintf("definition %s is not registered in this process", key))
+		return nil
+	}
+	w := &work{r: r, def: def, inst: inst, id: inst.ID, lease: inst.LeaseID.UUID, localAt: c.at, log: log}
+	w.dbAt = c.at
+	if inst.LeaseExpiresAt != nil {
+		w.dbAt = inst.LeaseExpiresAt.Add(-r.cfg.LeaseDuration)
+	}
+	return w
+}
+
+// loop advances the instance under its lease (leaseCtx) until it yields,
+// ends, or the runner stops.
+func (w *work) loop(leaseCtx context.Context) {
+	r := w.r
 	for {
 		if r.isStopping() {
 			w.release(leaseCtx)
@@ -133,7 +151,7 @@ func (r *Runner) process(c claim) {
 			// Claimed in a status the runner does not advance (a journal
 			// that claims more than it should): leave it alone, lease and
 			// all, so that it is not claimed again at once.
-			log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
+			w.log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
 			n = nextLeave
 		}
 		switch n {
@@ -190,13 +208,14 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 		}
 		sent := time.Now()
 		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, w.inst.ID, w.lease, d)
+		// w.id, not w.inst: the worker replaces w.inst as it advances.
+		ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
 		cancel()
 		switch {
 		case err == nil && ok:
 			last = sent
 		case err == nil:
-			w.log.Warn("saga lease lost: heartbeat refused", "step", w.inst.CurrentStep)
+			w.log.Warn("saga lease lost: heartbeat refused")
 			lose(errLeaseGone)
 			return
 		default:

@@ -17,13 +17,16 @@ import (
 	"github.com/compensa/compensa/saga/pgjournal"
 )
 
-// runCompensa starts n three-step sagas through the correlator (the real
+// runCompensa (group > 1: with group commit) starts n three-step sagas through the correlator (the real
 // start path, 1,000 trigger events per transaction, all submitted at t0 like
 // River's backlog) while the step runner, with its default settings, runs
 // them. Completion is the commit of the saga's last step (OnTerminal is
 // called after it).
-func runCompensa(ctx context.Context, dsn string, n int) (Result, error) {
+func runCompensa(ctx context.Context, dsn string, n, group int) (Result, error) {
 	res := Result{Mode: "backlog: all started at t0 through the correlator, runner defaults (8 workers)"}
+	if group > 1 {
+		res.Mode = fmt.Sprintf("the same, with group commit (RunnerConfig.GroupCommit %d)", group)
+	}
 	rt := &roundTrips{}
 	cfg := (&saga.RunnerConfig{}).WithDefaults()
 	pool, err := newPool(ctx, dsn, int32(cfg.Workers+8), rt)
@@ -60,7 +63,7 @@ func runCompensa(ctx context.Context, dsn string, n int) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{Hooks: saga.Hooks{
+	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{GroupCommit: group, Hooks: saga.Hooks{
 		OnTerminal: func(ev saga.TerminalEvent) {
 			if ev.Status != saga.StatusCompleted {
 				return

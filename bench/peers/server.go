@@ -96,7 +96,9 @@ func (s *server) runOne(ctx context.Context, sys string, round, n int, pgbT time
 	var res Result
 	switch sys {
 	case "compensa":
-		res, err = runCompensa(ctx, dsn, n)
+		res, err = runCompensa(ctx, dsn, n, 0)
+	case "compensa-group":
+		res, err = runCompensa(ctx, dsn, n, 8)
 	case "dbos":
 		res, err = runDBOS(ctx, dsn, n)
 	case "river":
