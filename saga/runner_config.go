@@ -90,10 +90,10 @@ func (c *RunnerConfig) validate() error {
 	switch {
 	case c.Workers < 1:
 		return Errorf(ErrInvalid, "RunnerConfig.Workers must be at least 1, got %d", c.Workers)
-	case c.GroupCommit < 0:
-		return Errorf(ErrInvalid, "RunnerConfig.GroupCommit must not be negative, got %d", c.GroupCommit)
 	case c.ClaimBatch < 1:
 		return Errorf(ErrInvalid, "RunnerConfig.ClaimBatch must be at least 1, got %d", c.ClaimBatch)
+	case c.GroupCommit < 0:
+		return Errorf(ErrInvalid, "RunnerConfig.GroupCommit must not be negative, got %d", c.GroupCommit)
 	case c.LeaseDuration < 100*time.Millisecond:
 		return Errorf(ErrInvalid, "RunnerConfig.LeaseDuration must be at least 100ms (heartbeats run every third of it), got %s", c.LeaseDuration)
 	case c.PollInterval < time.Millisecond:

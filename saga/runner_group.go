@@ -111,7 +111,10 @@ func (r *Runner) processGroup(cs []claim) {
 // groupRound runs one step of each member in one transaction and returns
 // the members that go on (nextContinue).
 func (r *Runner) groupRound(round []*member) []*member {
-	ctx := r.hardCtx
+	// Under baseCtx, as a single step's commit is: a hard stop cancels the
+	// steps (their Do), which then roll back to their savepoints and are
+	// released, while the steps that finished still commit.
+	ctx := r.baseCtx
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
 		r.log.Error("saga group: begin transaction", "err", err)
