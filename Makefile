@@ -17,9 +17,9 @@ chromium:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
-	$(GO) vet -tags failpoint ./cmd/relay
+	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
-test: postgres chromium vet
+test: postgres chromium vet deploy-check
 	$(GO) test -race -count=1 -timeout 20m ./...
 	$(MAKE) --no-print-directory chaos QUICK=1
 
@@ -47,3 +47,25 @@ bench-peers: postgres
 .PHONY: chaos
 chaos: postgres
 	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)
+
+# `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
+# own rule parser (model/rulefmt, as promtool does). It is a module of its own
+# (deploy/check) so that the Prometheus module stays out of the relay's go.mod.
+.PHONY: deploy-check
+deploy-check:
+	cd deploy/check && $(GO) test -count=1 ./...
+
+# `make overview-bench` generates 10,000,000 saga instances (one INSERT ...
+# SELECT generate_series) and times GET /v1/overview's queries (the figure of
+# BENCHMARKS.md; about 10 minutes). ROWS=100000 for a short run.
+.PHONY: overview-bench
+overview-bench: postgres
+	$(GO) test -tags overviewscale -count=1 -v -timeout 60m -run '^TestOverviewAtScale$$' ./saga/admin -args -rows $(or $(ROWS),10000000)
+
+# `make test-sinks` is the sink fault suite of issue 15 (a few minutes): 5 kill -9
+# of the relay under load, nats-server (its own process) killed for 10 s, the
+# webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook.
+# `make test` runs its short mode (2 kills, 3 s outages) with the other packages.
+.PHONY: test-sinks
+test-sinks: postgres
+	$(GO) test -race -count=1 -v -timeout 30m -run '^TestSinkFaults$$' ./test/sinks -args -sinks.full

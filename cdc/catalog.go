@@ -84,6 +84,7 @@ type tableInfo struct {
 	name      outbox.TableName // schema always set
 	relkind   string
 	owner     bool // current_user may act as the owner (CREATE PUBLICATION)
+	ownerName string
 	canSelect bool
 	canDelete bool
 	cols      map[string]columnInfo
@@ -96,7 +97,8 @@ func (t *tableInfo) quoted() string { return t.name.Quoted() }
 const sqlTable = `
 SELECT c.oid, n.nspname, c.relname, c.relkind::text,
        pg_has_role(c.relowner, 'USAGE'),
-       has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'DELETE')
+       has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'DELETE'),
+       pg_get_userbyid(c.relowner)::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 
@@ -110,7 +112,7 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped`
 // inspectTable finds the outbox table and checks the column map against it.
 func inspectTable(ctx context.Context, q Querier, cfg *Config) (*tableInfo, error) {
 	t := &tableInfo{cols: map[string]columnInfo{}}
-	err := q.QueryRow(ctx, sqlTable, cfg.Table.Quoted()).Scan(&t.oid, &t.name.Schema, &t.name.Name, &t.relkind, &t.owner, &t.canSelect, &t.canDelete)
+	err := q.QueryRow(ctx, sqlTable, cfg.Table.Quoted()).Scan(&t.oid, &t.name.Schema, &t.name.Name, &t.relkind, &t.owner, &t.canSelect, &t.canDelete, &t.ownerName)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errorf(ErrOutboxTable, "outbox table %s does not exist (or is not on the search path): run `relay migrate`, or pass --outbox-table with the schema-qualified name of your outbox table", cfg.Table.Quoted())
 	}
@@ -223,8 +225,8 @@ func ensurePublication(ctx context.Context, q Querier, t *tableInfo, pub string)
 		_, err = checkPublication(ctx, q, t, pub)
 		return false, err
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
-		return false, errorf(ErrPublication, "publication %s does not exist and this role may not create it (%s): run `relay migrate --create-slot` as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-			qp, pgErr.Message, t.quoted(), qp, t.quoted())
+		return false, errorf(ErrPublication, "publication %s does not exist and this role may not create it (%s): as %s, the owner of %s, with CREATE on the database, run `relay migrate --create-slot` or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');",
+			qp, pgErr.Message, pgx.Identifier{t.ownerName}.Sanitize(), t.quoted(), qp, t.quoted())
 	default:
 		return false, fmt.Errorf("cdc: create publication %s: %w", qp, err)
 	}

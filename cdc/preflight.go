@@ -14,18 +14,19 @@ const sqlServer = `
 SELECT current_setting('wal_level'), current_user, r.rolreplication, r.rolsuper,
        EXISTS (SELECT 1 FROM pg_roles m WHERE m.rolname = 'rds_replication'
                AND pg_has_role(current_user, m.oid, 'MEMBER')),
-       has_database_privilege(current_database(), 'CREATE')
+       has_database_privilege(current_database(), 'CREATE'), current_database()
 FROM pg_roles r WHERE r.rolname = current_user`
 
 type serverInfo struct {
 	walLevel, role          string
 	replication, super, rds bool
 	createInDB              bool
+	database                string
 }
 
 func inspectServer(ctx context.Context, q Querier) (*serverInfo, error) {
 	s := &serverInfo{}
-	if err := q.QueryRow(ctx, sqlServer).Scan(&s.walLevel, &s.role, &s.replication, &s.super, &s.rds, &s.createInDB); err != nil {
+	if err := q.QueryRow(ctx, sqlServer).Scan(&s.walLevel, &s.role, &s.replication, &s.super, &s.rds, &s.createInDB, &s.database); err != nil {
 		return nil, fmt.Errorf("cdc: read server settings: %w", err)
 	}
 	return s, nil
@@ -72,9 +73,7 @@ func Preflight(ctx context.Context, q Querier, cfg Config) error {
 		return err
 	}
 	if !exists && (!t.owner || !srv.createInDB) {
-		qp := pgx.Identifier{cfg.Publication}.Sanitize()
-		return errorf(ErrPublication, "publication %s does not exist and role %q may not create it (it needs to own %s and have CREATE on the database): run `relay migrate --create-slot` as the table owner, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-			qp, srv.role, t.quoted(), qp, t.quoted())
+		return missingPublicationError(srv, t, cfg.Publication)
 	}
 	slot, err := lookupSlot(ctx, q, cfg.Slot)
 	if err != nil {
@@ -153,4 +152,25 @@ func Setup(ctx context.Context, q Querier, cfg Config) error {
 		return fmt.Errorf("cdc: create replication slot %q: %w", cfg.Slot, err)
 	}
 	return nil
+}
+
+// missingPublicationError says exactly what keeps the role from creating the
+// publication (owning the table, CREATE on the database, or both), and the
+// statements that fix it.
+func missingPublicationError(srv *serverInfo, t *tableInfo, pub string) error {
+	qp := pgx.Identifier{pub}.Sanitize()
+	r := pgx.Identifier{srv.role}.Sanitize()
+	db := pgx.Identifier{srv.database}.Sanitize()
+	create := fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert');", qp, t.quoted())
+	switch {
+	case !t.owner && !srv.createInDB:
+		return errorf(ErrPublication, "publication %s does not exist and role %q may not create it: it does not own %s (%s does) and lacks CREATE on database %s; as %s run %s",
+			qp, srv.role, t.quoted(), t.ownerName, db, pgx.Identifier{t.ownerName}.Sanitize(), create)
+	case !t.owner:
+		return errorf(ErrPublication, "publication %s does not exist and role %q may not create it: it does not own %s (%s does); as %s run %s",
+			qp, srv.role, t.quoted(), t.ownerName, pgx.Identifier{t.ownerName}.Sanitize(), create)
+	default:
+		return errorf(ErrPublication, "publication %s does not exist and role %q, which owns %s, lacks CREATE on database %s: GRANT CREATE ON DATABASE %s TO %s; (as the database owner), then run `relay migrate --create-slot` or %s",
+			qp, srv.role, t.quoted(), db, db, r, create)
+	}
 }

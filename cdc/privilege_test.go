@@ -194,3 +194,37 @@ func TestSSLModeIsHonoured(t *testing.T) {
 		t.Fatalf("a slot was created over a connection that should not exist (%d, %v)", n, err)
 	}
 }
+
+// A missing publication the role cannot create: the error names what the role
+// lacks (owning the table, CREATE on the database) and the statement that
+// fixes it, instead of sending the owner to run a command it cannot run.
+func TestMissingPublicationNamesTheMissingPrivilege(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+
+	// The relay's role does not own the table.
+	role, dsn := createRole(t, db, "notowner", "REPLICATION")
+	exec(t, db.Pool, `GRANT SELECT ON outbox, relay_checkpoints TO `+pgx.Identifier{role}.Sanitize())
+	cfg := baseConfig(t, db)
+	cfg.DatabaseURL = dsn
+	err := cdc.Preflight(ctx, rolePool(t, dsn), cfg)
+	if !errors.Is(err, cdc.ErrPublication) || !strings.Contains(err.Error(), "does not own") ||
+		!strings.Contains(err.Error(), `as "postgres" run CREATE PUBLICATION`) {
+		t.Fatalf("not the owner: %v", err)
+	}
+
+	// The owner of the table, without CREATE on the database.
+	owner, ownerDSN := createRole(t, db, "owner", "REPLICATION")
+	exec(t, db.Pool, `CREATE TABLE owned_outbox (LIKE outbox INCLUDING ALL)`)
+	exec(t, db.Pool, `ALTER TABLE owned_outbox OWNER TO `+pgx.Identifier{owner}.Sanitize())
+	exec(t, db.Pool, `GRANT SELECT ON relay_checkpoints TO `+pgx.Identifier{owner}.Sanitize())
+	cfg = baseConfig(t, db)
+	cfg.DatabaseURL = ownerDSN
+	cfg.Table.Name = "owned_outbox"
+	err = cdc.Preflight(ctx, rolePool(t, ownerDSN), cfg)
+	want := "GRANT CREATE ON DATABASE " + pgx.Identifier{db.Name}.Sanitize() + " TO " + pgx.Identifier{owner}.Sanitize()
+	if !errors.Is(err, cdc.ErrPublication) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("owner without CREATE on the database: %v; want it to say %s", err, want)
+	}
+}

@@ -79,6 +79,42 @@ func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableI
 // snapshotQuery selects the mapped columns as text, the form the WAL carries
 // them in, so that one decoder reads both.
 func snapshotQuery(t *tableInfo) (string, []int, [nFields]uint32) {
+	sql, fields, typ := selectColumns(t)
+	if c := t.fieldCol[fCreatedAt]; c != "" {
+		sql += " ORDER BY " + pgx.Identifier{c}.Sanitize()
+	}
+	return sql, fields, typ
+}
+
+// ReadEvent reads the outbox row whose id, as text, is rawID, and decodes it
+// as the stream does (a row the relay cannot use comes back with Poison set).
+// ok is false when the table holds no such row (any more). It is what
+// `relay deadletters retry --from-outbox` re-drives.
+func ReadEvent(ctx context.Context, q Querier, table outbox.TableName, cols outbox.ColumnMap, rawID string) (ev outbox.Event, ok bool, err error) {
+	t, err := inspectTable(ctx, q, &Config{Table: table, Columns: cols})
+	if err != nil {
+		return ev, false, err
+	}
+	sql, fields, typ := selectColumns(t)
+	sql += " WHERE " + pgx.Identifier{t.fieldCol[fID]}.Sanitize() + "::text = $1 LIMIT 1"
+	rows, err := q.Query(ctx, sql, rawID)
+	if err != nil {
+		return ev, false, fmt.Errorf("cdc: read outbox row %q of %s: %w", rawID, t.quoted(), err)
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		return ev, false, rows.Err()
+	}
+	raw := rows.RawValues()
+	var row [nFields]value
+	for i, f := range fields {
+		row[f] = value{present: true, null: raw[i] == nil, data: append([]byte(nil), raw[i]...)}
+	}
+	return buildEvent(&row, &typ, nil, 0), true, rows.Err()
+}
+
+// selectColumns selects the mapped columns of t as text.
+func selectColumns(t *tableInfo) (string, []int, [nFields]uint32) {
 	var cols []string
 	var fields []int
 	var typ [nFields]uint32
@@ -91,9 +127,5 @@ func snapshotQuery(t *tableInfo) (string, []int, [nFields]uint32) {
 		fields = append(fields, f)
 		typ[f] = t.cols[c].baseOID
 	}
-	sql := "SELECT " + strings.Join(cols, ", ") + " FROM " + t.quoted()
-	if c := t.fieldCol[fCreatedAt]; c != "" {
-		sql += " ORDER BY " + pgx.Identifier{c}.Sanitize()
-	}
-	return sql, fields, typ
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + t.quoted(), fields, typ
 }

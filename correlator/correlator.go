@@ -40,6 +40,12 @@ type Config struct {
 	// OnStarted is told, after each commit, how many instances of each saga
 	// the batch started (for per-saga metrics). Optional.
 	OnStarted func(saga string, n int)
+	// InBatchTx, when set, is called inside each fresh batch's transaction
+	// (after the checkpoint moved, before the commit; not for a replayed
+	// batch), so that other owners' rows (the sinks' parked deliveries)
+	// commit with the checkpoint or not at all. ctx is the one HandleBatch
+	// received. An error rolls the batch back and stops the stream.
+	InBatchTx func(ctx context.Context, tx pgx.Tx, b cdc.Batch) error
 	Logger    *slog.Logger
 }
 
@@ -69,6 +75,14 @@ type Stats struct {
 	RepliesDelivered uint64
 	LateReplies      uint64
 	EventsParked     uint64
+	// What became of each event the stream handed over (they add up to
+	// EventsSeen): it started sagas, went to reply correlation, concerned
+	// no saga (ignored, by design: most outbox events are not triggers), or
+	// was parked.
+	OutcomeStarted uint64
+	OutcomeReply   uint64
+	OutcomeIgnored uint64
+	OutcomeParked  uint64
 }
 
 // Correlator is the stream's Sink: see the package documentation.
@@ -78,6 +92,7 @@ type Correlator struct {
 	routes routes
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
+	outStarted, outReply, outIgnored, outParked                                atomic.Uint64
 }
 
 var _ cdc.Sink = (*Correlator)(nil)
@@ -101,6 +116,8 @@ func (c *Correlator) Stats() Stats {
 		EventsSeen: c.eventsSeen.Load(), Batches: c.batches.Load(), BatchesReplayed: c.replayed.Load(),
 		SagasStarted: c.started.Load(), DuplicateStarts: c.dupStarts.Load(),
 		RepliesDelivered: c.delivered.Load(), LateReplies: c.late.Load(), EventsParked: c.parked.Load(),
+		OutcomeStarted: c.outStarted.Load(), OutcomeReply: c.outReply.Load(),
+		OutcomeIgnored: c.outIgnored.Load(), OutcomeParked: c.outParked.Load(),
 	}
 }
 
@@ -166,6 +183,10 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		return nil
 	}
 	c.eventsSeen.Add(uint64(p.seen))
+	c.outStarted.Add(uint64(p.outStarted))
+	c.outReply.Add(uint64(p.outReply))
+	c.outIgnored.Add(uint64(p.outIgnored))
+	c.outParked.Add(uint64(p.outParked))
 	c.started.Add(uint64(out.started))
 	c.dupStarts.Add(uint64(out.dup))
 	c.delivered.Add(uint64(out.delivered))
@@ -209,6 +230,11 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 			return out, err
 		}
 	}
+	if c.cfg.InBatchTx != nil {
+		if err := c.cfg.InBatchTx(ctx, tx, b); err != nil {
+			return out, fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return out, fmt.Errorf("correlator: commit batch at %s: %w", b.EndLSN, err)
 	}
@@ -245,7 +271,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
 	if len(p.startSaga) > 0 {
 		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
-			p.startTrigger, p.startCorr, p.startContext, p.startDeadline)
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate)
 	}
 	if len(p.replyEvent) > 0 {
 		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer)

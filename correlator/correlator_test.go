@@ -105,6 +105,7 @@ func TestTriggerStartsOneInstanceWithEventFields(t *testing.T) {
 	ev := trigger(tenant)
 	ev.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"workspace_id":%q}`, uuid.New(), ws))
 	ev.CorrelationID = uuid.NullUUID{UUID: corr, Valid: true}
+	ev.AggregateID = "brief-42"
 	if err := b.corr.HandleBatch(ctx, b.batch(ev)); err != nil {
 		t.Fatal(err)
 	}
@@ -114,14 +115,19 @@ func TestTriggerStartsOneInstanceWithEventFields(t *testing.T) {
 		status, name          string
 		version               int
 		context_              []byte
+		aggregate             *string
 	)
-	err := b.db.Pool.QueryRow(ctx, `SELECT tenant_id, workspace_id, trigger_event_id, correlation_id, status::text, saga_name, saga_version, context
-		FROM saga_instances`).Scan(&gotTenant, &gotWS, &gotTrigger, &gotCorr, &status, &name, &version, &context_)
+	err := b.db.Pool.QueryRow(ctx, `SELECT tenant_id, workspace_id, trigger_event_id, correlation_id, status::text, saga_name, saga_version, context, trigger_aggregate_id
+		FROM saga_instances`).Scan(&gotTenant, &gotWS, &gotTrigger, &gotCorr, &status, &name, &version, &context_, &aggregate)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if gotTenant != tenant || gotWS.UUID != ws || gotTrigger != ev.ID || gotCorr.UUID != corr {
 		t.Fatalf("instance fields: tenant %v ws %v trigger %v corr %v", gotTenant, gotWS, gotTrigger, gotCorr)
+	}
+	// The trigger's aggregate id is kept for search (the outbox row may go).
+	if aggregate == nil || *aggregate != "brief-42" {
+		t.Fatalf("trigger_aggregate_id %v, want brief-42", aggregate)
 	}
 	if status != "RUNNING" || name != "brief_enrichment" || version != 1 {
 		t.Fatalf("status %s saga %s v%d", status, name, version)

@@ -32,7 +32,26 @@ type DeadLetter struct {
 	ParkedAt   time.Time       `json:"parked_at"`
 	RetriedAt  *time.Time      `json:"retried_at,omitempty"`
 	RetryCount int             `json:"retry_count"`
+	// RedrivenFrom says which version of the event the last retry used:
+	// SourceStored or SourceOutbox. Empty in lists.
+	RedrivenFrom string `json:"-"`
 }
+
+// Which version of a parked event a retry re-drives.
+const (
+	// SourceStored is the whole decoded event stored when it was parked.
+	SourceStored = "the event stored when it was parked"
+	// SourceOutbox is the outbox row with the event's id as it is now.
+	SourceOutbox = "the current outbox row"
+	// SourceStoredRowGone is SourceStored when the current row was asked
+	// for but the outbox no longer holds it.
+	SourceStoredRowGone = "the event stored when it was parked (the outbox row is gone)"
+)
+
+// OutboxReader reads an event's current outbox row by its id (as text); ok
+// is false when the row no longer exists. cdc.ReadEvent, bound to a table
+// and a column map, is one.
+type OutboxReader func(ctx context.Context, q cdc.Querier, rawID string) (ev outbox.Event, ok bool, err error)
 
 // ListDeadLetters returns parked events, newest first. pending limits the list
 // to those not yet re-driven.
@@ -62,6 +81,17 @@ func (c *Correlator) ListDeadLetters(ctx context.Context, pending bool, limit in
 // reason) and its retry count goes up. Starting twice is impossible: the
 // unique index absorbs a retry of an event that did start.
 func (c *Correlator) RetryDeadLetter(ctx context.Context, id int64) (DeadLetter, error) {
+	return c.retryDeadLetter(ctx, id, nil)
+}
+
+// RetryDeadLetterFromOutbox is RetryDeadLetter on the event's current outbox
+// row, read with read, when the row still exists (a producer corrected it in
+// place); otherwise on the stored event. DeadLetter.RedrivenFrom says which.
+func (c *Correlator) RetryDeadLetterFromOutbox(ctx context.Context, id int64, read OutboxReader) (DeadLetter, error) {
+	return c.retryDeadLetter(ctx, id, read)
+}
+
+func (c *Correlator) retryDeadLetter(ctx context.Context, id int64, read OutboxReader) (DeadLetter, error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return DeadLetter{}, err
@@ -79,6 +109,18 @@ func (c *Correlator) RetryDeadLetter(ctx context.Context, id int64) (DeadLetter,
 		return d, err
 	}
 	ev, reason := eventFromRaw(d)
+	d.RedrivenFrom = SourceStored
+	if read != nil {
+		cur, ok, err := read(ctx, tx, d.EventID)
+		if err != nil {
+			return d, err
+		}
+		if ok {
+			ev, reason, d.RedrivenFrom = cur, cur.Poison, SourceOutbox
+		} else {
+			d.RedrivenFrom = SourceStoredRowGone
+		}
+	}
 	var p plan
 	if reason != "" {
 		ev.Poison = reason
@@ -175,6 +217,9 @@ func eventFromRaw(d DeadLetter) (outbox.Event, string) {
 	case nil:
 	default:
 		ev.Payload, _ = json.Marshal(v)
+	}
+	if s := str("created_at"); s != "" {
+		ev.CreatedAt, _ = time.Parse(time.RFC3339Nano, s)
 	}
 	switch v := raw["headers"].(type) {
 	case string:

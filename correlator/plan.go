@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -29,6 +30,9 @@ type plan struct {
 	startCorr      []*[16]byte
 	startContext   []string
 	startDeadline  []int64 // microseconds; 0 = no deadline
+	// startAggregate is the trigger's aggregate id (nil when it has none),
+	// kept on the instance so that an operator can find it by that id.
+	startAggregate []*string
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -41,6 +45,8 @@ type plan struct {
 	deadLSN       []string
 	deadReason    []string
 	deadRaw       []string
+	// What became of each event: started, reply, ignored, parked.
+	outStarted, outReply, outIgnored, outParked int
 	// noID numbers poison rows without an id per commit LSN.
 	noID map[uint64]int
 }
@@ -58,6 +64,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	defs := r.match(ev)
 	if len(defs) == 0 && !ev.CorrelationID.Valid {
+		p.outIgnored++
 		return // not ours: skipped without a statement
 	}
 	if err := usableJSON(ev.Payload); err != nil {
@@ -65,6 +72,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		return
 	}
 	if len(defs) == 0 {
+		p.outReply++
 		p.replyEvent = append(p.replyEvent, ev.ID)
 		p.replyCorr = append(p.replyCorr, ev.CorrelationID.UUID)
 		p.replyPayload = append(p.replyPayload, string(ev.Payload))
@@ -94,7 +102,13 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		c := [16]byte(ev.CorrelationID.UUID)
 		corr = &c
 	}
+	var agg *string
+	if ev.AggregateID != "" {
+		agg = &ev.AggregateID
+	}
+	p.outStarted++
 	for _, d := range defs {
+		p.startAggregate = append(p.startAggregate, agg)
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)
 		p.startSaga = append(p.startSaga, d.Name)
@@ -107,12 +121,10 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 }
 
 func (p *plan) park(ev *outbox.Event, reason string) {
+	p.outParked++
 	raw := ev.Raw
 	if raw == nil {
-		raw = map[string]any{
-			"id": ev.RawID, "event_type": ev.EventType, "aggregate_type": ev.AggregateType,
-			"aggregate_id": ev.AggregateID, "payload": string(ev.Payload),
-		}
+		raw = decodedRow(ev)
 	}
 	b, err := json.Marshal(sanitizeForJSONB(raw))
 	if err != nil {
@@ -137,6 +149,34 @@ func (p *plan) park(ev *outbox.Event, reason string) {
 	p.deadLSN = append(p.deadLSN, lsnString(ev.LSN))
 	p.deadReason = append(p.deadReason, stripNUL(reason))
 	p.deadRaw = append(p.deadRaw, string(b))
+}
+
+// decodedRow is the whole decoded event in the form of a raw row (our field
+// names, values as text, nil for NULL): a re-drive must restart it under its
+// own tenant, with its headers and its correlation and causation ids.
+func decodedRow(ev *outbox.Event) map[string]any {
+	id := ev.RawID
+	if id == "" && ev.ID != uuid.Nil {
+		id = ev.ID.String()
+	}
+	row := map[string]any{
+		"id": id, "tenant_id": ev.TenantID.String(), "aggregate_type": ev.AggregateType,
+		"aggregate_id": ev.AggregateID, "event_type": ev.EventType, "payload": string(ev.Payload),
+		"headers": nil, "correlation_id": nil, "causation_id": nil, "created_at": nil,
+	}
+	if len(ev.Headers) > 0 {
+		row["headers"] = string(ev.Headers)
+	}
+	if ev.CorrelationID.Valid {
+		row["correlation_id"] = ev.CorrelationID.UUID.String()
+	}
+	if ev.CausationID.Valid {
+		row["causation_id"] = ev.CausationID.UUID.String()
+	}
+	if !ev.CreatedAt.IsZero() {
+		row["created_at"] = ev.CreatedAt.UTC().Format(time.RFC3339Nano)
+	}
+	return row
 }
 
 // usableJSON reports why a payload cannot become a saga's state or a reply:

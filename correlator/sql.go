@@ -19,12 +19,12 @@ WHERE c.lsn < EXCLUDED.lsn`
 const sqlStart = `
 WITH ins AS (
   INSERT INTO saga_instances (tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
-                              correlation_id, context, timeout_at, next_attempt_at)
+                              correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id)
   SELECT t.tenant, t.workspace, t.saga, t.version, t.trigger, t.corr, t.ctx::jsonb,
          CASE WHEN t.deadline_us > 0 THEN now() + t.deadline_us * interval '1 microsecond' END,
-         now()
-  FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[])
-       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us)
+         now(), t.aggregate
+  FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[])
+       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate)
   ON CONFLICT DO NOTHING
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
@@ -91,6 +91,6 @@ WITH ins AS (
   INSERT INTO relay_dead_letters (event_id, event_type, lsn, reason, raw)
   SELECT t.event_id, t.event_type, t.lsn::pg_lsn, t.reason, t.raw::jsonb
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS t(event_id, event_type, lsn, reason, raw)
-  ON CONFLICT (lsn, event_id, event_type) DO NOTHING
+  ON CONFLICT DO NOTHING
   RETURNING 1)
 SELECT count(*) FROM ins`

@@ -52,6 +52,11 @@ type Migration struct {
 // Options selects what Apply applies. The zero value applies the core schema.
 type Options struct {
 	WithExamples bool
+	// CustomOutbox says the application's outbox is a table of its own (another
+	// name, or columns mapped with --outbox-columns): the default `outbox`
+	// table is then neither created nor altered, and a table named outbox is
+	// left as its owner made it.
+	CustomOutbox bool
 }
 
 // Applied reports one migration that Apply ran.
@@ -90,14 +95,15 @@ func Apply(ctx context.Context, db Conn, opts Options) ([]Applied, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureTable(ctx, db); err != nil {
-		return nil, err
+	role, err := ensureTable(ctx, db)
+	if err != nil {
+		return nil, explainPrivilege(role, err)
 	}
 	var ran []Applied
 	for _, m := range ms {
-		did, err := applyOne(ctx, db, m)
+		did, err := applyOne(ctx, db, m, opts)
 		if err != nil {
-			return ran, err
+			return ran, explainPrivilege(role, err)
 		}
 		if did {
 			ran = append(ran, Applied{Set: m.Set, Version: m.Version, Name: m.Name})
@@ -106,14 +112,19 @@ func Apply(ctx context.Context, db Conn, opts Options) ([]Applied, error) {
 	return ran, nil
 }
 
-func ensureTable(ctx context.Context, db Conn) error {
+// ensureTable creates the table of applied migrations and returns the
+// migrating role, for the messages of privilege errors.
+func ensureTable(ctx context.Context, db Conn) (role string, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: begin: %w", err)
+		return "", fmt.Errorf("migrate: begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+		return "", fmt.Errorf("migrate: %w", err)
+	}
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
-		return fmt.Errorf("migrate: advisory lock: %w", err)
+		return role, fmt.Errorf("migrate: advisory lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS compensa_schema_migrations (
 		set_name   text NOT NULL,
@@ -121,12 +132,12 @@ func ensureTable(ctx context.Context, db Conn) error {
 		name       text NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (set_name, version))`); err != nil {
-		return fmt.Errorf("migrate: create compensa_schema_migrations: %w", err)
+		return role, fmt.Errorf("migrate: create compensa_schema_migrations: %w", err)
 	}
-	return tx.Commit(ctx)
+	return role, tx.Commit(ctx)
 }
 
-func applyOne(ctx context.Context, db Conn, m Migration) (bool, error) {
+func applyOne(ctx context.Context, db Conn, m Migration, opts Options) (bool, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("migrate: begin: %w", err)
@@ -146,8 +157,31 @@ func applyOne(ctx context.Context, db Conn, m Migration) (bool, error) {
 	if done {
 		return false, nil
 	}
+	custom := "off"
+	if opts.CustomOutbox {
+		custom = "on"
+	}
+	// Migrations read the setting (0002); it lasts until the commit.
+	if _, err := tx.Exec(ctx, `SELECT set_config('compensa.custom_outbox', $1, true)`, custom); err != nil {
+		return false, fmt.Errorf("migrate: %w", err)
+	}
+	// 0001 creates the default outbox table unconditionally, and a released
+	// file is never edited: with an outbox of the application's own, a
+	// default table 0001 creates is dropped again in the same transaction,
+	// so that nobody ever sees a public.outbox they did not ask for.
+	dropDefaultOutbox := false
+	if opts.CustomOutbox && m.Set == Core && m.Version == 1 {
+		if err := tx.QueryRow(ctx, `SELECT to_regclass('outbox') IS NULL`).Scan(&dropDefaultOutbox); err != nil {
+			return false, fmt.Errorf("migrate: look up the outbox table: %w", err)
+		}
+	}
 	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return false, fmt.Errorf("migrate: %s %04d_%s: %w", m.Set, m.Version, m.Name, err)
+	}
+	if dropDefaultOutbox {
+		if _, err := tx.Exec(ctx, `DROP TABLE outbox`); err != nil {
+			return false, fmt.Errorf("migrate: drop the default outbox table 0001 created: %w", err)
+		}
 	}
 	if _, err := tx.Exec(ctx,
 		`INSERT INTO compensa_schema_migrations (set_name, version, name) VALUES ($1, $2, $3)`,

@@ -4,12 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/compensa/compensa/outbox"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // hostileNames are identifiers an operator might pass, on purpose or not.
 var hostileNames = []string{

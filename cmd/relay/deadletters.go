@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/outbox"
 )
 
 func init() { registerCommand(newDeadLettersCmd) }
@@ -21,9 +24,10 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 		Short:   "List and re-drive events the relay parked because it could not use them",
 	}
 	var (
-		all    bool
-		limit  int
-		asJSON bool
+		all        bool
+		limit      int
+		asJSON     bool
+		fromOutbox bool
 	)
 	list := &cobra.Command{
 		Use:   "list",
@@ -36,7 +40,11 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			reg, err := registryFor(ctx, pool)
+			if err != nil {
+				return err
+			}
+			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
 			if err != nil {
 				return err
 			}
@@ -75,7 +83,10 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 		Use:   "retry ID",
 		Short: "Re-drive a parked event once its cause is fixed",
 		Long: "Runs the parked event through routing and validation again, as if it had just\n" +
-			"been streamed. A saga it triggers starts at most once (the unique index on\n" +
+			"been streamed: by default the whole event stored when it was parked (tenant, headers,\n" +
+			"correlation and causation ids included); with --from-outbox the event's current\n" +
+			"outbox row (read from --outbox-table by id) when it still exists; the output says\n" +
+			"which. A saga it triggers starts at most once (the unique index on\n" +
 			"(saga_name, saga_version, trigger_event_id) absorbs repeats). An event that is\n" +
 			"still unusable stays parked with its new reason, and the command exits 1.",
 		Args: cobra.ExactArgs(1),
@@ -90,21 +101,41 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			corr, err := correlator.New(pool, &correlator.Config{Registry: defaultRegistry()})
+			reg, err := registryFor(ctx, pool)
 			if err != nil {
 				return err
 			}
-			d, err := corr.RetryDeadLetter(ctx, id)
+			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
+			if err != nil {
+				return err
+			}
+			var d correlator.DeadLetter
+			if fromOutbox {
+				table, terr := outbox.ParseTableName(opts.OutboxTable)
+				if terr != nil {
+					return exitError{code: 2, msg: "--outbox-table: " + terr.Error()}
+				}
+				cols, cerr := outbox.ParseColumnMap(opts.OutboxColumns)
+				if cerr != nil {
+					return exitError{code: 2, msg: cerr.Error()}
+				}
+				d, err = corr.RetryDeadLetterFromOutbox(ctx, id, func(ctx context.Context, q cdc.Querier, rawID string) (outbox.Event, bool, error) {
+					return cdc.ReadEvent(ctx, q, table, cols, rawID)
+				})
+			} else {
+				d, err = corr.RetryDeadLetter(ctx, id)
+			}
 			if errors.Is(err, correlator.ErrStillPoison) {
-				return exitError{code: 1, msg: fmt.Sprintf("dead letter %d is still unusable: %s", id, d.Reason)}
+				return exitError{code: 1, msg: fmt.Sprintf("dead letter %d is still unusable (re-driven from %s): %s", id, d.RedrivenFrom, d.Reason)}
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d re-driven (event %s, %s)\n", d.ID, d.EventID, d.EventType)
+			fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d re-driven from %s (event %s, %s)\n", d.ID, d.RedrivenFrom, d.EventID, d.EventType)
 			return nil
 		},
 	}
+	retry.Flags().BoolVar(&fromOutbox, "from-outbox", false, "re-drive the event's current outbox row (when it still exists) instead of the stored copy")
 	cmd.AddCommand(list, retry)
 	return cmd
 }

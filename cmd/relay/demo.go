@@ -19,6 +19,7 @@ import (
 	"github.com/compensa/compensa/internal/briefs"
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
+	"github.com/compensa/compensa/relay"
 )
 
 func init() { registerCommand(newDemoCmd) }
@@ -142,7 +143,12 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 		// the user can retry a FAILED brief from the monitor.
 		d.apiToken = strings.ReplaceAll(uuid.NewString(), "-", "")
 	}
-	a, err := startApp(ctx, appConfig{
+	reg, err := newRegistry(true)
+	if err != nil {
+		return exitError{code: 1, msg: err.Error()}
+	}
+	a, err := relay.New(ctx, relay.Config{
+		Registry:      reg,
 		DatabaseURL:   db.url,
 		Slot:          db.slot,
 		Publication:   db.publication,
@@ -156,6 +162,9 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 		Logger:     log,
 	})
 	if err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
+	if err := a.Start(ctx); err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
 	stopped := false
@@ -173,7 +182,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 			err = fmt.Errorf("stop relay: %w", serr)
 		}
 	}()
-	monitor := "http://" + a.httpAddr + "/"
+	monitor := "http://" + a.Addr() + "/"
 
 	fmt.Fprintf(stderr, "relay running; writing %d research briefs (%d marked %s) ...\n", d.briefs, d.fail, briefs.FailScoreMarker)
 	wrote := time.Now()
@@ -200,7 +209,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	if err != nil {
 		return exitError{code: 1, msg: err.Error()}
 	}
-	printDemoSummary(stdout, sum, d, monitor, db.url)
+	printDemoSummary(stdout, sum, d, monitor, db.url, db.slot)
 	if demoSummarized != nil {
 		demoSummarized(ctx, pool, sum)
 	}
@@ -222,7 +231,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	case <-ctx.Done():
 		fmt.Fprintln(stderr, "stopping ...")
 	case <-a.Done():
-		if serr := a.StreamErr(); serr != nil && !errors.Is(serr, context.Canceled) {
+		if serr := a.Err(); serr != nil && !errors.Is(serr, context.Canceled) {
 			return exitError{code: 1, msg: "replication stream stopped: " + serr.Error()}
 		}
 	}
@@ -321,7 +330,7 @@ func readDemoProgress(ctx context.Context, pool *pgxpool.Pool) (demoProgress, er
 
 // watchProgress draws the progress until all n sagas have ended, ctx ends
 // (an error), or the relay's stream stops on its own.
-func watchProgress(ctx context.Context, pool *pgxpool.Pool, a *app, n int, w io.Writer) error {
+func watchProgress(ctx context.Context, pool *pgxpool.Pool, a *relay.Relay, n int, w io.Writer) error {
 	tty := isTerminal(w)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -358,7 +367,7 @@ func watchProgress(ctx context.Context, pool *pgxpool.Pool, a *app, n int, w io.
 			}
 			return fmt.Errorf("only %d of %d sagas ended in time (%s)", last.terminal(), n, progressLine(last, n))
 		case <-a.Done():
-			return fmt.Errorf("the replication stream stopped: %v", a.StreamErr())
+			return fmt.Errorf("the replication stream stopped: %v", a.Err())
 		case <-tick.C:
 		}
 	}
@@ -454,7 +463,7 @@ func (s demoSummary) mismatch(d demoOptions) string {
 	return strings.Join(bad, "; ")
 }
 
-func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL string) {
+func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL, slot string) {
 	fmt.Fprintf(w, "\nbrief_enrichment: %d briefs written, %d of them marked %s\n\n", d.briefs, d.fail, briefs.FailScoreMarker)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "  %s\t%8v\n", k, v) }
@@ -477,4 +486,10 @@ func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL 
 	tw.Flush()
 	fmt.Fprintf(w, "\nmonitor:   %s (API token %s)\n", monitor, d.apiToken)
 	fmt.Fprintf(w, "database:  %s\n", dbURL)
+	fmt.Fprintf(w, "slot:      %s\n", slot)
+	// The README's demo sections use these variables: one line to paste
+	// into another shell.
+	fmt.Fprintf(w, "\nin another shell:\n  export DB='%s' TOKEN='%s' RELAY='%s' SLOT='%s'\n",
+		dbURL, d.apiToken, strings.TrimSuffix(monitor, "/"), slot)
+	fmt.Fprintf(w, "  relay lag --database-url \"$DB\" --slot \"$SLOT\"\n")
 }

@@ -126,7 +126,7 @@ func TestDemoExitsWhenDoneWithASummaryThatMatchesTheDatabase(t *testing.T) {
 	if !checked {
 		t.Fatal("the demo never reached its summary")
 	}
-	for _, want := range []string{"sagas started", "completed", "compensated", "failed", "p50", "p99", "monitor:   http://127.0.0.1:", "database:  postgres"} {
+	for _, want := range []string{"sagas started", "completed", "compensated", "failed", "p50", "p99", "monitor:   http://127.0.0.1:", "database:  postgres", "slot:      ", "export DB='postgres", `relay lag --database-url "$DB" --slot "$SLOT"`} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("summary lacks %q:\n%s", want, out)
 		}

@@ -7,9 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -29,7 +32,12 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	opts := &rootOptions{}
-	root := newRootCmd(opts)
+	return execute(ctx, newRootCmd(opts), opts, args, os.Stderr)
+}
+
+// execute runs root on args and returns the exit code; errors go to stderr as
+// one line.
+func execute(ctx context.Context, root *cobra.Command, opts *rootOptions, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -41,7 +49,7 @@ func run(args []string) int {
 		code, msg = ee.code, ee.msg
 	}
 	if msg != "" {
-		fmt.Fprintln(os.Stderr, "relay: "+oneLine(redactAll(msg, opts.secrets())))
+		fmt.Fprintln(stderr, "relay: "+termSafe(oneLine(redactAll(msg, opts.secrets()))))
 	}
 	return code
 }
@@ -66,10 +74,15 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return opts.resolve(cmd)
+			// Whatever a command prints from the database reaches a
+			// terminal: see terminal.go.
+			cmd.SetOut(newTermWriter(cmd.OutOrStdout()))
+			if err := opts.resolve(cmd); err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			return nil
 		},
 	}
-	opts.bind(root)
 	root.AddCommand(
 		newVersionCmd(),
 		newMigrateCmd(opts),
@@ -77,6 +90,7 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 	for _, extra := range extraCommands {
 		root.AddCommand(extra(opts))
 	}
+	harden(root, opts)
 	return root
 }
 
@@ -91,13 +105,43 @@ func registerCommand(f func(*rootOptions) *cobra.Command) {
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the relay's version",
+		Short: "Print the relay's version, commit and Go version (from the build info)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintln(cmd.OutOrStdout(), "relay", version)
+			fmt.Fprintln(cmd.OutOrStdout(), versionLine())
 			return nil
 		},
 	}
+}
+
+// versionLine reads the module version, the VCS commit and the Go version
+// from the build info the Go toolchain embeds, so that any build (go install,
+// go build in a checkout, a release) says what it is. -ldflags -X
+// main.version=... still overrides the module version.
+func versionLine() string {
+	mod, commit, goVersion := version, "unknown", runtime.Version()
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if mod == "dev" && bi.Main.Version != "" {
+			mod = bi.Main.Version
+		}
+		goVersion = bi.GoVersion
+		var rev, modified string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+		if rev != "" {
+			commit = rev
+			if modified == "true" {
+				commit += " (modified)"
+			}
+		}
+	}
+	return fmt.Sprintf("relay %s commit %s %s", mod, commit, goVersion)
 }
 
 func newLogger(opts *rootOptions) *slog.Logger {

@@ -20,12 +20,23 @@ func newMigrateCmd(opts *rootOptions) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			table, err := outbox.ParseTableName(opts.OutboxTable)
+			if err != nil {
+				return fmt.Errorf("--outbox-table: %w", err)
+			}
+			cols, err := outbox.ParseColumnMap(opts.OutboxColumns)
+			if err != nil {
+				return err
+			}
 			conn, err := connect(ctx, opts)
 			if err != nil {
 				return err
 			}
 			defer conn.Close(ctx)
-			ran, err := migrations.Apply(ctx, conn, migrations.Options{WithExamples: withExamples})
+			// An outbox of the application's own: the default table is
+			// neither created nor altered.
+			custom := opts.OutboxColumns != "" || table.Name != "outbox" || (table.Schema != "" && table.Schema != "public")
+			ran, err := migrations.Apply(ctx, conn, migrations.Options{WithExamples: withExamples, CustomOutbox: custom})
 			if err != nil {
 				return err
 			}
@@ -38,14 +49,6 @@ func newMigrateCmd(opts *rootOptions) *cobra.Command {
 			}
 			if !createSlot {
 				return nil
-			}
-			table, err := outbox.ParseTableName(opts.OutboxTable)
-			if err != nil {
-				return fmt.Errorf("--outbox-table: %w", err)
-			}
-			cols, err := outbox.ParseColumnMap(opts.OutboxColumns)
-			if err != nil {
-				return err
 			}
 			if err := cdc.Setup(ctx, conn, cdc.Config{DatabaseURL: opts.DatabaseURL, Slot: opts.Slot,
 				Publication: opts.Publication, Table: table, Columns: cols}); err != nil {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/compensa/compensa/internal/dbconn"
 )
 
 // rootOptions are the flags every command shares. Each flag falls back to an
@@ -24,8 +26,18 @@ type rootOptions struct {
 	extraSecrets []string
 }
 
-func (o *rootOptions) bind(cmd *cobra.Command) {
-	f := cmd.PersistentFlags()
+// bindTo adds the named shared flags to fs (see sharedFlagsOf).
+func (o *rootOptions) bindTo(fs *pflag.FlagSet, names []string) {
+	all := pflag.NewFlagSet("shared", pflag.ContinueOnError)
+	o.bind(all)
+	for _, n := range names {
+		if f := all.Lookup(n); f != nil && fs.Lookup(n) == nil {
+			fs.AddFlag(f)
+		}
+	}
+}
+
+func (o *rootOptions) bind(f *pflag.FlagSet) {
 	f.StringVar(&o.DatabaseURL, "database-url", "", "PostgreSQL URL (env RELAY_DATABASE_URL, then DATABASE_URL)")
 	f.StringVar(&o.Slot, "slot", "relay_outbox", "logical replication slot name (env RELAY_SLOT)")
 	f.StringVar(&o.Publication, "publication", "relay_outbox_pub", "publication name (env RELAY_PUBLICATION)")
@@ -71,9 +83,9 @@ func (o *rootOptions) requireDatabase() (string, error) {
 
 func (o *rootOptions) secrets() []string {
 	var s []string
-	if p := passwordOf(o.DatabaseURL); p != "" {
-		s = append(s, p)
-	}
+	// Every password the DSN holds as far as it can be told, also when it
+	// does not parse: a malformed DSN is the one most likely to be quoted.
+	s = append(s, dbconn.Passwords(o.DatabaseURL)...)
 	if t := os.Getenv("RELAY_API_TOKEN"); t != "" {
 		s = append(s, t)
 	}

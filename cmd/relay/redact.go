@@ -3,49 +3,15 @@ package main
 import (
 	"context"
 	"log/slog"
-	"net/url"
-	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/compensa/compensa/internal/dbconn"
 )
 
-// passwordOf returns the password in a PostgreSQL URL or keyword/value DSN, or
-// "" when there is none or it cannot be parsed.
-func passwordOf(dsn string) string {
-	if dsn == "" {
-		return ""
-	}
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok {
-			return p
-		}
-	}
-	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
-		return cfg.Password
-	}
-	return ""
-}
+func passwordOf(dsn string) string { return dbconn.PasswordOf(dsn) }
 
-// redact removes the DSN's password (raw and URL-escaped) from s.
-func redact(s, dsn string) string {
-	return redactAll(s, []string{passwordOf(dsn)})
-}
+func redact(s, dsn string) string { return dbconn.Redact(s, dsn) }
 
-func redactAll(s string, secrets []string) string {
-	for _, p := range secrets {
-		if len(p) < 1 {
-			continue
-		}
-		s = strings.ReplaceAll(s, p, "xxxxx")
-		if esc := url.QueryEscape(p); esc != p {
-			s = strings.ReplaceAll(s, esc, "xxxxx")
-		}
-		if esc := url.PathEscape(p); esc != p {
-			s = strings.ReplaceAll(s, esc, "xxxxx")
-		}
-	}
-	return s
-}
+func redactAll(s string, secrets []string) string { return dbconn.RedactAll(s, secrets) }
 
 // redactingHandler scrubs secrets from every log message and string
 // attribute, so that a DSN or an error that quotes one never leaks them.

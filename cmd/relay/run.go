@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -10,13 +9,18 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/relay"
+	"github.com/compensa/compensa/saga"
 )
 
 func init() { registerCommand(newRunCmd) }
 
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
-		cfg         appConfig
+		cfg         relay.Config
 		stopTimeout time.Duration
 	)
 	cmd := &cobra.Command{
@@ -36,39 +40,66 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			cfg.DatabaseURL, cfg.Slot, cfg.Publication = dsn, opts.Slot, opts.Publication
 			cfg.HTTPAddr, cfg.OutboxTable, cfg.OutboxColumns = opts.HTTPAddr, opts.OutboxTable, opts.OutboxColumns
 			opts.extraSecrets = append(opts.extraSecrets, cfg.APIToken)
+			if cfg.APIToken != "" {
+				if err := httpapi.CheckTokenStrength("--api-token", cfg.APIToken); err != nil {
+					return exitError{code: 2, msg: err.Error()}
+				}
+			}
+			if cfg.HTTPAddr != "" && !cfg.HTTPInsecure && cfg.APIToken == "" && cfg.APITokensFile == "" && !httpapi.IsLoopback(cfg.HTTPAddr) {
+				return exitError{code: 2, msg: fmt.Sprintf("--http-addr %s is not a loopback address and no token is configured: anyone who can reach it could read every saga's state; pass --api-token (or RELAY_API_TOKEN) or --api-tokens FILE, or --http-insecure to accept that", cfg.HTTPAddr)}
+			}
+			if cfg.SessionTTL <= 0 {
+				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
+			}
 			cfg.Logger = newLogger(opts)
 			return runRelay(cmd.Context(), cfg, stopTimeout)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&cfg.NoStream, "no-stream", false, "run only the step workers, not the replication stream (env RELAY_NO_STREAM)")
-	f.DurationVar(&cfg.StatusInterval, "status-interval", 10*time.Second, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
-	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", 10*time.Second, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
+	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
+	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
-	f.DurationVar(&cfg.Retention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
-	f.IntVar(&cfg.Workers, "workers", 8, "step workers in this process (env RELAY_WORKERS)")
-	f.DurationVar(&cfg.LeaseDuration, "lease", 30*time.Second, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
-	f.DurationVar(&cfg.StuckAfter, "stuck-after", 5*time.Minute, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
-	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
+	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
+	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
+	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
+	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
+	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see README.md, API tokens")
+	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token; the page shows a banner (env RELAY_HTTP_INSECURE)")
+	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
+	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
+	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
+	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd
 }
 
-// runRelay starts the relay and blocks until a signal (ctx) or a fatal stream
-// error. A second signal during the graceful stop exits at once.
-func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) error {
-	a, err := startApp(ctx, cfg)
+// runRelay builds the relay with this binary's sagas and runs it until a
+// signal (ctx) or a fatal stream error. A second signal during the graceful
+// stop exits at once.
+func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) error {
+	log := cfg.Logger
+	reg, err := registryForURL(ctx, cfg.DatabaseURL)
 	if err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
+	cfg.Registry = reg
+	r, err := relay.New(ctx, cfg)
+	if err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
+	if err := r.Start(ctx); err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
 	var streamErr error
 	select {
 	case <-ctx.Done():
-		cfg.Logger.Info("stopping: signal received; a second signal stops at once")
-	case <-a.Done():
-		streamErr = a.StreamErr()
+		log.Info("stopping: signal received; a second signal stops at once")
+	case <-r.Done():
+		streamErr = r.Err()
 		if streamErr != nil {
-			cfg.Logger.Error("replication stream stopped", "err", streamErr)
+			log.Error("replication stream stopped", "err", streamErr)
 		}
 	}
 	hard := make(chan os.Signal, 1)
@@ -79,19 +110,29 @@ func runRelay(ctx context.Context, cfg appConfig, stopTimeout time.Duration) err
 	go func() {
 		select {
 		case <-hard:
-			cfg.Logger.Warn("second signal: stopping at once")
+			log.Warn("second signal: stopping at once")
 			cancel()
 		case <-stopCtx.Done():
 		}
 	}()
-	stopErr := a.Stop(stopCtx)
-	if streamErr != nil && !errors.Is(streamErr, context.Canceled) {
+	stopErr := r.Stop(stopCtx)
+	if streamErr != nil {
 		// Stop reports the same error again: say it once.
 		return exitError{code: 1, msg: streamErr.Error()}
 	}
 	if stopErr != nil {
 		return fmt.Errorf("stop: %w", stopErr)
 	}
-	cfg.Logger.Info("relay stopped")
+	log.Info("relay stopped")
 	return nil
+}
+
+// registryForURL is registryFor over a short-lived connection.
+func registryForURL(ctx context.Context, dsn string) (*saga.Registry, error) {
+	conn, err := dbconn.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return registryFor(ctx, conn)
 }

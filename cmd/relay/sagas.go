@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			return err
 		}
 		defer pool.Close()
-		a, err := newSagaAdmin(pool, stuckAfter)
+		a, err := newSagaAdmin(cmd.Context(), pool, stuckAfter)
 		if err != nil {
 			return err
 		}
@@ -132,8 +133,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	show.Flags().BoolVar(&showJSON, "json", false, "print the instance, its steps and its events as the API does")
 
 	var retryReason string
+	var bulkRetry bulkFlags
 	retry := &cobra.Command{
-		Use:   "retry ID --reason TEXT",
+		Use:   "retry {ID | --filter KEY=VALUE...} --reason TEXT [--yes]",
 		Short: "Resume an instance exactly where it stands (never skips or marks a step done)",
 		Long: "A FAILED instance goes back to COMPENSATING at the compensation that failed:\n" +
 			"the runner re-runs it, then the compensations below it in reverse order. A stuck\n" +
@@ -141,15 +143,25 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			"with its attempt count reset. No step is marked done and none is skipped. The\n" +
 			"reason, the time and your user name are journaled. Asking again while a retry is\n" +
 			"still pending changes nothing. COMPLETED, COMPENSATED and TIMED_OUT instances\n" +
-			"cannot be retried.",
-		Args: cobra.ExactArgs(1),
+			"cannot be retried.\n\n" +
+			"With --filter instead of an ID it retries every instance the filter matches\n" +
+			"(keys saga, version, status, step, stuck, error_contains, created_after,\n" +
+			"created_before, tenant), each exactly as a single retry: without --yes it only\n" +
+			"counts them and shows the first 20; with --yes it acts on at most --limit of them.",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(bulkRetry.filters) > 0 || len(args) == 0 {
+				return bulkRetry.run(cmd, args, "retry", retryReason, withAdmin, (*admin.Admin).RetryMatching)
+			}
 			id, err := parseInstanceID(args[0])
 			if err != nil {
 				return err
 			}
 			if strings.TrimSpace(retryReason) == "" {
 				return fmt.Errorf("--reason is required: say why you retry (it is journaled with your name)")
+			}
+			if err := plainReason(retryReason); err != nil {
+				return err
 			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
 				res, err := a.Retry(cmd.Context(), id, retryReason, cliActor())
@@ -162,15 +174,26 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	retry.Flags().StringVar(&retryReason, "reason", "", "why (required; journaled)")
+	bulkRetry.register(retry, "retry")
 
 	var cancelReason string
+	var bulkCancel bulkFlags
 	cancel := &cobra.Command{
-		Use:   "cancel ID",
+		Use:   "cancel {ID | --filter KEY=VALUE... --reason TEXT [--yes]}",
 		Short: "Compensate a RUNNING instance: undo its done steps in reverse order",
-		Args:  cobra.ExactArgs(1),
+		Long: "Cancel starts the compensation of a RUNNING instance. With --filter instead of\n" +
+			"an ID it cancels every instance the filter matches, as relay sagas retry --filter\n" +
+			"retries them (dry run without --yes; --reason required).",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(bulkCancel.filters) > 0 || len(args) == 0 {
+				return bulkCancel.run(cmd, args, "cancel", cancelReason, withAdmin, (*admin.Admin).CancelMatching)
+			}
 			id, err := parseInstanceID(args[0])
 			if err != nil {
+				return err
+			}
+			if err := plainReason(cancelReason); err != nil {
 				return err
 			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
@@ -183,7 +206,8 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			})
 		},
 	}
-	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+")")
+	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
+	bulkCancel.register(cancel, "cancel")
 
 	cmd.AddCommand(list, show, retry, cancel)
 	return cmd
@@ -191,12 +215,16 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 
 // newSagaAdmin builds the admin the way `relay run` does, with this binary's
 // saga definitions, so that the CLI's view of "stuck" matches the API's.
-func newSagaAdmin(pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
+func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
 	j, err := pgjournal.New(pool, nil)
 	if err != nil {
 		return nil, err
 	}
-	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: defaultRegistry(), StuckAfter: stuckAfter})
+	reg, err := registryFor(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: reg, StuckAfter: stuckAfter})
 }
 
 func parseInstanceID(s string) (uuid.UUID, error) {

@@ -49,7 +49,7 @@ type Config struct {
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
-var Scenarios = []string{"stream", "latency", "steps", "claim", "curve"}
+var Scenarios = []string{"stream", "sinks", "latency", "steps", "claim", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -160,6 +160,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	scenarios := map[string]func(context.Context) error{
 		"stream":  r.streamScenario,
+		"sinks":   r.sinksScenario,
 		"latency": r.latencyScenario,
 		"steps":   r.stepsScenario,
 		"claim":   r.claimScenario,

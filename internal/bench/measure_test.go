@@ -74,7 +74,7 @@ func TestPgbenchOutputParses(t *testing.T) {
 var requiredKeys = []string{
 	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
 	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",
-	"step_ratio", "peak_rss_mb",
+	"step_ratio", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
 	// issue 16
 	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
 }
@@ -93,6 +93,7 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 		Overload: &LatencyCase{Rate: 2600, Overload: true, StepsPerSec: 3600},
 		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, PeerDBOS: f64(1900), PeerRiver: f64(1000)},
 		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
+		Sinks:    &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
 		Curve:    []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
 	}
 	var buf bytes.Buffer

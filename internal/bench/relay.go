@@ -16,6 +16,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/sink"
 )
 
 // benchRegistry holds the bench saga: triggered by benchEventType, three
@@ -104,6 +105,9 @@ type consumeOptions struct {
 	Want     int
 	Timeout  time.Duration
 	Logger   *slog.Logger
+	// Destinations, when set, put the sinks' fan-out in front of the
+	// correlator, as `relay run --sinks` does.
+	Destinations []sink.Destination
 }
 
 // consume runs the relay's stream with the correlator as its sink, as
@@ -123,16 +127,28 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 		return res, err
 	}
 	defer pool.Close()
-	corr, err := correlator.New(pool, &correlator.Config{Registry: o.Registry, Logger: o.Logger.With("component", "correlator")})
+	ccfg := &correlator.Config{Registry: o.Registry, Logger: o.Logger.With("component", "correlator")}
+	var fanout *sink.Fanout
+	if len(o.Destinations) > 0 {
+		if fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: pool, Destinations: o.Destinations, Logger: o.Logger}); err != nil {
+			return res, err
+		}
+		ccfg.InBatchTx = fanout.WriteParked
+	}
+	corr, err := correlator.New(pool, ccfg)
 	if err != nil {
 		return res, err
 	}
-	sink := newCountingSink(corr, o.Want)
+	var inner cdc.Sink = corr
+	if fanout != nil {
+		inner = fanout.Sink(corr)
+	}
+	counting := newCountingSink(inner, o.Want)
 	stream, err := cdc.NewStream(cdc.Config{
 		DatabaseURL: o.URL, Slot: o.Slot, Publication: o.Publication,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) { return corr.LoadCheckpoint(ctx, o.Slot) },
 		Logger:         o.Logger.With("component", "cdc", "slot", o.Slot),
-	}, sink)
+	}, counting)
 	if err != nil {
 		return res, err
 	}
@@ -145,15 +161,15 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 	defer timer.Stop()
 	var runErr error
 	select {
-	case <-sink.done:
-		res.Took = sink.doneAt.Sub(began)
+	case <-counting.done:
+		res.Took = counting.doneAt.Sub(began)
 	case runErr = <-errc:
 		errc <- runErr
 		if runErr == nil {
 			runErr = fmt.Errorf("stream stopped early")
 		}
 	case <-timer.C:
-		runErr = fmt.Errorf("%d of %d events after %s", sink.events.Load(), o.Want, o.Timeout)
+		runErr = fmt.Errorf("%d of %d events after %s", counting.events.Load(), o.Want, o.Timeout)
 	case <-ctx.Done():
 		runErr = ctx.Err()
 	}
@@ -161,7 +177,7 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 	if err := <-errc; err != nil && runErr == nil {
 		runErr = err
 	}
-	res.Events, res.Batches, res.SinkBusy = int(sink.events.Load()), int(sink.batches.Load()), time.Duration(sink.busy.Load())
+	res.Events, res.Batches, res.SinkBusy = int(counting.events.Load()), int(counting.batches.Load()), time.Duration(counting.busy.Load())
 	if runErr != nil {
 		return res, fmt.Errorf("bench: relay stream on slot %s: %w", o.Slot, runErr)
 	}

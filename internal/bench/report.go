@@ -21,6 +21,7 @@ type Report struct {
 
 	Stream          []StreamCase     `json:"stream,omitempty"`
 	CorrelatorAlone []CorrelatorCase `json:"correlator_alone,omitempty"`
+	Sinks           *SinkCase        `json:"sinks,omitempty"`
 	Latency         []LatencyCase    `json:"latency,omitempty"`
 	Steps           *StepsResult     `json:"steps,omitempty"`
 	Overload        *LatencyCase     `json:"overload,omitempty"`
@@ -195,6 +196,10 @@ type Summary struct {
 	StepsPerSec             *float64 `json:"steps_per_sec"`
 	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
 	StepRatio               *float64 `json:"step_ratio"`
+	NATSSinkEventsPerSec    *float64 `json:"nats_sink_events_per_sec"`
+	NATSSinkRatio           *float64 `json:"nats_sink_ratio"`
+	WebhookSinkEventsPerSec *float64 `json:"webhook_sink_events_per_sec"`
+	WebhookSinkRatio        *float64 `json:"webhook_sink_ratio"`
 	PeakRSSMB               *float64 `json:"peak_rss_mb"`
 	// The saga's end at the first rate (trigger commit → COMPLETED).
 	EndP99Ms *float64 `json:"end_p99_ms"`
@@ -241,6 +246,10 @@ func f64(v float64) *float64 {
 // Summary condenses the report into the headline figures.
 func (r *Report) Summary() Summary {
 	s := Summary{Quick: r.Quick, LoadAverageStart: r.Machine.LoadAtStart, LoadAverageEnd: r.Machine.LoadAtEnd, Errors: r.Errors}
+	if c := r.Sinks; c != nil {
+		s.NATSSinkEventsPerSec, s.NATSSinkRatio = f64(c.NATSPerSec), f64(c.NATSRatio)
+		s.WebhookSinkEventsPerSec, s.WebhookSinkRatio = f64(c.WebhookPerSec), f64(c.WebhookRatio)
+	}
 	for _, c := range r.Stream {
 		switch c.RowsPerTx {
 		case 1:
@@ -337,6 +346,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if len(r.Stream) > 0 && len(r.Stream[0].RecvlogicalRuns) > 1 {
 		fmt.Fprintf(tw, "\t(medians of %d interleaved runs; each ratio is the median of the paired ratios)\n", len(r.Stream[0].RecvlogicalRuns))
+	}
+	if c := r.Sinks; c != nil {
+		fmt.Fprintln(tw, "\n   sinks (1 row/tx, no sagas)\tevents\tpg_recvlogical ev/s\tNATS sink ev/s\tratio (≥0.5)\twebhook sink ev/s\tratio")
+		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f\n", c.Events, c.RecvlogicalPerSec, c.NATSPerSec, c.NATSRatio, mark(c.NATSRatio >= 0.5),
+			c.WebhookPerSec, c.WebhookRatio)
 	}
 	if len(r.CorrelatorAlone) > 0 {
 		fmt.Fprintln(tw, "\n   correlator alone (synthetic batches, no stream)\tevents/batch\tbatches\tevents/s\tbatches/s")

@@ -176,7 +176,7 @@ func TestBrowserRetry(t *testing.T) {
 	if strings.TrimSpace(status) != "COMPENSATING" {
 		t.Errorf("saga page status %q, want COMPENSATING", status)
 	}
-	if !strings.Contains(journalText, "retry_requested") || !strings.Contains(journalText, "warehouse API is back") || !strings.Contains(journalText, "web:127.0.0.1") {
+	if !strings.Contains(journalText, "retry_requested") || !strings.Contains(journalText, "warehouse API is back") || !strings.Contains(journalText, "api-token") {
 		t.Errorf("journal on the page lacks the retry, its reason or its caller:\n%s", journalText)
 	}
 

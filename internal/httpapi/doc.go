@@ -20,4 +20,21 @@
 //     409. Errors without a kind are logged and answered with a generic 500,
 //     so database details never reach a caller.
 //   - Neither the token nor the DSN is ever logged or rendered.
+//   - Without a token, only requests whose Host is an IP literal,
+//     localhost or a Config.AllowedHosts name are answered (403 otherwise),
+//     so that DNS rebinding cannot read through an operator's browser;
+//     /metrics, /healthz and /readyz answer any Host.
+//   - The page's sessions are random server-side ids that expire after
+//     Config.SessionTTL and die at logout; the cookie is
+//     __Host-compensa_session and Secure behind TLS (or SecureCookies).
+//   - Failed authentications are logged (address, route, never the
+//     credential) and, past Config.AuthFailures a window from one address,
+//     answered 429 with Retry-After.
+//   - Monitoring never starves the work: a scrape reads counted gauges
+//     from memory (refreshed in the background), /readyz answers from a
+//     check at most ReadinessMaxAge old, /v1 and page requests and scrapes
+//     are bounded in number and pace, and NewHTTPServer and Listen bound
+//     every connection's time and their count.
+//   - Parameters with invalid UTF-8 or NUL, an empty or repeated
+//     X-Tenant-ID, and a reason with control characters are 400.
 package httpapi

@@ -42,6 +42,14 @@ type CorrelatorStats struct {
 	RepliesDelivered uint64
 	LateReplies      uint64
 	EventsParked     uint64
+	// What became of each event the stream handed over (they add up to
+	// EventsSeen): it started sagas, went to reply correlation, concerned
+	// no saga (ignored, by design: most outbox events are not triggers), or
+	// was parked.
+	OutcomeStarted uint64
+	OutcomeReply   uint64
+	OutcomeIgnored uint64
+	OutcomeParked  uint64
 }
 
 // Metrics holds the relay's Prometheus metric families. Stream and
@@ -55,6 +63,8 @@ type Metrics struct {
 	sources Sources
 	admin   *admin.Admin
 	logger  *slog.Logger
+	// replication reads the slot for its gauges (nil: no slot gauges).
+	replication ReplicationFunc
 
 	sagasStarted  *prometheus.CounterVec
 	sagasEnded    *prometheus.CounterVec
@@ -62,6 +72,26 @@ type Metrics struct {
 	stepRetries   *prometheus.CounterVec
 	manualActions *prometheus.CounterVec
 	queryFailures prometheus.Counter
+
+	// gauges are the counts that need a query, refreshed in the background
+	// (see refreshGauges) and served from memory: a scrape never queries.
+	gauges gaugeCache
+}
+
+// gaugeCache is the last result of the counting queries.
+type gaugeCache struct {
+	mu       sync.Mutex
+	interval time.Duration
+	at       time.Time
+	stuck    []admin.StuckCount
+	parked   int64
+	stuckOK  bool
+	parkedOK bool
+	// slot is the replication slot's state (slotOK: read, and a source is
+	// configured).
+	slot       ReplicationStatus
+	slotOK     bool
+	refreshing chan struct{}
 }
 
 // Phases of a step attempt, for the step metrics.
@@ -84,6 +114,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		}
 	}
 	m := &Metrics{
+		gauges: gaugeCache{interval: DefaultGaugeInterval},
 		reg:    reg,
 		logger: slog.New(slog.DiscardHandler),
 		sagasStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -110,7 +141,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		}, []string{"action", "result"}),
 		queryFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "monitor_query_failures_total",
-			Help: "Scrape-time queries (stuck instances, parked events) that failed; their gauges are missing from that scrape.",
+			Help: "Background counting queries (stuck instances, parked events) that failed; their gauges are missing until a count succeeds.",
 		}),
 	}
 	stat := func(f func(CorrelatorStats) uint64) func() float64 {
@@ -141,6 +172,13 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	gaugeFunc := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, f)
 	}
+	// compensa_events_total{outcome} tells an operator why nothing happened:
+	// an event no saga listens to is ignored, by design.
+	eventsOutcome := func(outcome string, f func(CorrelatorStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "events_total",
+			Help:        "Streamed events by what became of them: started (a trigger), reply (went to reply correlation), ignored (no saga listens to it), parked (dead letter).",
+			ConstLabels: prometheus.Labels{"outcome": outcome}}, stat(f))
+	}
 	cs := []prometheus.Collector{
 		m.sagasStarted, m.sagasEnded, m.stepDuration, m.stepRetries, m.manualActions, m.queryFailures,
 		counterFunc("events_streamed_total", "Outbox events the correlator received from the stream.",
@@ -159,6 +197,10 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			stat(func(s CorrelatorStats) uint64 { return s.LateReplies })),
 		counterFunc("events_parked_total", "Events parked as dead letters by this process.",
 			stat(func(s CorrelatorStats) uint64 { return s.EventsParked })),
+		eventsOutcome("started", func(s CorrelatorStats) uint64 { return s.OutcomeStarted }),
+		eventsOutcome("reply", func(s CorrelatorStats) uint64 { return s.OutcomeReply }),
+		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
+		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),
 		gaugeFunc("replication_lag_seconds", "Age of the newest source commit or heartbeat the relay has processed.",
@@ -224,58 +266,166 @@ func (m *Metrics) manual(action, result string) {
 	m.manualActions.WithLabelValues(action, result).Inc()
 }
 
-// Handler serves the registry in the Prometheus exposition format. A failed
-// scrape-time query leaves its gauges out of that scrape and counts in
-// compensa_monitor_query_failures_total, instead of failing the scrape.
-func (m *Metrics) Handler() http.Handler {
+// manualN counts n instances of a bulk action.
+func (m *Metrics) manualN(action, result string, n int64) {
+	if n > 0 {
+		m.manualActions.WithLabelValues(action, result).Add(float64(n))
+	}
+}
+
+// setReplication gives the slot gauges their source.
+func (m *Metrics) setReplication(f ReplicationFunc) {
+	m.mu.Lock()
+	m.replication = f
+	m.mu.Unlock()
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Handler serves the registry in the Prometheus exposition format, at most
+// 4 scrapes at a time. A failed background query leaves its gauges out of
+// the scrapes until it succeeds and counts in
+// compensa_monitor_query_failures_total.
+func (m *Metrics) Handler() http.Handler { return m.handler(4) }
+
+func (m *Metrics) handler(maxInFlight int) http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
-		ErrorHandling: promhttp.ContinueOnError,
-		Registry:      m.reg,
+		ErrorHandling:       promhttp.ContinueOnError,
+		Registry:            m.reg,
+		MaxRequestsInFlight: maxInFlight,
 	})
 }
 
-// scrapeQueryTimeout bounds the scrape-time queries: a slow database must
-// not hold a scrape until Prometheus gives up on it.
+// DefaultGaugeInterval is how often the gauges that need a query (stuck
+// instances, parked events) are recounted.
+const DefaultGaugeInterval = 15 * time.Second
+
+// SetGaugeInterval changes how often the counted gauges are refreshed
+// (before the server runs; d <= 0 keeps the default).
+func (m *Metrics) SetGaugeInterval(d time.Duration) {
+	if d > 0 {
+		m.gauges.mu.Lock()
+		m.gauges.interval = d
+		m.gauges.mu.Unlock()
+	}
+}
+
+func (m *Metrics) gaugeInterval() time.Duration {
+	m.gauges.mu.Lock()
+	defer m.gauges.mu.Unlock()
+	return m.gauges.interval
+}
+
+// scrapeQueryTimeout bounds the counting queries: a slow database must
+// not pile them up.
 const scrapeQueryTimeout = 3 * time.Second
+
+// refreshGauges runs the counting queries once and keeps the result; a
+// refresh already running is waited for instead of repeated.
+func (m *Metrics) refreshGauges(ctx context.Context) {
+	m.mu.RLock()
+	a, logger, repl := m.admin, m.logger, m.replication
+	m.mu.RUnlock()
+	if a == nil {
+		return
+	}
+	g := &m.gauges
+	g.mu.Lock()
+	if wait := g.refreshing; wait != nil {
+		g.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+		}
+		return
+	}
+	done := make(chan struct{})
+	g.refreshing = done
+	g.mu.Unlock()
+	defer close(done)
+
+	qctx, cancel := context.WithTimeout(ctx, scrapeQueryTimeout)
+	defer cancel()
+	counts, serr := a.StuckCounts(qctx)
+	if serr != nil {
+		m.queryFailures.Inc()
+		logger.Warn("metrics: count stuck instances", "err", serr)
+	}
+	n, perr := a.ParkedEvents(qctx)
+	if perr != nil {
+		m.queryFailures.Inc()
+		logger.Warn("metrics: count parked events", "err", perr)
+	}
+	var slot ReplicationStatus
+	var slotErr error
+	if repl != nil {
+		if slot, slotErr = repl(qctx); slotErr != nil {
+			m.queryFailures.Inc()
+			logger.Warn("metrics: read the replication slot", "err", slotErr)
+		}
+	}
+	g.mu.Lock()
+	g.slot, g.slotOK = slot, repl != nil && slotErr == nil
+	g.at, g.refreshing = time.Now(), nil
+	g.stuck, g.stuckOK = counts, serr == nil
+	g.parked, g.parkedOK = n, perr == nil
+	g.mu.Unlock()
+}
 
 var (
 	stuckDesc = prometheus.NewDesc(namespace+"_sagas_stuck",
-		"Saga instances that are stuck, by saga and reason (failed, overdue, unregistered_version); counted at scrape time.",
+		"Saga instances that are stuck, by saga and reason (failed, overdue, unregistered_version); counted in the background every 15s by default.",
 		[]string{"saga", "reason"}, nil)
 	parkedDesc = prometheus.NewDesc(namespace+"_parked_events",
-		"Dead letters (parked events) not yet re-driven; counted at scrape time.", nil, nil)
+		"Dead letters (parked events) not yet re-driven; counted in the background every 15s by default.", nil, nil)
+	slotActiveDesc = prometheus.NewDesc(namespace+"_replication_slot_active",
+		"1 while a walsender streams from the relay's slot, else 0; read in the background with the counts (replicas that do not stream report it too).", []string{"slot"}, nil)
+	slotHealthyDesc = prometheus.NewDesc(namespace+"_replication_slot_healthy",
+		"1 while the slot exists and its WAL is not lost, else 0 (0 means events may have been skipped); read in the background with the counts.", []string{"slot"}, nil)
 )
 
-// scrapeCollector runs the two counting queries when Prometheus scrapes.
+// scrapeCollector serves the counted gauges from memory. The first scrape
+// of a process that has not counted yet waits for one count; a later one
+// that finds the counts older than the interval (Server.Run not running)
+// starts a refresh in the background and serves what it has.
 type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stuckDesc
 	ch <- parkedDesc
+	ch <- slotActiveDesc
+	ch <- slotHealthyDesc
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.RLock()
-	a, logger := c.m.admin, c.m.logger
-	c.m.mu.RUnlock()
-	if a == nil {
-		return
+	g := &c.m.gauges
+	g.mu.Lock()
+	never, stale := g.at.IsZero(), time.Since(g.at) > g.interval
+	g.mu.Unlock()
+	switch {
+	case never:
+		c.m.refreshGauges(context.Background())
+	case stale:
+		go c.m.refreshGauges(context.Background())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), scrapeQueryTimeout)
-	defer cancel()
-	if counts, err := a.StuckCounts(ctx); err != nil {
-		c.m.queryFailures.Inc()
-		logger.Warn("metrics: count stuck instances", "err", err)
-	} else {
-		for _, s := range counts {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stuckOK {
+		for _, s := range g.stuck {
 			ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(s.Count), s.Saga, s.Reason)
 		}
 	}
-	if n, err := a.ParkedEvents(ctx); err != nil {
-		c.m.queryFailures.Inc()
-		logger.Warn("metrics: count parked events", "err", err)
-	} else {
-		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(n))
+	if g.parkedOK {
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(g.parked))
+	}
+	if g.slotOK {
+		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b2f(g.slot.Active), g.slot.Slot)
+		ch <- prometheus.MustNewConstMetric(slotHealthyDesc, prometheus.GaugeValue, b2f(g.slot.Healthy()), g.slot.Slot)
 	}
 }
 

@@ -24,7 +24,7 @@ import (
 //
 // Authentication: with a token configured, the page asks for it once
 // (/login), checks it in constant time and sets an HttpOnly, SameSite=Strict
-// session cookie derived from it (an HMAC, not the token itself). The page's
+// cookie naming a random server-side session (session.go). The page's
 // fetch calls to /v1 carry that cookie and the X-Compensa-Page header; the
 // header is required for retry and cancel by cookie, which a cross-site form
 // cannot send. Without a token the page is open and its retry and cancel
@@ -37,7 +37,7 @@ var templateFS embed.FS
 var assetFS embed.FS
 
 type pageRenderer struct {
-	index, detail, login *template.Template
+	index, detail, login, search *template.Template
 }
 
 func newPageRenderer() (*pageRenderer, error) {
@@ -49,6 +49,8 @@ func newPageRenderer() (*pageRenderer, error) {
 		"lower":      lower,
 		"canRetry":   canRetry,
 		"canCancel":  func(st saga.Status) bool { return st == saga.StatusRunning },
+		"statuses":   func() []saga.Status { return allStatuses },
+		"count":      func(m map[string]int64, st saga.Status) int64 { return m[string(st)] },
 		"json":       prettyJSON,
 		"eventNotes": eventNotes,
 		"stepNo":     func(i *int) string { return stepNo(i) },
@@ -74,14 +76,18 @@ func newPageRenderer() (*pageRenderer, error) {
 	if p.login, err = parse("login.html"); err != nil {
 		return nil, err
 	}
+	if p.search, err = parse("search.html"); err != nil {
+		return nil, err
+	}
 	return &p, nil
 }
 
 func (s *Server) pageRoutes(m *http.ServeMux) {
 	assets, _ := fs.Sub(assetFS, "web/assets")
 	m.Handle("GET /assets/", http.StripPrefix("/assets/", http.FileServer(http.FS(assets))))
-	m.HandleFunc("GET /{$}", s.pageAuth(s.indexPage))
-	m.HandleFunc("GET /sagas/{id}", s.pageAuth(s.sagaPage))
+	m.HandleFunc("GET /{$}", s.limited(s.pageAuth(s.indexPage)))
+	m.HandleFunc("GET /sagas/{id}", s.limited(s.pageAuth(s.sagaPage)))
+	m.HandleFunc("GET /search", s.limited(s.pageAuth(s.searchPage)))
 	m.HandleFunc("GET /login", s.loginPage)
 	m.HandleFunc("POST /login", s.login)
 	m.HandleFunc("POST /logout", s.logout)
@@ -91,7 +97,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 // token is configured.
 func (s *Server) pageAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.APIToken != "" && !s.hasSession(r) {
+		if s.tokenConfigured() && !s.hasSession(r) {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -105,10 +111,23 @@ type layoutData struct {
 	TokenSet  bool
 	LoggedIn  bool
 	CanMutate bool
+	// Insecure: no token on a non-loopback address (--http-insecure).
+	Insecure bool
+	// Caller names the signed-in token; Tenant is its scope ("" for all).
+	Caller, Tenant string
 }
 
 func (s *Server) layout(r *http.Request, title string) layoutData {
-	return layoutData{Title: title, TokenSet: s.cfg.APIToken != "", LoggedIn: s.hasSession(r), CanMutate: s.cfg.APIToken != ""}
+	c := s.pageCaller(r)
+	d := layoutData{Title: title, TokenSet: s.authRequired(), LoggedIn: s.hasSession(r),
+		CanMutate: s.authRequired() && c.Role.CanMutate(), Insecure: s.cfg.Insecure && !s.authRequired()}
+	if !c.anonymous {
+		d.Caller = c.Name
+		if c.Tenant.Valid {
+			d.Tenant = c.Tenant.UUID.String()
+		}
+	}
+	return d
 }
 
 func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Template, status int, data any) {
@@ -129,6 +148,8 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Temp
 	_, _ = w.Write(buf.Bytes())
 }
 
+var allStatuses = []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}
+
 type indexData struct {
 	layoutData
 	Stuck       []admin.Item
@@ -145,36 +166,67 @@ type indexData struct {
 	FilterQuery string
 	HasFilter   bool
 	ErrorOnly   bool
+	// Overview is the page's top; OverviewChart its per-minute chart.
+	Overview      *admin.Overview
+	OverviewChart overviewChart
+	OverviewErr   string
+	// Matched counts every instance the filter matches (for "Retry all
+	// N"); FilterJSON is the filter as the bulk API takes it.
+	Matched    int64
+	FilterJSON string
 }
 
 func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: s.admin.StuckAfter(),
-		Statuses: []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}}
+	adm := s.pageAdmin(r)
+	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: adm.StuckAfter(), Statuses: allStatuses}
 
-	stuck, err := s.admin.List(ctx, admin.Filter{Stuck: true, Limit: 100})
+	stuck, err := adm.List(ctx, admin.Filter{Stuck: true, Limit: 100})
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
 	d.Stuck, d.StuckMore = stuck.Items, stuck.NextCursor != ""
 
+	if o, err := adm.Overview(ctx); err != nil {
+		s.log.Error("page: overview", "err", err)
+		d.OverviewErr = "cannot compute the overview; see the relay's log"
+	} else {
+		d.Overview, d.OverviewChart = &o, newOverviewChart(o.PerMinute)
+	}
+
 	q := r.URL.Query()
-	f := admin.Filter{Status: saga.Status(q.Get("status")), Saga: q.Get("saga"), Cursor: q.Get("cursor"), Limit: 50}
+	f, err := parseFilter(q)
+	if f.Limit == 0 {
+		f.Limit = 50
+	}
 	d.Filter = f
-	d.HasFilter = f.Status != "" || f.Saga != ""
-	recent, err := s.admin.List(ctx, f)
-	if err != nil {
+	d.HasFilter = f.Status != "" || f.Saga != "" || f.Version != 0 || f.Step != "" || f.ErrorContains != "" ||
+		!f.CreatedAfter.IsZero() || !f.CreatedBefore.IsZero() || f.Tenant.Valid || f.Stuck
+	var recent admin.Page
+	if err == nil {
+		recent, err = adm.List(ctx, f)
+	}
+	if err == nil && d.HasFilter {
+		d.Matched, err = adm.Count(ctx, f)
+		d.FilterJSON = bulkFilterJSON(f)
+	}
+	switch {
+	case errors.Is(err, saga.ErrInvalid):
 		// A bad filter is the visitor's mistake: show it on the page.
 		d.Error = err.Error()
-	} else {
+	case err != nil:
+		// Anything else may carry the database's own words, which are not
+		// meant for visitors.
+		s.log.Error("page: list instances", "path", r.URL.Path, "err", err)
+		d.Error = "cannot list the instances; see the relay's log"
+	default:
 		d.Recent, d.NextCursor = recent.Items, recent.NextCursor
 		next := url.Values{}
-		if f.Status != "" {
-			next.Set("status", string(f.Status))
-		}
-		if f.Saga != "" {
-			next.Set("saga", f.Saga)
+		for k, v := range q {
+			if k != "cursor" {
+				next[k] = v
+			}
 		}
 		next.Set("cursor", recent.NextCursor)
 		d.FilterQuery = next.Encode()
@@ -204,12 +256,111 @@ func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, r, err)
 		return
 	}
-	d, err := s.admin.Show(r.Context(), id)
+	d, err := s.pageAdmin(r).Show(r.Context(), id)
 	if err != nil {
 		s.pageError(w, r, err)
 		return
 	}
 	s.render(w, r, s.page.detail, http.StatusOK, sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+id.String()[:8]), D: d})
+}
+
+// searchData is the page of a search.
+type searchData struct {
+	layoutData
+	Query string
+	Hits  []admin.SearchHit
+	Error string
+}
+
+// searchPage finds instances by any id (the header's search box).
+func (s *Server) searchPage(w http.ResponseWriter, r *http.Request) {
+	d := searchData{layoutData: s.layout(r, "Search"), Query: r.URL.Query().Get("q")}
+	hits, err := s.pageAdmin(r).Search(r.Context(), d.Query)
+	switch {
+	case errors.Is(err, saga.ErrInvalid):
+		d.Error = err.Error()
+	case err != nil:
+		s.pageError(w, r, err)
+		return
+	}
+	d.Hits = hits
+	s.render(w, r, s.page.search, http.StatusOK, d)
+}
+
+// bulkFilterJSON writes a list filter as the bulk API's filter object.
+func bulkFilterJSON(f admin.Filter) string {
+	m := map[string]any{}
+	if f.Saga != "" {
+		m["saga"] = f.Saga
+	}
+	if f.Version != 0 {
+		m["version"] = f.Version
+	}
+	if f.Status != "" {
+		m["status"] = f.Status
+	}
+	if f.Step != "" {
+		m["step"] = f.Step
+	}
+	if f.Stuck {
+		m["stuck"] = true
+	}
+	if f.ErrorContains != "" {
+		m["error_contains"] = f.ErrorContains
+	}
+	if !f.CreatedAfter.IsZero() {
+		m["created_after"] = f.CreatedAfter
+	}
+	if !f.CreatedBefore.IsZero() {
+		m["created_before"] = f.CreatedBefore
+	}
+	if f.Tenant.Valid {
+		m["tenant"] = f.Tenant.UUID
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// overviewChart draws the last hour per minute: started, completed,
+// compensated and failed, one polyline each.
+type overviewChart struct {
+	Width, Height                                               int
+	Started, Completed, Compensated, Failed                     string
+	Max                                                         int64
+	From, To                                                    string
+	TotalStarted, TotalCompleted, TotalCompensated, TotalFailed int64
+}
+
+func newOverviewChart(ms []admin.MinuteCounts) overviewChart {
+	c := overviewChart{Width: 600, Height: 120}
+	if len(ms) == 0 {
+		return c
+	}
+	c.From, c.To = ms[0].Minute.UTC().Format("15:04"), ms[len(ms)-1].Minute.UTC().Format("15:04")
+	for _, m := range ms {
+		c.Max = max(c.Max, m.Started, m.Completed, m.Compensated, m.Failed)
+		c.TotalStarted += m.Started
+		c.TotalCompleted += m.Completed
+		c.TotalCompensated += m.Compensated
+		c.TotalFailed += m.Failed
+	}
+	line := func(v func(admin.MinuteCounts) int64) string {
+		var b strings.Builder
+		for i, m := range ms {
+			x := float64(i) / float64(max(len(ms)-1, 1)) * float64(c.Width)
+			y := float64(c.Height)
+			if c.Max > 0 {
+				y = float64(c.Height) - float64(v(m))/float64(c.Max)*float64(c.Height-4)
+			}
+			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+		}
+		return strings.TrimSpace(b.String())
+	}
+	c.Started = line(func(m admin.MinuteCounts) int64 { return m.Started })
+	c.Completed = line(func(m admin.MinuteCounts) int64 { return m.Completed })
+	c.Compensated = line(func(m admin.MinuteCounts) int64 { return m.Compensated })
+	c.Failed = line(func(m admin.MinuteCounts) int64 { return m.Failed })
+	return c
 }
 
 func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
@@ -234,7 +385,7 @@ type loginData struct {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.APIToken == "" {
+	if !s.tokenConfigured() {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -247,23 +398,36 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
+	for k, vs := range r.PostForm {
+		for _, v := range vs {
+			if !cleanText(k) || !cleanText(v) {
+				http.Error(w, "the form holds invalid UTF-8 or a NUL byte", http.StatusBadRequest)
+				return
+			}
+		}
+	}
 	next := safeNext(r.PostForm.Get("next"))
-	if s.cfg.APIToken == "" {
+	if !s.tokenConfigured() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !tokenMatches(r.PostForm.Get("token"), s.cfg.APIToken) {
-		s.log.Warn("page login with a wrong token", "remote", r.RemoteAddr)
-		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not the relay's API token."})
+	if s.authThrottled(w, r) {
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	tok, ok := s.tokens.Match(r.PostForm.Get("token"))
+	if !ok {
+		s.authFailed(r, "login form")
+		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not one of the relay's API tokens."})
+		return
+	}
+	s.startSession(w, r, tok)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout deletes the session on the server, so that a copy of the cookie
+// is worthless from now on, not only the browser's.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	s.endSession(w, r)
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

@@ -85,8 +85,8 @@ func TestPageLoginAndSession(t *testing.T) {
 	if r := b.do(t, "POST", retry, `{"reason":"from the page"}`, "Cookie", session, "X-Compensa-Page", "1"); r.status != http.StatusOK {
 		t.Errorf("mutation from the page: %d %s", r.status, r.body)
 	}
-	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], "web:127.0.0.1") {
-		t.Errorf("journal calls %v, want one by web:127.0.0.1", b.journal.calls)
+	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], "api-token") {
+		t.Errorf("journal calls %v, want one by api-token", b.journal.calls)
 	}
 	if r := b.do(t, "GET", "/v1/sagas", "", "Cookie", "compensa_session=forged"); r.status != http.StatusUnauthorized {
 		t.Errorf("forged cookie: %d, want 401", r.status)

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -20,7 +22,8 @@ import (
 // maxBody bounds a request body: a reason fits many times over.
 const maxBody = 64 << 10
 
-var listParams = map[string]bool{"status": true, "saga": true, "tenant": true, "stuck": true, "limit": true, "cursor": true}
+var listParams = map[string]bool{"status": true, "saga": true, "tenant": true, "stuck": true, "limit": true, "cursor": true,
+	"version": true, "step": true, "error_contains": true, "created_after": true, "created_before": true}
 
 // parseFilter reads the list parameters; anything unknown or malformed is
 // ErrInvalid, so that a typo (stuk=true) is not silently a full listing.
@@ -28,7 +31,7 @@ func parseFilter(q url.Values) (admin.Filter, error) {
 	var f admin.Filter
 	for k, v := range q {
 		if !listParams[k] {
-			return f, saga.Errorf(saga.ErrInvalid, "unknown parameter %q; the parameters are status, saga, tenant, stuck, limit and cursor", k)
+			return f, saga.Errorf(saga.ErrInvalid, "unknown parameter %q; the parameters are status, saga, version, step, error_contains, created_after, created_before, tenant, stuck, limit and cursor", k)
 		}
 		if len(v) > 1 {
 			return f, saga.Errorf(saga.ErrInvalid, "parameter %q is given %d times", k, len(v))
@@ -50,6 +53,27 @@ func parseFilter(q url.Values) (admin.Filter, error) {
 			return f, saga.Errorf(saga.ErrInvalid, "stuck must be true or false, got %q", v)
 		}
 		f.Stuck = b
+	}
+	if v := q.Get("version"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return f, saga.Errorf(saga.ErrInvalid, "version must be a positive integer, got %q", v)
+		}
+		f.Version = n
+	}
+	f.Step = q.Get("step")
+	f.ErrorContains = q.Get("error_contains")
+	for _, b := range []struct {
+		key string
+		to  *time.Time
+	}{{"created_after", &f.CreatedAfter}, {"created_before", &f.CreatedBefore}} {
+		if v := q.Get(b.key); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return f, saga.Errorf(saga.ErrInvalid, "%s must be an RFC 3339 time like 2026-01-02T15:04:05Z, got %q", b.key, v)
+			}
+			*b.to = t
+		}
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -137,6 +161,14 @@ func readAction(r *http.Request) (actionBody, error) {
 	if dec.More() {
 		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
 	}
+	// The reason is journaled and printed by `relay sagas show` in an
+	// operator's terminal, where escape sequences would be obeyed.
+	if hasControl(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason holds control characters (escape sequences, NUL, newlines); send plain text on one line")
+	}
+	if !utf8.ValidString(b.Reason) {
+		return b, saga.Errorf(saga.ErrInvalid, "reason is not valid UTF-8")
+	}
 	return b, nil
 }
 
@@ -160,11 +192,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 		s.writeErr(w, r, err)
 		return
 	}
-	via := "api"
-	if r.Header.Get(pageHeader) != "" {
-		via = "web"
-	}
-	who := actor(r, via)
+	who := actor(r)
 	res, err := do(r.Context(), id, body.Reason, who)
 	if err != nil {
 		s.metrics.manual(action, "refused")
@@ -176,9 +204,143 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 		result = "already_requested"
 	}
 	s.metrics.manual(action, result)
+	if !res.AlreadyRequested && s.cfg.Wake != nil {
+		s.cfg.Wake()
+	}
 	s.log.Info(fmt.Sprintf("saga %s %s by operator", action, result), "saga_id", id, "saga", res.Instance.SagaName,
 		"step", res.Instance.CurrentStep, "status", string(res.Instance.Status), "actor", who, "reason", body.Reason)
 	writeJSON(w, http.StatusOK, res)
+}
+
+// bulkBody is the body of POST /v1/sagas/retry and /v1/sagas/cancel.
+type bulkBody struct {
+	Filter bulkFilter `json:"filter"`
+	Reason string     `json:"reason"`
+	// DryRun defaults to true: acting on many instances is asked for
+	// explicitly.
+	DryRun *bool `json:"dry_run"`
+	Limit  int   `json:"limit"`
+}
+
+// bulkFilter is the filter of a bulk action, with the keys of the list's
+// query parameters.
+type bulkFilter struct {
+	Saga          string     `json:"saga"`
+	Version       int        `json:"version"`
+	Status        string     `json:"status"`
+	Step          string     `json:"step"`
+	Stuck         bool       `json:"stuck"`
+	ErrorContains string     `json:"error_contains"`
+	CreatedAfter  *time.Time `json:"created_after"`
+	CreatedBefore *time.Time `json:"created_before"`
+	Tenant        *uuid.UUID `json:"tenant"`
+}
+
+func (f bulkFilter) admin() admin.Filter {
+	out := admin.Filter{Saga: f.Saga, Version: f.Version, Status: saga.Status(f.Status), Step: f.Step, Stuck: f.Stuck, ErrorContains: f.ErrorContains}
+	if f.CreatedAfter != nil {
+		out.CreatedAfter = *f.CreatedAfter
+	}
+	if f.CreatedBefore != nil {
+		out.CreatedBefore = *f.CreatedBefore
+	}
+	if f.Tenant != nil {
+		out.Tenant = uuid.NullUUID{UUID: *f.Tenant, Valid: true}
+	}
+	return out
+}
+
+func readBulk(r *http.Request) (bulkBody, error) {
+	var b bulkBody
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return b, saga.Errorf(saga.ErrInvalid, "cannot read the body (at most %d bytes): %v", maxBody, err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return b, saga.Errorf(saga.ErrInvalid, `body must be a JSON object like {"filter": {"saga": "order", "status": "FAILED"}, "reason": "…", "dry_run": true, "limit": 1000}: %v`, err)
+	}
+	if dec.More() {
+		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
+	}
+	if b.Limit < 0 {
+		return b, saga.Errorf(saga.ErrInvalid, "limit must be between 1 and %d, got %d", admin.MaxBulkLimit, b.Limit)
+	}
+	return b, nil
+}
+
+func (s *Server) bulkRetry(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.bulk(w, r, "retry", a.RetryMatching)
+}
+
+func (s *Server) bulkCancel(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.bulk(w, r, "cancel", a.CancelMatching)
+}
+
+func (s *Server) bulk(w http.ResponseWriter, r *http.Request, action string, do func(context.Context, admin.BulkRequest) (admin.BulkResult, error)) {
+	b, err := readBulk(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	req := admin.BulkRequest{Filter: b.Filter.admin(), Reason: b.Reason, Actor: actor(r), DryRun: b.DryRun == nil || *b.DryRun, Limit: b.Limit}
+	res, err := do(r.Context(), req)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if !res.DryRun {
+		for outcome, n := range res.Outcomes {
+			s.metrics.manualN(action, bulkMetricResult(outcome), n)
+		}
+		s.log.Info("bulk saga "+action+" by operator", "matched", res.Matched, "outcomes", res.Outcomes, "actor", req.Actor, "reason", req.Reason)
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// bulkMetricResult maps a bulk outcome onto the result label the single
+// actions use, so that one counter tells both.
+func bulkMetricResult(outcome string) string {
+	switch outcome {
+	case admin.OutcomeAlreadyRequested:
+		return "already_requested"
+	case admin.OutcomeConflict:
+		return "refused"
+	}
+	return "requested"
+}
+
+func (s *Server) overview(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	if len(r.URL.Query()) > 0 {
+		s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "/v1/overview takes no parameters (X-Tenant-ID narrows it to one tenant)"))
+		return
+	}
+	o, err := a.Overview(r.Context())
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+func (s *Server) search(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	q := r.URL.Query()
+	for k, v := range q {
+		if k != "q" || len(v) > 1 {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "/v1/search takes one parameter, q: an instance, trigger event, correlation, aggregate or command id"))
+			return
+		}
+	}
+	hits, err := a.Search(r.Context(), q.Get("q"))
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Query string            `json:"query"`
+		Items []admin.SearchHit `json:"items"`
+	}{q.Get("q"), hits})
 }
 
 func (s *Server) replication(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {

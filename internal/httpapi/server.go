@@ -3,23 +3,17 @@ package httpapi
 import (
 	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -42,9 +36,23 @@ type Config struct {
 	// every /v1 request (and, through a login form, on the web page).
 	// Unset: reads are open and retry/cancel answer 403.
 	APIToken string
+	// Tokens are the --api-tokens callers (see internal/apitoken), next to
+	// APIToken; a tenant-scoped token sees and acts on its tenant only.
+	Tokens *apitoken.Set
+	// Insecure: the operator asked for a monitor without authentication on
+	// a non-loopback address (--http-insecure); the page says so.
+	Insecure bool
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// OutboxTable is the outbox table POST /v1/events writes to (a name
+	// outbox.ParseTableName accepts, with the default columns). Empty: that
+	// endpoint answers 501.
+	OutboxTable string
+	// Wake, when set, is called after a retry or a cancel was recorded, so
+	// that the step runners pick the instance up now instead of at their
+	// next poll (the correlator wakes them the same way).
+	Wake func()
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).
@@ -54,6 +62,34 @@ type Config struct {
 	// 120: ten minutes at the default interval).
 	LagSampleInterval time.Duration
 	LagSamples        int
+
+	// AllowedHosts are the names (besides IP literals and localhost) that
+	// requests may carry in their Host header when no token is configured
+	// (--http-allowed-hosts); others get 403, which defeats DNS rebinding.
+	AllowedHosts []string
+	// SessionTTL is how long a page login lasts (default 12h).
+	SessionTTL time.Duration
+	// SecureCookies marks the session cookie Secure even when the request
+	// came over plain HTTP: a TLS-terminating proxy is in front
+	// (--http-secure-cookies). With TLS at the relay it is Secure anyway.
+	SecureCookies bool
+	// MaxConcurrent bounds the /v1 and page requests served at once
+	// (default 8); QueueWait is how long a request waits for a turn before
+	// 503 (default 5s).
+	MaxConcurrent int
+	QueueWait     time.Duration
+	// MaxScrapes bounds concurrent /metrics scrapes (default 4);
+	// ScrapesPerSecond paces them (default 10): a scrape waits its turn up
+	// to QueueWait, then gets 503.
+	MaxScrapes       int
+	ScrapesPerSecond int
+	// ReadinessMaxAge is how old the answer of /readyz may be (default 1s):
+	// probes are answered from the last check instead of each querying.
+	ReadinessMaxAge time.Duration
+	// AuthFailures failed authentications per AuthWindow from one address
+	// are allowed (defaults 10 per minute); more get 429.
+	AuthFailures int
+	AuthWindow   time.Duration
 }
 
 // Server is the monitor's http.Handler: the JSON API under /v1, /metrics,
@@ -66,9 +102,14 @@ type Server struct {
 	mux     *http.ServeMux
 	lag     *lagRing
 	page    *pageRenderer
-	// session is the page's cookie value for the configured token (see
-	// auth.go); empty without a token.
-	session string
+
+	allowedHosts map[string]bool
+	sessions     *sessionStore
+	authFailures *authLimiter
+	slots        requestSlots
+	ready        readinessCache
+	// tokens are APIToken and Tokens together (see auth.go).
+	tokens *apitoken.Set
 }
 
 // New validates cfg and builds the server. Call Run to sample the lag for
@@ -82,7 +123,20 @@ func New(cfg Config) (*Server, error) {
 	}
 	cfg.LagSampleInterval = cmp.Or(cfg.LagSampleInterval, 5*time.Second)
 	cfg.LagSamples = cmp.Or(cfg.LagSamples, 120)
-	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger}
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, 12*time.Hour)
+	cfg.MaxConcurrent = cmp.Or(cfg.MaxConcurrent, 8)
+	cfg.QueueWait = cmp.Or(cfg.QueueWait, 5*time.Second)
+	cfg.MaxScrapes = cmp.Or(cfg.MaxScrapes, 4)
+	cfg.ScrapesPerSecond = cmp.Or(cfg.ScrapesPerSecond, 10)
+	cfg.ReadinessMaxAge = cmp.Or(cfg.ReadinessMaxAge, time.Second)
+	cfg.AuthFailures = cmp.Or(cfg.AuthFailures, 10)
+	cfg.AuthWindow = cmp.Or(cfg.AuthWindow, time.Minute)
+	if cfg.SessionTTL < 0 || cfg.MaxConcurrent < 0 || cfg.MaxScrapes < 0 || cfg.ScrapesPerSecond < 0 || cfg.AuthFailures < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "httpapi: Config.SessionTTL, MaxConcurrent, MaxScrapes and AuthFailures must not be negative")
+	}
+	s := &Server{cfg: cfg, admin: cfg.Admin, metrics: cfg.Metrics, log: cfg.Logger,
+		allowedHosts: normalizeHosts(cfg.AllowedHosts), sessions: newSessionStore(cfg.SessionTTL),
+		authFailures: newAuthLimiter(cfg.AuthFailures, cfg.AuthWindow), slots: make(requestSlots, cfg.MaxConcurrent)}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -100,11 +154,12 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.metrics.setAdmin(s.admin, s.log)
+	s.metrics.setReplication(cfg.Replication)
+	if err := s.setTokens(); err != nil {
+		return nil, err
+	}
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
-	if cfg.APIToken != "" {
-		s.session = sessionValue(cfg.APIToken)
-	}
 	var err error
 	if s.page, err = newPageRenderer(); err != nil {
 		return nil, err
@@ -113,19 +168,46 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Route is one /v1 endpoint: its method and its path pattern ({id} for an
+// instance id).
+type Route struct {
+	Method, Path string
+	handler      apiHandler
+}
+
+func (s *Server) apiRoutes() []Route {
+	return []Route{
+		{http.MethodGet, "/v1/sagas", s.listSagas},
+		{http.MethodGet, "/v1/sagas/{id}", s.showSaga},
+		{http.MethodPost, "/v1/sagas/retry", s.bulkRetry},
+		{http.MethodPost, "/v1/sagas/cancel", s.bulkCancel},
+		{http.MethodPost, "/v1/sagas/{id}/retry", s.retrySaga},
+		{http.MethodPost, "/v1/sagas/{id}/cancel", s.cancelSaga},
+		{http.MethodGet, "/v1/replication", s.replication},
+		{http.MethodGet, "/v1/overview", s.overview},
+		{http.MethodGet, "/v1/search", s.search},
+		{http.MethodGet, "/v1/openapi.json", s.openAPI},
+		{http.MethodPost, "/v1/events", s.postEvent},
+		{http.MethodGet, "/v1/sinks", s.listSinks},
+		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
+	}
+}
+
+// Routes lists the /v1 endpoints (for the OpenAPI description's test and
+// the tenant-isolation test, which must cover every one).
+func (s *Server) Routes() []Route { return s.apiRoutes() }
+
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.Handle("GET /metrics", s.metrics.Handler())
+	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
 
 	// Every /v1 route checks the method itself so that a wrong one gets a
 	// JSON 405, and the catch-all answers JSON 404.
-	m.Handle("/v1/sagas", s.api(s.listSagas, http.MethodGet))
-	m.Handle("/v1/sagas/{id}", s.api(s.showSaga, http.MethodGet))
-	m.Handle("/v1/sagas/{id}/retry", s.api(s.retrySaga, http.MethodPost))
-	m.Handle("/v1/sagas/{id}/cancel", s.api(s.cancelSaga, http.MethodPost))
-	m.Handle("/v1/replication", s.api(s.replication, http.MethodGet))
+	for _, rt := range s.apiRoutes() {
+		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
+	}
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
 	}, ""))
@@ -137,23 +219,34 @@ func (s *Server) routes() {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if !s.guard(w, r) {
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// Run samples the replication lag every LagSampleInterval for the page's
-// chart until ctx ends. Without a ReplicationFunc it returns at once.
+// Run refreshes, until ctx ends, the gauges that need a query (every
+// Metrics' gauge interval, so that scrapes are served from memory) and
+// samples the replication lag every LagSampleInterval for the page's chart.
 func (s *Server) Run(ctx context.Context) error {
-	if s.cfg.Replication == nil {
-		return nil
-	}
-	t := time.NewTicker(s.cfg.LagSampleInterval)
-	defer t.Stop()
-	for {
+	var lagTick <-chan time.Time
+	if s.cfg.Replication != nil {
+		t := time.NewTicker(s.cfg.LagSampleInterval)
+		defer t.Stop()
+		lagTick = t.C
 		s.sampleLag(ctx)
+	}
+	gauges := time.NewTicker(s.metrics.gaugeInterval())
+	defer gauges.Stop()
+	s.metrics.refreshGauges(ctx)
+	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-lagTick:
+			s.sampleLag(ctx)
+		case <-gauges.C:
+			s.metrics.refreshGauges(ctx)
 		}
 	}
 }
@@ -213,13 +306,26 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers from the last readiness check, running one when that is
+// older than ReadinessMaxAge: a burst of probes costs one query per second
+// at most, not one each.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	res, ok := s.ready.get(r.Context(), s.cfg.ReadinessMaxAge, s.checkReady)
+	if !ok {
+		return // the prober went away
+	}
+	writeJSON(w, res.status, res.body)
+}
+
+func (s *Server) checkReady() readyResult {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	fail := func(msg string) readyResult {
+		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"error": msg}}
+	}
 	if err := s.cfg.Pool.Ping(ctx); err != nil {
 		s.log.Warn("readyz: database unreachable", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "database unreachable")
-		return
+		return fail("database unreachable")
 	}
 	out := map[string]any{"status": "ok", "database": "ok"}
 	if s.cfg.Replication != nil {
@@ -227,130 +333,22 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case err != nil:
 			s.log.Warn("readyz: replication status", "err", err)
-			writeError(w, http.StatusServiceUnavailable, "cannot read the replication slot's status")
-			return
+			return fail("cannot read the replication slot's status")
 		case !st.Exists:
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" does not exist: events written since it was lost may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " does not exist: events written since it was lost may have been skipped")
 		case !st.Healthy():
-			writeError(w, http.StatusServiceUnavailable, "replication slot "+st.Slot+" has wal_status "+st.WALStatus+": the WAL it needs is gone and events may have been skipped")
-			return
+			return fail("replication slot " + st.Slot + " has wal_status " + st.WALStatus + ": the WAL it needs is gone and events may have been skipped")
 		}
 		out["slot"] = st.Slot
 		out["wal_status"] = st.WALStatus
 	}
-	writeJSON(w, http.StatusOK, out)
+	return readyResult{status: http.StatusOK, body: out}
 }
 
 // --- JSON API plumbing ----------------------------------------------------
 
 // apiHandler gets the Admin scoped to the request's tenant.
 type apiHandler func(w http.ResponseWriter, r *http.Request, a *admin.Admin)
-
-// api wraps a /v1 handler with the method check, authentication, the
-// mutation rule and the tenant scope. method "" accepts any.
-func (s *Server) api(h apiHandler, method string) http.Handler {
-	mutation := method == http.MethodPost
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-store")
-		if !s.authenticate(w, r, mutation) {
-			return
-		}
-		if method != "" && r.Method != method {
-			w.Header().Set("Allow", method)
-			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed here; use "+method)
-			return
-		}
-		a := s.admin
-		if t := r.Header.Get("X-Tenant-ID"); t != "" {
-			id, err := uuid.Parse(strings.TrimSpace(t))
-			if err != nil {
-				writeError(w, http.StatusBadRequest, "X-Tenant-ID is not a UUID")
-				return
-			}
-			a = a.ForTenant(id)
-		}
-		h(w, r, a)
-	})
-}
-
-// authenticate applies the auth rules; it has answered when it returns
-// false.
-//
-//   - A token is configured: the request needs "Authorization: Bearer
-//     <token>", or the page's session cookie; without either, 401. A
-//     mutation with the cookie must also carry the X-Compensa-Page header,
-//     which a cross-site form cannot send (CSRF).
-//   - No token is configured: reads are open, mutations answer 403, so that
-//     a deployment that forgot the token cannot be pushed around.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) bool {
-	if s.cfg.APIToken == "" {
-		if mutation {
-			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token or RELAY_API_TOKEN")
-			return false
-		}
-		return true
-	}
-	if auth := r.Header.Get("Authorization"); auth != "" {
-		scheme, token, ok := strings.Cut(auth, " ")
-		if ok && strings.EqualFold(scheme, "Bearer") && tokenMatches(strings.TrimSpace(token), s.cfg.APIToken) {
-			return true
-		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-		writeError(w, http.StatusUnauthorized, "the bearer token is not valid")
-		return false
-	}
-	if s.hasSession(r) {
-		if mutation && r.Header.Get(pageHeader) == "" {
-			writeError(w, http.StatusForbidden, "a request authenticated by the page's cookie must carry the "+pageHeader+" header")
-			return false
-		}
-		return true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="compensa"`)
-	writeError(w, http.StatusUnauthorized, "authentication required: send Authorization: Bearer <token>")
-	return false
-}
-
-// tokenMatches compares in constant time; hashing first makes the time
-// independent of the lengths too.
-func tokenMatches(given, want string) bool {
-	g := sha256.Sum256([]byte(given))
-	h := sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], h[:]) == 1
-}
-
-// sessionValue derives the page's cookie from the token, so that the cookie
-// is not the token itself and changing the token logs every page out.
-func sessionValue(token string) string {
-	mac := hmac.New(sha256.New, []byte(token))
-	mac.Write([]byte("compensa monitor session v1"))
-	return hex.EncodeToString(mac.Sum(nil))
-}
-
-const (
-	sessionCookie = "compensa_session"
-	// pageHeader marks the page's own fetch requests.
-	pageHeader = "X-Compensa-Page"
-)
-
-func (s *Server) hasSession(r *http.Request) bool {
-	if s.session == "" {
-		return false
-	}
-	c, err := r.Cookie(sessionCookie)
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
-}
-
-// actor names the caller in the journal: there is one token and so no
-// user identity, so the remote address says where the request came from.
-func actor(r *http.Request, via string) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	return via + ":" + host
-}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
@@ -369,6 +367,8 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 // the database a caller has no business seeing.
 func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
+	case errors.As(err, new(errForbidden)):
+		writeError(w, http.StatusForbidden, err.Error())
 	case errors.Is(err, saga.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, saga.ErrNotFound):

@@ -87,9 +87,13 @@ func orderDef() saga.Definition {
 }
 
 type options struct {
+	wake        func()
 	token       string
 	replication httpapi.ReplicationFunc
 	journal     bool
+	// configure changes the server's config after the defaults of these
+	// tests (auth failures not throttled, answers of /readyz never reused).
+	configure func(*httpapi.Config)
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -100,9 +104,15 @@ func setup(t *testing.T, o options) *testBundle {
 	if b.metrics, err = httpapi.NewMetrics(nil); err != nil {
 		t.Fatal(err)
 	}
-	cfg := httpapi.Config{Pool: b.db.Pool, Registry: b.reg, APIToken: o.token, Replication: o.replication, Metrics: b.metrics}
+	cfg := httpapi.Config{Pool: b.db.Pool, Registry: b.reg, APIToken: o.token, Replication: o.replication, Metrics: b.metrics, Wake: o.wake}
 	if o.journal {
 		cfg.Journal = b.journal
+	}
+	// Tests that send wrong tokens on purpose are not about the throttle,
+	// and the readiness tests change the slot between two probes.
+	cfg.AuthFailures, cfg.ReadinessMaxAge = 1000, time.Nanosecond
+	if o.configure != nil {
+		o.configure(&cfg)
 	}
 	if b.srv, err = httpapi.New(cfg); err != nil {
 		t.Fatal(err)
@@ -228,7 +238,7 @@ func TestAuthWithToken(t *testing.T) {
 	if r.status != http.StatusOK {
 		t.Fatalf("retry with the token: %d %s", r.status, r.body)
 	}
-	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], `"refund service fixed" api:127.0.0.1`) {
+	if n := b.journal.count(); n != 1 || !strings.Contains(b.journal.calls[0], `"refund service fixed" api-token`) {
 		t.Errorf("journal calls %q", b.journal.calls)
 	}
 

@@ -45,7 +45,15 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, reason, actor string) (
 	if err != nil {
 		return Result{}, err
 	}
-	return a.act(ctx, id, func(inst Instance) (bool, error) {
+	return a.act(ctx, id, retryRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
+	})
+}
+
+// retryRule is Retry's decision for an instance it holds locked: refuse it,
+// call it already requested, or go ahead.
+func retryRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
 		switch inst.Status {
 		case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: it has finished, there is nothing to retry", id, inst.Status)
@@ -64,9 +72,7 @@ func (a *Admin) Retry(ctx context.Context, id uuid.UUID, reason, actor string) (
 				id, inst.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05Z07:00"))
 		}
 		return false, nil
-	}, func(ctx context.Context) error {
-		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
-	})
+	}
 }
 
 // Cancel starts the compensation of a RUNNING instance: the steps that
@@ -79,7 +85,14 @@ func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason, actor string) 
 	if err != nil {
 		return Result{}, err
 	}
-	return a.act(ctx, id, func(inst Instance) (bool, error) {
+	return a.act(ctx, id, cancelRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
+	})
+}
+
+// cancelRule is Cancel's decision for an instance it holds locked.
+func cancelRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
 		switch {
 		case inst.Status == saga.StatusCompensating && inst.lastKind == string(saga.EventCancelRequested):
 			return true, nil
@@ -93,9 +106,7 @@ func (a *Admin) Cancel(ctx context.Context, id uuid.UUID, reason, actor string) 
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a RUNNING instance can be cancelled", id, inst.Status)
 		}
 		return false, nil
-	}, func(ctx context.Context) error {
-		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
-	})
+	}
 }
 
 func checkRequest(reason, actor string, reasonRequired bool) (string, error) {
@@ -119,6 +130,15 @@ func checkRequest(reason, actor string, reasonRequired bool) (string, error) {
 // done, performs the request in the same transaction and returns the state
 // after it.
 func (a *Admin) act(ctx context.Context, id uuid.UUID, decide func(Instance) (already bool, err error), request func(context.Context) error) (Result, error) {
+	return a.actIf(ctx, id, nil, decide, request)
+}
+
+// actIf is act with a condition checked under the row lock, before decide:
+// when it says no, the instance is left alone and errNoLongerMatches is
+// returned (a bulk action's filter, which may have stopped holding since the
+// instance was selected).
+func (a *Admin) actIf(ctx context.Context, id uuid.UUID, still func(context.Context, pgx.Tx) (bool, error),
+	decide func(Instance) (already bool, err error), request func(context.Context) error) (Result, error) {
 	if a.cfg.Journal == nil {
 		return Result{}, ErrReadOnly
 	}
@@ -127,6 +147,15 @@ func (a *Admin) act(ctx context.Context, id uuid.UUID, decide func(Instance) (al
 		inst, err := a.get(ctx, tx, id, true)
 		if err != nil {
 			return err
+		}
+		if still != nil {
+			ok, err := still(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errNoLongerMatches
+			}
 		}
 		already, err := decide(inst)
 		if err != nil {
@@ -172,6 +201,27 @@ func (a *Admin) StuckCounts(ctx context.Context) ([]StuckCount, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin: count stuck instances: %w", err)
+	}
+	// Every registered saga reports every reason, 0 when none is stuck: a
+	// series that vanishes cannot be told from one that was never scraped,
+	// and an alert on it would not resolve.
+	seen := map[[2]string]bool{}
+	for _, c := range out {
+		seen[[2]string{c.Saga, c.Reason}] = true
+	}
+	if a.cfg.Registry != nil {
+		done := map[string]bool{}
+		for _, d := range a.cfg.Registry.Definitions() {
+			if done[d.Name] {
+				continue
+			}
+			done[d.Name] = true
+			for _, reason := range []string{StuckFailed, StuckOverdue, StuckUnregistered} {
+				if !seen[[2]string{d.Name, reason}] {
+					out = append(out, StuckCount{Saga: d.Name, Reason: reason})
+				}
+			}
+		}
 	}
 	return out, nil
 }

@@ -460,3 +460,26 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("Retry without a journal: %v, want ErrReadOnly", err)
 	}
 }
+
+// A registered saga with nothing stuck reports 0 for each reason rather than
+// vanishing from compensa_sagas_stuck.
+func TestStuckCountsReportZeroForEveryRegisteredSaga(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	counts, err := b.adm.StuckCounts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, c := range counts {
+		got[c.Saga+"/"+c.Reason] = c.Count + 1 // +1: present
+	}
+	for _, reason := range []string{admin.StuckFailed, admin.StuckOverdue, admin.StuckUnregistered} {
+		if got["order/"+reason] != 1 {
+			t.Errorf("order/%s: %v; want a 0 line (got %+v)", reason, got["order/"+reason]-1, counts)
+		}
+	}
+	if len(counts) != 3 {
+		t.Errorf("one line per registered saga and reason, got %+v", counts)
+	}
+}

@@ -43,6 +43,17 @@ type Filter struct {
 	Saga string
 	// Tenant restricts to one tenant (on top of any ForTenant scope).
 	Tenant uuid.NullUUID
+	// Version is a saga version; 0 means any.
+	Version int
+	// Step is the name of the step the instance stands at (current_step),
+	// by the registered definition or, failing that, by its step record.
+	Step string
+	// ErrorContains keeps instances whose last error contains this text
+	// (case-insensitive).
+	ErrorContains string
+	// CreatedAfter and CreatedBefore bound created_at (exclusive); zero
+	// means unbounded.
+	CreatedAfter, CreatedBefore time.Time
 	// Stuck keeps only stuck instances.
 	Stuck bool
 	// Limit is the page size: 0 means DefaultLimit; at most MaxLimit.
@@ -60,7 +71,7 @@ type Item struct {
 	Status      saga.Status `json:"status"`
 	CurrentStep int         `json:"current_step"`
 	// CurrentStepName is "" when the definition is not registered here.
-	CurrentStepName string     `json:"current_step_name,omitempty"`
+	CurrentStepName string     `json:"current_step_name"`
 	Attempt         int        `json:"attempt"`
 	NextAttemptAt   time.Time  `json:"next_attempt_at"`
 	TimeoutAt       *time.Time `json:"timeout_at"`
@@ -69,7 +80,7 @@ type Item struct {
 	// StuckFailed, StuckOverdue, StuckUnregistered; StuckDetail says it in
 	// words, with what to do.
 	StuckReason    string     `json:"stuck_reason"`
-	StuckDetail    string     `json:"stuck_detail,omitempty"`
+	StuckDetail    string     `json:"stuck_detail"`
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
@@ -80,7 +91,24 @@ type Item struct {
 // Page is one page of List. NextCursor is empty on the last page.
 type Page struct {
 	Items      []Item `json:"items"`
-	NextCursor string `json:"next_cursor,omitempty"`
+	NextCursor string `json:"next_cursor"`
+}
+
+// MarshalJSON writes every key, always: items is [] when empty and
+// next_cursor null on the last page, as the README documents.
+func (p Page) MarshalJSON() ([]byte, error) {
+	items := p.Items
+	if items == nil {
+		items = []Item{}
+	}
+	var next *string
+	if p.NextCursor != "" {
+		next = &p.NextCursor
+	}
+	return json.Marshal(struct {
+		Items      []Item  `json:"items"`
+		NextCursor *string `json:"next_cursor"`
+	}{items, next})
 }
 
 func (f *Filter) validate() error {
@@ -89,6 +117,12 @@ func (f *Filter) validate() error {
 		if !f.Status.Valid() {
 			return saga.Errorf(saga.ErrInvalid, "status %q is not one of RUNNING, COMPLETED, COMPENSATING, COMPENSATED, FAILED, TIMED_OUT", f.Status)
 		}
+	}
+	if f.Version < 0 {
+		return saga.Errorf(saga.ErrInvalid, "version must be a positive integer, got %d", f.Version)
+	}
+	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
+		return saga.Errorf(saga.ErrInvalid, "created_after (%s) must be before created_before (%s)", f.CreatedAfter.Format(time.RFC3339), f.CreatedBefore.Format(time.RFC3339))
 	}
 	if f.Limit < 0 || f.Limit > MaxLimit {
 		return saga.Errorf(saga.ErrInvalid, "limit must be between 1 and %d, got %d", MaxLimit, f.Limit)
@@ -103,7 +137,8 @@ func (f *Filter) validate() error {
 // reused with other filters would silently page through the wrong rows.
 func (f Filter) fingerprint(scope uuid.NullUUID) uint32 {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%v\x00%v\x00%t", f.Status, f.Saga, f.Tenant, scope, f.Stuck)
+	fmt.Fprintf(h, "%s\x00%s\x00%v\x00%v\x00%t\x00%d\x00%s\x00%s\x00%d\x00%d", f.Status, f.Saga, f.Tenant, scope, f.Stuck,
+		f.Version, f.Step, f.ErrorContains, f.CreatedAfter.UnixMicro(), f.CreatedBefore.UnixMicro())
 	return binary.BigEndian.Uint32(h.Sum(nil))
 }
 
@@ -140,47 +175,19 @@ func (a *Admin) List(ctx context.Context, f Filter) (Page, error) {
 		return Page{}, err
 	}
 	fp := f.fingerprint(a.scope)
-	names, versions, known := a.registered()
-	args := []any{a.cfg.StuckAfter, names, versions, known}
-	var q strings.Builder
-	q.WriteString(sqlListHead)
-	add := func(fragment string, vals ...any) {
-		nums := make([]any, len(vals))
-		for i, v := range vals {
-			args = append(args, v)
-			nums[i] = len(args)
-		}
-		fmt.Fprintf(&q, fragment, nums...)
-	}
-	if f.Status != "" {
-		add(sqlWhereStatus, string(f.Status))
-	}
-	if f.Saga != "" {
-		add(sqlWhereSaga, f.Saga)
-	}
-	if f.Tenant.Valid {
-		add(sqlWhereTenant, f.Tenant.UUID)
-	}
-	if a.scope.Valid {
-		add(sqlWhereTenant, a.scope.UUID)
-	}
+	q := a.selection(f)
 	if f.Cursor != "" {
 		c, err := decodeCursor(f.Cursor, fp)
 		if err != nil {
 			return Page{}, err
 		}
-		add(sqlWhereBefore, time.UnixMicro(c.CreatedAt), c.ID)
+		q.add(sqlWhereBefore, time.UnixMicro(c.CreatedAt), c.ID)
 	}
-	if f.Stuck {
-		q.WriteString(sqlWhereMaybeStuck)
-		q.WriteString(sqlListStuckOnly)
-	} else {
-		q.WriteString(sqlListAll)
-	}
+	q.close(f)
 	// One row more than asked tells whether a next page exists.
-	add(sqlListTail, f.Limit+1)
+	q.add(sqlListTail, f.Limit+1)
 
-	rows, err := a.cfg.Pool.Query(ctx, q.String(), args...)
+	rows, err := a.cfg.Pool.Query(ctx, q.sql.String(), q.args...)
 	if err != nil {
 		return Page{}, fmt.Errorf("admin: list instances: %w", err)
 	}
@@ -197,6 +204,89 @@ func (a *Admin) List(ctx context.Context, f Filter) (Page, error) {
 		page.NextCursor = encodeCursor(cursor{CreatedAt: last.CreatedAt.UnixMicro(), ID: last.ID, Filter: fp})
 	}
 	return page, nil
+}
+
+// query is a statement being assembled from the constant fragments of
+// sql.go; every value is a bind parameter.
+type query struct {
+	sql  strings.Builder
+	args []any
+}
+
+// add appends a fragment whose %d verbs take the next bind parameters.
+func (q *query) add(fragment string, vals ...any) {
+	nums := make([]any, len(vals))
+	for i, v := range vals {
+		q.args = append(q.args, v)
+		nums[i] = len(q.args)
+	}
+	fmt.Fprintf(&q.sql, fragment, nums...)
+}
+
+// selection starts the statement that selects the instances f (and the
+// scope) match: sqlListHead and every filter's where clause. close ends the
+// inner query; the caller adds its own ordering.
+func (a *Admin) selection(f Filter) *query {
+	names, versions, known := a.registered()
+	q := &query{args: []any{a.cfg.StuckAfter, names, versions, known}}
+	q.sql.WriteString(sqlListHead)
+	if f.Status != "" {
+		q.add(sqlWhereStatus, string(f.Status))
+	}
+	if f.Saga != "" {
+		q.add(sqlWhereSaga, f.Saga)
+	}
+	if f.Version != 0 {
+		q.add(sqlWhereVersion, f.Version)
+	}
+	if f.Step != "" {
+		sn, sv, seq := a.stepsNamed(f.Step)
+		q.add(sqlWhereStep, sn, sv, seq, f.Step)
+	}
+	if f.ErrorContains != "" {
+		q.add(sqlWhereErrorContains, f.ErrorContains)
+	}
+	if !f.CreatedAfter.IsZero() {
+		q.add(sqlWhereCreatedAfter, f.CreatedAfter)
+	}
+	if !f.CreatedBefore.IsZero() {
+		q.add(sqlWhereCreatedBefore, f.CreatedBefore)
+	}
+	if f.Tenant.Valid {
+		q.add(sqlWhereTenant, f.Tenant.UUID)
+	}
+	if a.scope.Valid {
+		q.add(sqlWhereTenant, a.scope.UUID)
+	}
+	return q
+}
+
+// close ends the inner query of selection, keeping only stuck rows when f
+// asks for them.
+func (q *query) close(f Filter) {
+	if f.Stuck {
+		q.sql.WriteString(sqlWhereMaybeStuck)
+		q.sql.WriteString(sqlListStuckOnly)
+	} else {
+		q.sql.WriteString(sqlListAll)
+	}
+}
+
+// stepsNamed lists the registered (saga, version, step index) triples whose
+// step is called name, as parallel arrays for SQL.
+func (a *Admin) stepsNamed(name string) (sagas []string, versions, seqs []int32) {
+	sagas, versions, seqs = []string{}, []int32{}, []int32{}
+	if a.cfg.Registry == nil {
+		return
+	}
+	for _, d := range a.cfg.Registry.Definitions() {
+		for i, st := range d.Steps {
+			if st.Name == name {
+				sagas, versions, seqs = append(sagas, d.Name), append(versions, int32(d.Version)), append(seqs, int32(i))
+			}
+		}
+	}
+	return
 }
 
 // scanItem reads sqlItemColumns.

@@ -48,9 +48,18 @@ const sqlListHead = `SELECT * FROM (SELECT ` + sqlItemColumns + ` FROM saga_inst
 // The filters. Each takes the next bind parameter (written as %d and
 // numbered when the statement is assembled).
 const (
-	sqlWhereStatus = ` AND s.status = $%d::saga_status`
-	sqlWhereSaga   = ` AND s.saga_name = $%d`
-	sqlWhereTenant = ` AND s.tenant_id = $%d`
+	sqlWhereStatus  = ` AND s.status = $%d::saga_status`
+	sqlWhereSaga    = ` AND s.saga_name = $%d`
+	sqlWhereTenant  = ` AND s.tenant_id = $%d`
+	sqlWhereVersion = ` AND s.saga_version = $%d`
+	// The step an instance stands at, named by the registered definitions
+	// (parallel arrays of saga, version, index) or by its step record.
+	sqlWhereStep = ` AND (EXISTS (SELECT 1 FROM unnest($%d::text[], $%d::int[], $%d::int[]) AS r(name, version, seq)
+	                        WHERE r.name = s.saga_name AND r.version = s.saga_version AND r.seq = s.current_step)
+	     OR EXISTS (SELECT 1 FROM saga_steps st WHERE st.saga_instance_id = s.id AND st.sequence = s.current_step AND st.step_name = $%d))`
+	sqlWhereErrorContains = ` AND strpos(lower(coalesce(s.last_error, '')), lower($%d::text)) > 0`
+	sqlWhereCreatedAfter  = ` AND s.created_at > $%d::timestamptz`
+	sqlWhereCreatedBefore = ` AND s.created_at < $%d::timestamptz`
 	// The keyset: strictly older than the last row of the previous page.
 	sqlWhereBefore = ` AND (s.created_at, s.id) < ($%d::timestamptz, $%d::uuid)`
 	// Only these statuses can be stuck; saga_due_idx serves it.
@@ -58,6 +67,11 @@ const (
 	sqlListStuckOnly   = `) q WHERE q.stuck_reason <> ''`
 	sqlListAll         = `) q WHERE true`
 	sqlListTail        = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
+	// A bulk action's selection: one instance (re-checked under its lock),
+	// and batches oldest first after the last one taken.
+	sqlWhereID     = ` AND s.id = $%d`
+	sqlAfterKey    = ` AND (q.created_at, q.id) > ($%d::timestamptz, $%d::uuid)`
+	sqlOldestFirst = ` ORDER BY q.created_at, q.id LIMIT $%d`
 )
 
 // sqlGetItem reads one instance; $5 is the id and $6 the tenant scope (NULL
@@ -101,3 +115,99 @@ SELECT saga_name, stuck_reason, count(*) FROM (
 // sqlParkedCount counts dead letters nobody has re-driven yet
 // (relay_dead_letters_parked_idx).
 const sqlParkedCount = `SELECT count(*) FROM relay_dead_letters WHERE retried_at IS NULL`
+
+// The overview's statements; $1 is the tenant scope (NULL for none). Each
+// is bounded: the counts read the maintained totals (migration 0006), the
+// series and durations the last hour's rows through saga_created_idx,
+// saga_tenant_idx and saga_ended_idx, the errors at most $2 instances that
+// can still move and carry an error (saga_erroring_idx).
+const (
+	sqlOverviewCounts = `
+SELECT saga_name, saga_version, status::text, sum(n)::bigint FROM (
+  SELECT tenant_id, saga_name, saga_version, status, n FROM saga_status_counts
+  UNION ALL
+  SELECT tenant_id, saga_name, saga_version, status, delta FROM saga_status_deltas
+) x WHERE ($1::uuid IS NULL OR tenant_id = $1)
+GROUP BY 1, 2, 3 HAVING sum(n) <> 0 ORDER BY 1, 2, 3`
+
+	// Ended: completed_at is set on every terminal status. TIMED_OUT
+	// instances were compensated (their deadline passed), so they count as
+	// compensated.
+	sqlOverviewPerMinute = `
+WITH bounds AS (SELECT date_trunc('minute', now()) - interval '59 minutes' AS since),
+minutes AS (
+  SELECT generate_series(b.since, b.since + interval '59 minutes', interval '1 minute') AS m FROM bounds b
+),
+started AS (
+  SELECT date_trunc('minute', s.created_at) AS m, count(*) AS n
+  FROM saga_instances s, bounds b
+  WHERE s.created_at >= b.since AND ($1::uuid IS NULL OR s.tenant_id = $1) GROUP BY 1
+),
+ended AS (
+  SELECT date_trunc('minute', s.completed_at) AS m,
+         count(*) FILTER (WHERE s.status = 'COMPLETED') AS completed,
+         count(*) FILTER (WHERE s.status IN ('COMPENSATED', 'TIMED_OUT')) AS compensated,
+         count(*) FILTER (WHERE s.status = 'FAILED') AS failed
+  FROM saga_instances s, bounds b
+  WHERE s.completed_at >= b.since AND ($1::uuid IS NULL OR s.tenant_id = $1) GROUP BY 1
+)
+SELECT minutes.m, coalesce(started.n, 0), coalesce(ended.completed, 0), coalesce(ended.compensated, 0), coalesce(ended.failed, 0)
+FROM minutes LEFT JOIN started USING (m) LEFT JOIN ended USING (m) ORDER BY 1`
+
+	sqlOverviewDurations = `
+SELECT saga_name, saga_version, count(*),
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - created_at))::float8,
+  percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM completed_at - created_at))::float8
+FROM saga_instances
+WHERE completed_at >= now() - interval '1 hour' AND status = 'COMPLETED' AND ($1::uuid IS NULL OR tenant_id = $1)
+GROUP BY 1, 2 ORDER BY 1, 2`
+
+	// Messages are grouped with UUIDs masked as <id> and numbers as <n>,
+	// cut at 300 characters. The last column is how many instances were
+	// read (the caller compares it with $2).
+	sqlOverviewErrors = `
+WITH erroring AS MATERIALIZED (
+  SELECT saga_name, saga_version, current_step, last_error FROM saga_instances
+  WHERE status IN ('FAILED', 'RUNNING', 'COMPENSATING') AND last_error <> ''
+    AND ($1::uuid IS NULL OR tenant_id = $1)
+  LIMIT $2
+), norm AS (
+  SELECT saga_name, saga_version, current_step,
+    left(regexp_replace(regexp_replace(last_error,
+      '[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}', '<id>', 'g'),
+      '[0-9]+', '<n>', 'g'), 300) AS message
+  FROM erroring
+)
+SELECT saga_name, saga_version, current_step, message, count(*), (SELECT count(*) FROM erroring)
+FROM norm GROUP BY 1, 2, 3, 4 ORDER BY 5 DESC, 1, 2, 3, 4 LIMIT $3`
+
+	// sqlCompactCounts folds every visible delta into the totals in one
+	// statement: a delta is in exactly one of the two tables in any
+	// snapshot. Run under sqlCompactLock so that compactors do not queue
+	// behind each other's row locks.
+	sqlCompactCounts = `
+WITH moved AS (
+  DELETE FROM saga_status_deltas RETURNING tenant_id, saga_name, saga_version, status, delta
+), folded AS (
+  SELECT tenant_id, saga_name, saga_version, status, sum(delta)::bigint AS d FROM moved GROUP BY 1, 2, 3, 4
+)
+INSERT INTO saga_status_counts AS c (tenant_id, saga_name, saga_version, status, n)
+SELECT tenant_id, saga_name, saga_version, status, d FROM folded
+ON CONFLICT (tenant_id, saga_name, saga_version, status) DO UPDATE SET n = c.n + EXCLUDED.n`
+	sqlCompactLock = `SELECT pg_try_advisory_xact_lock(hashtext('compensa: saga_status_counts'))`
+
+	// sqlSearch finds instances by id; $5 is the query as a UUID (NULL when
+	// it is not one), $6 as text, $7 the scope, $8 the limit. Every branch
+	// is an index lookup (migration 0006).
+	sqlSearch = `
+SELECT ` + sqlItemColumns + `, m.matched_by FROM (
+  SELECT id, 'instance_id' AS matched_by FROM saga_instances WHERE id = $5::uuid
+  UNION ALL SELECT id, 'trigger_event_id' FROM saga_instances WHERE trigger_event_id = $5::uuid
+  UNION ALL SELECT id, 'correlation_id' FROM saga_instances WHERE correlation_id = $5::uuid
+  UNION ALL SELECT id, 'aggregate_id' FROM saga_instances WHERE trigger_aggregate_id = $6::text
+  UNION ALL SELECT DISTINCT instance_id, 'command_id' FROM saga_events
+            WHERE kind = 'step_awaiting' AND payload->>'correlation_id' = $6::text
+) m JOIN saga_instances s ON s.id = m.id
+WHERE ($7::uuid IS NULL OR s.tenant_id = $7)
+ORDER BY s.created_at DESC, s.id LIMIT $8`
+)

@@ -18,7 +18,7 @@ import (
 
 var (
 	quick     = flag.Bool("chaos.quick", false, "the short run for CI: fewer faults, lower rates, seconds of fuzzing")
-	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (selftest, kill, pause, dbfaults, slot, badinput, fuzz, hygiene); empty runs all")
+	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (selftest, kill, pause, dbfaults, slot, badinput, monitorload, fuzz, hygiene); empty runs all")
 	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s, 3s with -chaos.quick)")
 	outDir    = flag.String("chaos.out", "", "folder for relay logs and fuzz crashers of failed checks (default a temporary folder)")
 	backlogTx = flag.Int("chaos.backlog", 0, "transactions per backlog of the bad-input throughput measure (default 3000, 1000 with -chaos.quick)")
@@ -46,6 +46,7 @@ var scenarios = []scenario{
 	{"dbfaults", "database faults (restart -m immediate, walsender terminated)", scenarioDBFaults},
 	{"slot", "slot lost (dropped, invalidated by max_slot_wal_keep_size)", scenarioSlot},
 	{"badinput", "bad input through the relay (malformed JSON, invalid UTF-8, NUL, 10 MB, hostile identifiers, 100,000-row transaction)", scenarioBadInput},
+	{"monitorload", "monitoring under load (100 clients scraping and listing while sagas run)", scenarioMonitorLoad},
 	{"fuzz", "fuzz targets (pgoutput decoding, payload planning, identifiers, API parameters)", scenarioFuzz},
 	{"hygiene", "hygiene (goleak in every test package's TestMain)", scenarioHygiene},
 }

@@ -44,6 +44,9 @@ var (
 // that deferred cleanup in the caller still runs.
 func Main(m *testing.M, ignore ...goleak.Option) int {
 	code := m.Run()
+	for _, name := range exampleDBs {
+		Drop(cluster, name)
+	}
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: stop cluster:", err)
@@ -67,6 +70,43 @@ func Main(m *testing.M, ignore ...goleak.Option) int {
 // without PostgreSQL fails the test with the install hint.
 func Cluster(t testing.TB) *pgcluster.Cluster {
 	t.Helper()
+	if err := startCluster(); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return cluster
+}
+
+var exampleDBs []string
+
+// ExampleURL creates a fresh, migrated database (core and example schemas)
+// for an Example function, which has no *testing.T, and returns its URL. It
+// panics when PostgreSQL cannot be started; Main drops the database.
+func ExampleURL() string {
+	if err := startCluster(); err != nil {
+		panic("pgtest: " + err.Error())
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, cluster.URL)
+	if err != nil {
+		panic("pgtest: " + err.Error())
+	}
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("x_%s_%d", runID, seq.Add(1))
+	for try := 0; ; try++ {
+		_, err = admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s_%s", name, templateName, runID))
+		if err == nil || try == 20 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		panic("pgtest: create database: " + err.Error())
+	}
+	exampleDBs = append(exampleDBs, name)
+	return cluster.DSN(name)
+}
+
+func startCluster() error {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -75,10 +115,7 @@ func Cluster(t testing.TB) *pgcluster.Cluster {
 			clusterErr = buildTemplate(ctx, cluster)
 		}
 	})
-	if clusterErr != nil {
-		t.Fatalf("pgtest: %v", clusterErr)
-	}
-	return cluster
+	return clusterErr
 }
 
 func buildTemplate(ctx context.Context, c *pgcluster.Cluster) error {

@@ -20,7 +20,81 @@
     cancel: "Cancel starts the compensation of this RUNNING instance: the steps that completed (or may have acted) are undone in reverse order.",
   };
 
+  // Bulk: "Retry all N" / "Cancel all N" on a filtered list. A dry run
+  // first tells how many match now; the confirm shows that number; the
+  // real run goes in calls of at most 1000 until nothing is left.
+  async function api(path, body) {
+    const res = await fetch(path, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-Compensa-Page": "1" },
+      body: JSON.stringify(body),
+    });
+    const data = await res.json().catch(function () { return {}; });
+    return { ok: res.ok, status: res.status, data: data };
+  }
+
+  async function openBulk(btn) {
+    const action = btn.dataset.bulk;
+    const filter = JSON.parse(btn.dataset.filter || "{}");
+    let dry;
+    try {
+      dry = await api("/v1/sagas/" + action, { filter: filter, reason: "dry run from the page", dry_run: true });
+    } catch (e) {
+      show("Request failed: " + e, true);
+      return;
+    }
+    if (!dry.ok) {
+      show("Dry run refused (" + dry.status + "): " + (dry.data.error || ""), true);
+      return;
+    }
+    const n = dry.data.matched;
+    pending = { bulk: action, filter: filter, count: n, button: btn };
+    document.getElementById("confirm-title").textContent =
+      (action === "retry" ? "Retry all " : "Cancel all ") + n + " instances?";
+    document.getElementById("confirm-text").textContent =
+      n + " instances match this filter now (" + JSON.stringify(filter) + "). Each is " +
+      (action === "retry" ? "retried" : "cancelled") + " exactly as the single action would: " + explain[action];
+    document.getElementById("confirm-reason").value = "";
+    dialog.showModal();
+  }
+
+  async function sendBulk(p, reason) {
+    p.button.disabled = true;
+    const done = p.bulk === "retry" ? "retried" : "cancelled";
+    const total = { acted: 0, already: 0, conflict: 0 };
+    show((p.bulk === "retry" ? "Retrying " : "Cancelling ") + p.count + " instances…", false);
+    for (let call = 0; call < 100; call++) {
+      let r;
+      try {
+        r = await api("/v1/sagas/" + p.bulk, { filter: p.filter, reason: reason, dry_run: false, limit: 1000 });
+      } catch (e) {
+        show("Request failed: " + e, true);
+        p.button.disabled = false;
+        return;
+      }
+      if (!r.ok) {
+        show("Refused (" + r.status + "): " + (r.data.error || ""), true);
+        p.button.disabled = false;
+        return;
+      }
+      const o = r.data.outcomes || {};
+      const n = (o[done] || 0) + (o.already_requested || 0) + (o.conflict || 0);
+      total.acted += o[done] || 0;
+      total.already += o.already_requested || 0;
+      total.conflict += o.conflict || 0;
+      if (n === 0 || r.data.matched <= n) break;
+    }
+    show(total.acted + " " + done + ", " + total.already + " already requested, " + total.conflict +
+      " conflict (refused or changed meanwhile). Reload to see where they stand.", false);
+  }
+
   document.addEventListener("click", function (ev) {
+    const bulk = ev.target.closest("button[data-bulk]");
+    if (bulk && !bulk.disabled) {
+      openBulk(bulk);
+      return;
+    }
     const btn = ev.target.closest("button[data-action]");
     if (!btn || btn.disabled) return;
     pending = { action: btn.dataset.action, id: btn.dataset.id, label: btn.dataset.label, button: btn };
@@ -43,7 +117,8 @@
     const p = pending;
     pending = null;
     dialog.close("ok");
-    if (p) send(p, reason);
+    if (p && p.bulk) sendBulk(p, reason);
+    else if (p) send(p, reason);
   });
 
   async function send(p, reason) {

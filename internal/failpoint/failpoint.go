@@ -1,6 +1,6 @@
 //go:build failpoint
 
-package main
+package failpoint
 
 import (
 	"context"
@@ -13,17 +13,17 @@ import (
 	"github.com/compensa/compensa/cdc"
 )
 
-// failpointEnv names a test-only fault injection: with
+// Env names a test-only fault injection: with
 // RELAY_FAILPOINT=crash-after-batch:N the process SIGKILLs itself right after
 // the correlator committed its N-th batch with events, before the stream can
 // report that batch's LSN to PostgreSQL: the crash the replay check exists
 // for. It is compiled only with `-tags failpoint`, which the test harness
 // (test/relaytest) uses; a release binary ignores the variable.
-const failpointEnv = "RELAY_FAILPOINT"
+const Env = "RELAY_FAILPOINT"
 
-// withFailpoint wraps sink when the failpoint is set.
-func withFailpoint(sink cdc.Sink) cdc.Sink {
-	spec := os.Getenv(failpointEnv)
+// Wrap wraps sink when the failpoint is set.
+func Wrap(sink cdc.Sink) cdc.Sink {
+	spec := os.Getenv(Env)
 	n, ok := strings.CutPrefix(spec, "crash-after-batch:")
 	if !ok {
 		return sink

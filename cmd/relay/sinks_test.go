@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runCLI runs the real CLI (actions included) and returns the exit code and stderr.
+func runCLI(args ...string) (int, string) {
+	opts := &rootOptions{}
+	root := newRootCmd(opts)
+	var stdout, stderr bytes.Buffer
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	code := execute(context.Background(), root, opts, args, &stderr)
+	return code, stderr.String()
+}
+
+func TestSinksValidate(t *testing.T) {
+	code, stderr := runCLI("sinks", "validate", "../../sink/testdata/sinks.yaml")
+	if code != 0 {
+		t.Fatalf("the issue's example: exit %d, %s", code, stderr)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("sinks:\n  - name: x\n    webhok: {url: 'http://a'}\n  - name: y\n    nats: {url: 'nats://h:1'}\n"), 0o600)
+	code, stderr = runCLI("sinks", "validate", bad)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	if code != 2 || len(lines) != 4 {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 2, three problems and a summary", code, stderr)
+	}
+	for _, want := range []string{bad + `:3:5: unknown key "webhok" in a sink`, bad + `:2:5: sink "x" names no destination`,
+		bad + `:5:11: nats has no "stream"`, "relay: " + bad + ": 3 problems"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("missing %q in:\n%s", want, stderr)
+		}
+	}
+	if code, _ := runCLI("sinks", "validate"); code != 2 {
+		t.Errorf("no FILE: exit %d, want 2", code)
+	}
+}

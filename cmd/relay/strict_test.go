@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+var errRan = errors.New("the command ran")
+
+// cliTree builds the CLI with every command's action replaced by one that
+// only reports it ran: these tests exercise parsing and checking, never a
+// database.
+func cliTree() (*cobra.Command, *rootOptions) {
+	opts := &rootOptions{}
+	root := newRootCmd(opts)
+	walk(root, func(c *cobra.Command) {
+		if !isGroup(c) && c.Name() != "help" {
+			c.RunE = func(*cobra.Command, []string) error { return errRan }
+		}
+	})
+	return root, opts
+}
+
+// cli runs the CLI on args and returns the exit code and stderr.
+func cli(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	root, opts := cliTree()
+	var stderr, stdout bytes.Buffer
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	code := execute(context.Background(), root, opts, args, &stderr)
+	return code, stderr.String()
+}
+
+func clearRelayEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "RELAY_") || k == "DATABASE_URL" {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+}
+
+type cliCommand struct {
+	path   []string // without "relay"
+	parent bool
+	args   int // positional arguments the command takes
+	flags  []*pflag.Flag
+}
+
+func allCommands() []cliCommand {
+	root, _ := cliTree()
+	var out []cliCommand
+	walk(root, func(c *cobra.Command) {
+		if c.Name() == "help" {
+			return
+		}
+		path := strings.Fields(c.CommandPath())[1:]
+		cc := cliCommand{path: path, parent: isGroup(c)}
+		if !cc.parent {
+			cc.args = acceptedArgs(c, func(c *cobra.Command, a []string) error {
+				// the wrapped check, without its usage-error text
+				return c.Args(c, a)
+			})
+		}
+		add := func(f *pflag.Flag) {
+			if f.Name != "help" {
+				cc.flags = append(cc.flags, f)
+			}
+		}
+		c.Flags().VisitAll(add)
+		c.InheritedFlags().VisitAll(add)
+		out = append(out, cc)
+	})
+	return out
+}
+
+// badValues are values each flag must refuse, by type and by the check its
+// name selects.
+func badValues(f *pflag.Flag) []string {
+	switch f.Value.Type() {
+	case "int", "int32", "int64":
+		v := []string{"abc", "-1", "1.5"}
+		if def, _ := strconv.Atoi(f.DefValue); def > 0 && !zeroAllowed[f.Name] {
+			v = append(v, "0")
+		}
+		return v
+	case "duration":
+		v := []string{"abc", "-1s", "10"}
+		if def, _ := time.ParseDuration(f.DefValue); def > 0 {
+			v = append(v, "0s")
+		}
+		return v
+	case "bool":
+		return []string{"maybe"}
+	case "string":
+		if _, ok := enumFlags[f.Name]; ok {
+			return []string{"bogus-word"}
+		}
+		if uuidFlags[f.Name] {
+			return []string{"not-a-uuid"}
+		}
+		switch f.Name {
+		case "outbox-table":
+			return []string{"a.b.c", ""}
+		case "outbox-columns":
+			return []string{"nosuchfield=x", "id"}
+		case "http-addr":
+			return []string{"8080", "localhost:http-ish"}
+		case "slot":
+			return []string{"Has-Dash", ""}
+		}
+	}
+	return nil
+}
+
+func oneLineNaming(t *testing.T, what string, code int, stderr string, want ...string) {
+	t.Helper()
+	if code != 2 {
+		t.Errorf("%s: exit %d, want 2; stderr: %q", what, code, stderr)
+		return
+	}
+	if lines := strings.Count(strings.TrimRight(stderr, "\n"), "\n") + 1; lines != 1 || stderr == "" {
+		t.Errorf("%s: want one line on stderr, got %q", what, stderr)
+	}
+	for _, w := range want {
+		if !strings.Contains(stderr, w) {
+			t.Errorf("%s: stderr %q does not name %q", what, stderr, w)
+		}
+	}
+}
+
+// Every command, with a bogus subcommand, a stray argument and a bad value
+// for each of its flags, exits 2 with one line naming what is wrong.
+func TestEveryCommandRefusesBadInputWithExit2(t *testing.T) {
+	clearRelayEnv(t)
+	cmds := allCommands()
+	if len(cmds) < 10 {
+		t.Fatalf("walked only %d commands", len(cmds))
+	}
+	checked := 0
+	for _, c := range cmds {
+		name := "relay " + strings.Join(c.path, " ")
+		args := append([]string(nil), c.path...)
+		for i := 0; i < c.args; i++ {
+			args = append(args, "00000000-0000-0000-0000-000000000001")
+		}
+		if c.parent {
+			code, stderr := cli(t, append(args, "bogus")...)
+			oneLineNaming(t, name+" bogus", code, stderr, `unknown command "bogus"`, "choose one of")
+			code, stderr = cli(t, args...)
+			oneLineNaming(t, name+" (no command)", code, stderr, "needs a command")
+			continue
+		}
+		if c.args < 0 {
+			t.Errorf("%s: cannot tell how many arguments it takes", name)
+			continue
+		}
+		code, stderr := cli(t, append(args, "stray")...)
+		oneLineNaming(t, name+" stray", code, stderr, `unexpected argument "stray"`, "usage: "+name)
+		code, stderr = cli(t, append(args, "--bogus-flag")...)
+		oneLineNaming(t, name+" --bogus-flag", code, stderr, "unknown flag --bogus-flag")
+		for _, f := range c.flags {
+			bad := badValues(f)
+			if bad == nil {
+				t.Logf("%s --%s: free-form %s, no value to refuse", name, f.Name, f.Value.Type())
+			}
+			for _, v := range bad {
+				code, stderr := cli(t, append(args, "--"+f.Name+"="+v)...)
+				oneLineNaming(t, name+" --"+f.Name+"="+v, code, stderr, "--"+f.Name, "want ")
+				checked++
+			}
+		}
+		// The same command with valid input gets through to its action.
+		if code, stderr := cli(t, args...); code != 1 || !strings.Contains(stderr, errRan.Error()) {
+			t.Errorf("%s with valid input: exit %d, %q; want it to run", name, code, stderr)
+		}
+	}
+	t.Logf("%d commands, %d bad flag values refused", len(cmds), checked)
+}
+
+func TestTheIssuesExamples(t *testing.T) {
+	clearRelayEnv(t)
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"sagas", "bogus"}, []string{`unknown command "bogus" for "relay sagas"`}},
+		{[]string{"deadletters", "lsit"}, []string{`unknown command "lsit" for "relay deadletters"; did you mean "list"?`}},
+		{[]string{"run", "--bogus"}, []string{"unknown flag --bogus"}},
+		{[]string{"run", "--workers", "abc"}, []string{`invalid value "abc" for --workers`}},
+		{[]string{"run", "--workers", "0"}, []string{`invalid value "0" for --workers`, "at least 1"}},
+		{[]string{"run", "--log-level", "verbose"}, []string{`invalid value "verbose" for --log-level`, "debug, info, warn, error"}},
+		{[]string{"version", "--slot", "x"}, []string{`unknown flag --slot for "relay version"`}},
+		{[]string{"demo", "--database-url", "postgres://x"}, []string{`unknown flag --database-url for "relay demo"`}},
+		{[]string{"lag", "--intervl", "1s"}, []string{`did you mean "--interval"?`}},
+		{[]string{"help", "sagas", "lsit"}, []string{`did you mean "list"?`}},
+	}
+	for _, tc := range cases {
+		code, stderr := cli(t, tc.args...)
+		oneLineNaming(t, strings.Join(tc.args, " "), code, stderr, tc.want...)
+	}
+	// A bad value from the environment is refused the same way.
+	t.Setenv("RELAY_WORKERS", "0")
+	code, stderr := cli(t, "run")
+	oneLineNaming(t, "RELAY_WORKERS=0 relay run", code, stderr, "RELAY_WORKERS", "at least 1")
+}
+
+func TestVersionComesFromTheBuildInfo(t *testing.T) {
+	line := versionLine()
+	if !strings.HasPrefix(line, "relay ") || !strings.Contains(line, " commit ") || !strings.Contains(line, "go1.") {
+		t.Fatalf("version line %q lacks the module version, commit or Go version", line)
+	}
+}

@@ -1,0 +1,163 @@
+// Package dbconn opens the relay's connections to PostgreSQL and turns the usual
+// failures into one line that says what is wrong and what to do. It promises
+// that no message it returns contains the connection string's password.
+package dbconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// connectTimeout bounds the first connection: a server that does not answer
+// should fail the command with a clear line, not hang it.
+const connectTimeout = 15 * time.Second
+
+// ErrNoDatabase is returned when no connection string was given.
+var ErrNoDatabase = errors.New("no database: pass --database-url postgres://user:password@host:5432/db or set RELAY_DATABASE_URL")
+
+// Connect opens one connection.
+func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	if dsn == "" {
+		return nil, ErrNoDatabase
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, parseError(err, dsn)
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, connectError(cfg.Host, cfg.Port, cfg.User, cfg.Database, err)
+	}
+	return conn, nil
+}
+
+// OpenPool is Connect for a pool of at most maxConns connections (0: pgx's
+// default); it checks the server answers before returning.
+func OpenPool(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
+	if dsn == "" {
+		return nil, ErrNoDatabase
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, parseError(err, dsn)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, parseError(err, dsn)
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.Ping(cctx); err != nil {
+		pool.Close()
+		c := cfg.ConnConfig
+		return nil, connectError(c.Host, c.Port, c.User, c.Database, err)
+	}
+	return pool, nil
+}
+
+// ConnectError wraps a failure to reach or log in to PostgreSQL; Unwrap gives
+// the driver's error (a *pgconn.PgError for a server's refusal).
+type ConnectError struct {
+	msg string
+	err error
+}
+
+func (e *ConnectError) Error() string { return e.msg }
+func (e *ConnectError) Unwrap() error { return e.err }
+
+func parseError(err error, dsn string) error {
+	return &ConnectError{
+		msg: parseErrorMessage(err, dsn),
+		err: errors.New("invalid connection string"),
+	}
+}
+
+func connectError(host string, port uint16, user, database string, err error) error {
+	where := fmt.Sprintf("%s:%d database %q as user %q", host, port, database, user)
+	var pgErr *pgconn.PgError
+	wrap := func(format string, args ...any) error {
+		return &ConnectError{msg: fmt.Sprintf(format, args...), err: err}
+	}
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01", "28000":
+			return wrap("cannot log in to PostgreSQL at %s: %s; check the user and password in --database-url and pg_hba.conf", where, pgErr.Message)
+		case "3D000":
+			return wrap("database %q does not exist on %s:%d: create it or fix --database-url", database, host, port)
+		}
+		return wrap("cannot connect to PostgreSQL at %s: %s (SQLSTATE %s)", where, pgErr.Message, pgErr.Code)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) {
+		return wrap("cannot reach PostgreSQL at %s: is the server running and is --database-url right? (%s)", where, rootCause(err))
+	}
+	return wrap("cannot connect to PostgreSQL at %s: %s; check --database-url", where, rootCause(err))
+}
+
+// rootCause returns the innermost error's text on one line: pgconn joins the
+// failures of every address it tried with newlines, which repeat each other.
+func rootCause(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			break
+		}
+		err = u
+	}
+	lines := strings.Split(strings.TrimSpace(err.Error()), "\n")
+	return lines[len(lines)-1]
+}
+
+// PasswordOf returns the password in a PostgreSQL URL or keyword/value DSN, or
+// "" when there is none or it cannot be parsed.
+func PasswordOf(dsn string) string {
+	if dsn == "" {
+		return ""
+	}
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			return p
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
+		return cfg.Password
+	}
+	return ""
+}
+
+// Redact removes the DSN's passwords (raw and URL-escaped) from s.
+func Redact(s, dsn string) string {
+	return RedactAll(s, Passwords(dsn))
+}
+
+// RedactAll replaces each secret (raw and URL-escaped) in s where it stands
+// as a whole word (see replaceWhole).
+func RedactAll(s string, secrets []string) string {
+	for _, p := range secrets {
+		if len(p) < 1 {
+			continue
+		}
+		s = replaceWhole(s, p, "xxxxx")
+		if esc := url.QueryEscape(p); esc != p {
+			s = replaceWhole(s, esc, "xxxxx")
+		}
+		if esc := url.PathEscape(p); esc != p {
+			s = replaceWhole(s, esc, "xxxxx")
+		}
+	}
+	return s
+}

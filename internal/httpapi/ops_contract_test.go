@@ -1,0 +1,422 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/compensa/compensa/internal/apitoken"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+// Tokens of the scoped setup.
+const (
+	opsToken    = "ops-token-every-tenant-0123456789"
+	acmeToken   = "acme-token-tenant-a-0123456789ab"
+	readerToken = "reader-token-tenant-a-0123456789"
+)
+
+// fixture is one tenant's instances, each findable by another id.
+type fixture struct {
+	failed, running       uuid.UUID
+	trigger, correlation  uuid.UUID
+	aggregate, commandID  string
+	failedJournalVersions int
+}
+
+type scoped struct {
+	*testBundle
+	a, b fixture
+	doc  map[string]any
+	sc   *jsonschema.Compiler
+}
+
+func setupScoped(t *testing.T) *scoped {
+	t.Helper()
+	tokens, err := apitoken.Parse("tokens.yaml", []byte(fmt.Sprintf(`tokens:
+  - {name: ops, token_env: OPS, tenant: "*", role: operate}
+  - {name: acme-ops, token_env: ACME, tenant: %s, role: operate}
+  - {name: acme-read, token_env: READER, tenant: %s, role: read}
+`, tenantA, tenantA)), func(k string) string {
+		return map[string]string{"OPS": opsToken, "ACME": acmeToken, "READER": readerToken}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scoped{testBundle: &testBundle{db: pgtest.NewDB(t), reg: saga.NewRegistry()}}
+	s.reg.MustRegister(orderDef())
+	j, err := pgjournal.New(s.db.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.metrics, err = httpapi.NewMetrics(nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.srv, err = httpapi.New(httpapi.Config{Pool: s.db.Pool, Registry: s.reg, Journal: j, Tokens: tokens, Metrics: s.metrics, OutboxTable: "outbox"}); err != nil {
+		t.Fatal(err)
+	}
+	s.ts = httptest.NewServer(s.srv)
+	t.Cleanup(s.ts.Close)
+	s.a = s.fixture(t, tenantA, "A")
+	s.b = s.fixture(t, tenantB, "B")
+
+	raw, err := os.ReadFile("openapi/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &s.doc); err != nil {
+		t.Fatal(err)
+	}
+	docAny, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sc = jsonschema.NewCompiler()
+	s.sc.AssertFormat()
+	if err := s.sc.AddResource("openapi.json", docAny); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// fixture inserts a FAILED and a RUNNING instance of tenant; the RUNNING one
+// carries a correlation id, an aggregate id and a command its step sent.
+func (s *scoped) fixture(t *testing.T, tenant uuid.UUID, tag string) fixture {
+	t.Helper()
+	ctx := context.Background()
+	f := fixture{failed: uuid.New(), running: uuid.New(), trigger: uuid.New(), correlation: uuid.New(),
+		aggregate: "order-" + tag + "-42", commandID: uuid.NewString()}
+	_, err := s.db.Pool.Exec(ctx, `
+INSERT INTO saga_instances (id, tenant_id, saga_name, saga_version, status, current_step, trigger_event_id, correlation_id,
+                            trigger_aggregate_id, next_attempt_at, last_error, completed_at, current_version)
+VALUES ($1, $3, 'order', 1, 'FAILED', 1, gen_random_uuid(), NULL, NULL, now(), 'refund refused for order 7 of tenant ' || $6, now(), 0),
+       ($2, $3, 'order', 1, 'RUNNING', 2, $4, $5, $7, now() + interval '1 hour', '', NULL, 1)`,
+		f.failed, f.running, tenant, f.trigger, f.correlation, tag, f.aggregate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.db.Pool.Exec(ctx, `INSERT INTO saga_events (instance_id, version, kind, step, payload)
+		VALUES ($1, 1, 'step_awaiting', 2, jsonb_build_object('kind', 'step_awaiting', 'step', 2, 'correlation_id', $2::text))`, f.running, f.commandID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (s *scoped) call(t *testing.T, token, method, path, body string, headers ...string) response {
+	t.Helper()
+	return s.do(t, method, path, body, append([]string{"Authorization", "Bearer " + token, "Content-Type", "application/json"}, headers...)...)
+}
+
+// journal returns how many journal entries an instance has.
+func (s *scoped) journal(t *testing.T, id uuid.UUID) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_events WHERE instance_id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// conforms validates a real answer against the description's schema for
+// that route, method and status.
+func (s *scoped) conforms(t *testing.T, rt httpapi.Route, r response) {
+	t.Helper()
+	ptr := fmt.Sprintf("openapi.json#/paths/%s/%s/responses/%d/content/application~1json/schema",
+		strings.ReplaceAll(strings.ReplaceAll(rt.Path, "~", "~0"), "/", "~1"), strings.ToLower(rt.Method), r.status)
+	sch, err := s.sc.Compile(ptr)
+	if err != nil {
+		t.Errorf("%s %s: status %d is not described: %v", rt.Method, rt.Path, r.status, err)
+		return
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(r.body))
+	if err != nil {
+		t.Errorf("%s %s: answer is not JSON: %v", rt.Method, rt.Path, err)
+		return
+	}
+	if err := sch.Validate(v); err != nil {
+		t.Errorf("%s %s %d: answer does not match the description: %v\n%s", rt.Method, rt.Path, r.status, err, r.body)
+	}
+}
+
+func ids(t *testing.T, r response) []string {
+	t.Helper()
+	var body struct {
+		Items []struct {
+			ID string `json:"id"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(r.body, &body); err != nil {
+		t.Fatalf("%v: %s", err, r.body)
+	}
+	var out []string
+	for _, it := range body.Items {
+		out = append(out, it.ID)
+	}
+	return out
+}
+
+// TestTenantScopedTokenOnEveryRoute: for every /v1 route, a token scoped
+// to tenant A neither sees nor changes tenant B's instances, whatever
+// headers and parameters it sends, while the "*" token sees both. The
+// test fails when a route is added without a case here.
+func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
+	t.Parallel()
+	s := setupScoped(t)
+	bIDs := []string{s.b.failed.String(), s.b.running.String()}
+	noneOfB := func(t *testing.T, what string, got []string) {
+		t.Helper()
+		for _, id := range got {
+			if slices.Contains(bIDs, id) {
+				t.Errorf("%s: the tenant-A token sees tenant B's instance %s", what, id)
+			}
+		}
+	}
+	bJournal := s.journal(t, s.b.failed) + s.journal(t, s.b.running)
+	xB := []string{"X-Tenant-ID", tenantB.String()}
+
+	cases := map[string]func(t *testing.T){
+		"GET /v1/sagas": func(t *testing.T) {
+			got := ids(t, s.call(t, acmeToken, "GET", "/v1/sagas", ""))
+			if len(got) != 2 {
+				t.Errorf("tenant A lists %d instances, want its 2", len(got))
+			}
+			noneOfB(t, "list", got)
+			noneOfB(t, "list ?tenant=B", ids(t, s.call(t, acmeToken, "GET", "/v1/sagas?tenant="+tenantB.String(), "")))
+			noneOfB(t, "list ?stuck=true", ids(t, s.call(t, acmeToken, "GET", "/v1/sagas?stuck=true", "")))
+			if r := s.call(t, acmeToken, "GET", "/v1/sagas", "", xB...); r.status != http.StatusForbidden {
+				t.Errorf("X-Tenant-ID of another tenant: %d, want 403", r.status)
+			}
+			if got := ids(t, s.call(t, opsToken, "GET", "/v1/sagas", "")); len(got) != 4 {
+				t.Errorf("the * token lists %d, want 4", len(got))
+			}
+		},
+		"GET /v1/sagas/{id}": func(t *testing.T) {
+			for _, id := range bIDs {
+				if r := s.call(t, acmeToken, "GET", "/v1/sagas/"+id, ""); r.status != http.StatusNotFound {
+					t.Errorf("show B's %s: %d, want 404", id, r.status)
+				}
+			}
+			if r := s.call(t, acmeToken, "GET", "/v1/sagas/"+s.a.failed.String(), ""); r.status != http.StatusOK {
+				t.Errorf("show A's own: %d", r.status)
+			}
+		},
+		"POST /v1/sagas/{id}/retry": func(t *testing.T) {
+			for _, h := range [][]string{nil, xB} {
+				if r := s.call(t, acmeToken, "POST", "/v1/sagas/"+s.b.failed.String()+"/retry", `{"reason":"x"}`, h...); r.status != http.StatusNotFound && r.status != http.StatusForbidden {
+					t.Errorf("retry B's (headers %v): %d, want 404 or 403", h, r.status)
+				}
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/"+s.a.failed.String()+"/retry", `{"reason":"x"}`); r.status != http.StatusForbidden {
+				t.Errorf("retry by a read token: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sagas/{id}/cancel": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sagas/"+s.b.running.String()+"/cancel", `{"reason":"x"}`); r.status != http.StatusNotFound {
+				t.Errorf("cancel B's: %d, want 404", r.status)
+			}
+		},
+		"POST /v1/sagas/retry": func(t *testing.T) {
+			for _, body := range []string{
+				`{"filter": {}, "reason": "x", "dry_run": false}`,
+				`{"filter": {"tenant": "` + tenantB.String() + `"}, "reason": "x", "dry_run": false}`,
+				`{"filter": {"status": "FAILED"}, "reason": "x", "dry_run": true}`,
+			} {
+				r := s.call(t, acmeToken, "POST", "/v1/sagas/retry", body)
+				var res struct {
+					Matched int64    `json:"matched"`
+					Sample  []string `json:"sample"`
+				}
+				if r.status != http.StatusOK || json.Unmarshal(r.body, &res) != nil {
+					t.Fatalf("bulk retry %s: %d %s", body, r.status, r.body)
+				}
+				noneOfB(t, "bulk retry sample", res.Sample)
+				if res.Matched > 2 {
+					t.Errorf("bulk retry %s matched %d: more than tenant A's", body, res.Matched)
+				}
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/retry", `{"filter": {}, "reason": "x"}`); r.status != http.StatusForbidden {
+				t.Errorf("bulk retry by a read token: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sagas/cancel": func(t *testing.T) {
+			r := s.call(t, acmeToken, "POST", "/v1/sagas/cancel", `{"filter": {"status": "RUNNING"}, "reason": "x", "dry_run": false}`)
+			if r.status != http.StatusOK || !strings.Contains(string(r.body), `"matched": 1`) {
+				t.Errorf("bulk cancel as tenant A: %d %s, want its one RUNNING instance", r.status, r.body)
+			}
+		},
+		"GET /v1/overview": func(t *testing.T) {
+			var o struct {
+				Sagas []struct {
+					Total int64 `json:"total"`
+				} `json:"sagas"`
+				TopErrors []struct {
+					Message string `json:"message"`
+				} `json:"top_errors"`
+			}
+			r := s.call(t, acmeToken, "GET", "/v1/overview", "")
+			if err := json.Unmarshal(r.body, &o); err != nil || len(o.Sagas) != 1 || o.Sagas[0].Total != 2 {
+				t.Errorf("overview as tenant A: %s, want 2 instances", r.body)
+			}
+			if strings.Contains(string(r.body), "tenant B") {
+				t.Errorf("overview shows tenant B's errors: %s", r.body)
+			}
+			if r := s.call(t, acmeToken, "GET", "/v1/overview", "", xB...); r.status != http.StatusForbidden {
+				t.Errorf("overview with X-Tenant-ID B: %d", r.status)
+			}
+		},
+		"GET /v1/search": func(t *testing.T) {
+			for kind, q := range map[string]string{"instance": s.b.running.String(), "trigger": s.b.trigger.String(),
+				"correlation": s.b.correlation.String(), "aggregate": s.b.aggregate, "command": s.b.commandID} {
+				if got := ids(t, s.call(t, acmeToken, "GET", "/v1/search?q="+q, "")); len(got) != 0 {
+					t.Errorf("search by B's %s id found %v", kind, got)
+				}
+				if got := ids(t, s.call(t, opsToken, "GET", "/v1/search?q="+q, "")); len(got) != 1 || got[0] != s.b.running.String() {
+					t.Errorf("the * token's search by B's %s id found %v", kind, got)
+				}
+			}
+		},
+		"GET /v1/replication": func(t *testing.T) {
+			// No tenant data: the slot is the relay's. Without a stream it
+			// answers 503 for every token alike.
+			if r := s.call(t, acmeToken, "GET", "/v1/replication", ""); r.status != http.StatusServiceUnavailable {
+				t.Errorf("replication: %d", r.status)
+			}
+		},
+		"POST /v1/events": func(t *testing.T) {
+			// An event naming tenant B is refused; one naming no tenant is
+			// written under the token's tenant A.
+			body := `{"event_type": "isolation.probe", "tenant_id": "` + tenantB.String() + `", "payload": {}}`
+			if r := s.call(t, acmeToken, "POST", "/v1/events", body); r.status != http.StatusForbidden {
+				t.Errorf("post an event of tenant B: %d %s, want 403", r.status, r.body)
+			}
+			r := s.call(t, acmeToken, "POST", "/v1/events", `{"event_type": "isolation.probe", "payload": {}}`)
+			var res struct {
+				ID string `json:"id"`
+			}
+			if r.status != http.StatusCreated || json.Unmarshal(r.body, &res) != nil {
+				t.Fatalf("post an event without a tenant: %d %s", r.status, r.body)
+			}
+			var tenant uuid.UUID
+			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id FROM outbox WHERE id = $1`, res.ID).Scan(&tenant); err != nil || tenant != tenantA {
+				t.Errorf("the posted event's tenant is %s (%v), want the token's %s", tenant, err, tenantA)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/events", `{"event_type": "isolation.probe"}`); r.status != http.StatusForbidden {
+				t.Errorf("post by a read token: %d, want 403", r.status)
+			}
+		},
+		"GET /v1/sinks": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "GET", "/v1/sinks", ""); r.status != http.StatusForbidden {
+				t.Errorf("sinks as a tenant-scoped token: %d, want 403 (a sink carries every tenant's events)", r.status)
+			}
+			if r := s.call(t, opsToken, "GET", "/v1/sinks", ""); r.status != http.StatusOK {
+				t.Errorf("sinks as the * token: %d", r.status)
+			}
+		},
+		"POST /v1/sinks/{name}/retry": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/any/retry", ""); r.status != http.StatusForbidden {
+				t.Errorf("sink retry as a tenant-scoped token: %d, want 403", r.status)
+			}
+		},
+		"GET /v1/openapi.json": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
+				t.Errorf("openapi: %d", r.status)
+			}
+		},
+	}
+	for _, rt := range s.srv.Routes() {
+		key := rt.Method + " " + rt.Path
+		c, ok := cases[key]
+		if !ok {
+			t.Errorf("route %s has no tenant-isolation case: add one", key)
+			continue
+		}
+		t.Run(key, c)
+	}
+	if after := s.journal(t, s.b.failed) + s.journal(t, s.b.running); after != bJournal {
+		t.Errorf("tenant B's journal went from %d to %d entries: a tenant-A token changed it", bJournal, after)
+	}
+}
+
+// TestOpenAPIDescribesEveryRoute: every route is in the description (and
+// nothing else is), and a real answer of each, as a success and as an
+// error, matches its schema.
+func TestOpenAPIDescribesEveryRoute(t *testing.T) {
+	t.Parallel()
+	s := setupScoped(t)
+	if s.doc["openapi"] != "3.1.0" {
+		t.Fatalf("openapi %v, want 3.1.0", s.doc["openapi"])
+	}
+	paths := s.doc["paths"].(map[string]any)
+	described := map[string]bool{}
+	for p, ops := range paths {
+		for m := range ops.(map[string]any) {
+			described[strings.ToUpper(m)+" "+p] = true
+		}
+	}
+	served := map[string]bool{}
+	for _, rt := range s.srv.Routes() {
+		served[rt.Method+" "+rt.Path] = true
+		if !described[rt.Method+" "+rt.Path] {
+			t.Errorf("route %s %s is not in openapi.json", rt.Method, rt.Path)
+		}
+	}
+	for k := range described {
+		if !served[k] {
+			t.Errorf("openapi.json describes %s, which the server does not serve", k)
+		}
+	}
+
+	// The served document is the one in the repository.
+	if r := s.call(t, opsToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || !strings.Contains(string(r.body), `"openapi": "3.1.0"`) {
+		t.Errorf("GET /v1/openapi.json: %d", r.status)
+	}
+
+	a := s.a.failed.String()
+	requests := map[string][][2]string{ // route → (path, body) pairs to send
+		"GET /v1/sagas":              {{"/v1/sagas", ""}, {"/v1/sagas?stuck=true&limit=1", ""}, {"/v1/sagas?status=nope", ""}},
+		"GET /v1/sagas/{id}":         {{"/v1/sagas/" + a, ""}, {"/v1/sagas/" + uuid.NewString(), ""}, {"/v1/sagas/x", ""}},
+		"POST /v1/sagas/retry":       {{"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r"}`}, {"/v1/sagas/retry", `{"filter": {"status": "FAILED"}, "reason": "r", "dry_run": false, "limit": 1}`}, {"/v1/sagas/retry", `{"reason": ""}`}},
+		"POST /v1/sagas/cancel":      {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
+		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
+		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
+		"GET /v1/replication":        {{"/v1/replication", ""}},
+		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},
+		"GET /v1/search":             {{"/v1/search?q=" + s.a.aggregate, ""}, {"/v1/search?q=", ""}},
+		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
+		"POST /v1/events": {{"/v1/events", `{"event_type": "openapi.probe", "payload": {"n": 1}}`},
+			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
+		"GET /v1/sinks":               {{"/v1/sinks", ""}},
+		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
+	}
+	for _, rt := range s.srv.Routes() {
+		reqs, ok := requests[rt.Method+" "+rt.Path]
+		if !ok {
+			t.Errorf("route %s %s has no request in this test", rt.Method, rt.Path)
+			continue
+		}
+		for _, pb := range reqs {
+			r := s.call(t, opsToken, rt.Method, pb[0], pb[1])
+			s.conforms(t, rt, r)
+		}
+		// Unauthenticated: 401, described too.
+		r := s.do(t, rt.Method, strings.ReplaceAll(rt.Path, "{id}", a), "")
+		if r.status != http.StatusUnauthorized {
+			t.Errorf("%s %s without a token: %d", rt.Method, rt.Path, r.status)
+		}
+		s.conforms(t, rt, r)
+	}
+}

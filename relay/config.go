@@ -1,0 +1,208 @@
+package relay
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compensa/compensa/internal/apitoken"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/saga"
+)
+
+// Config is everything a relay is assembled from. Its fields mirror the flags
+// of `relay run`; the zero value of each optional field is the CLI's default.
+// Only DatabaseURL and Registry are required.
+type Config struct {
+	// DatabaseURL is a PostgreSQL URL or keyword/value DSN. The role needs the
+	// REPLICATION attribute unless NoStream is set (see README "Quickstart").
+	DatabaseURL string
+
+	// Registry holds the saga definitions this relay starts and runs. The
+	// application fills it before New; it must not change afterwards.
+	Registry *saga.Registry
+
+	// Slot and Publication name the logical replication slot and the
+	// publication. Defaults: DefaultSlot, DefaultPublication.
+	Slot        string
+	Publication string
+
+	// OutboxTable is the outbox table, schema-qualified allowed (default
+	// "outbox"). OutboxColumns maps the relay's fields to the columns of an
+	// existing table ("id=id,event_type=type"); empty means the default names.
+	OutboxTable   string
+	OutboxColumns string
+
+	// NoStream runs only the step workers and the monitor: extra replicas
+	// beside the one that holds the slot.
+	NoStream bool
+	// StatusInterval is how often the flushed position is reported to
+	// PostgreSQL (default 10s); HeartbeatInterval how often a heartbeat is
+	// written so that the slot advances while the outbox is idle (default 10s).
+	StatusInterval    time.Duration
+	HeartbeatInterval time.Duration
+	// RecreateSlot re-creates a missing or lost slot. It MAY SKIP EVENTS
+	// written while the slot was gone: set it only after checking.
+	RecreateSlot bool
+	// OutboxRetention deletes outbox rows older than this once streamed; 0
+	// keeps them.
+	OutboxRetention time.Duration
+
+	// Workers is the number of step workers (default 8; negative is an
+	// error). LeaseDuration is how long a claim on an instance lasts without
+	// a heartbeat (default 30s).
+	Workers       int
+	LeaseDuration time.Duration
+
+	// StuckAfter: an instance overdue by more than this with no live lease is
+	// reported stuck by the monitor (default 5m).
+	StuckAfter time.Duration
+
+	// HTTPAddr is where the monitor listens ("127.0.0.1:8080" style; port 0
+	// picks a free one, see Addr). Empty: no listener; the application mounts
+	// Handler on its own server.
+	HTTPAddr string
+	// APIToken, when set, is required as a bearer token on /v1 and by the
+	// page's login. Unset: reads are open and mutations answer 403. It must
+	// carry at least 128 random bits (httpapi.CheckTokenStrength).
+	APIToken string
+	// APITokensFile is a token file (YAML: tokens with name, token_env or
+	// sha256, tenant or "*", role operate or read; see README.md, "API
+	// tokens"), loaded and validated by New with every problem reported as
+	// file:line:col. Its tokens work beside APIToken; a tenant-scoped one
+	// sees and acts on its tenant only.
+	APITokensFile string
+	// HTTPInsecure allows a monitor without any token on an address that
+	// is not loopback (New refuses that otherwise: every saga's state would
+	// be readable by whoever can reach it); the page then shows a banner.
+	HTTPInsecure bool
+	// AllowedHosts: without APIToken, the monitor answers only requests
+	// whose Host is an IP address, localhost or one of these names (DNS
+	// rebinding). SessionTTL is how long a login to the page lasts (default
+	// DefaultSessionTTL). SecureCookies marks the session cookie Secure
+	// behind a TLS-terminating proxy.
+	AllowedHosts  []string
+	SessionTTL    time.Duration
+	SecureCookies bool
+	// HTTPServer bounds the monitor's connections (timeouts, the cap on
+	// open connections); zero fields mean httpapi's defaults.
+	HTTPServer httpapi.ServerConfig
+
+	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
+	// relay also delivers outbox events to those NATS, Kafka and webhook
+	// destinations. Empty: no sinks. Ignored with NoStream.
+	Sinks string
+
+	// Logger receives the relay's structured logs (default: discarded).
+	Logger *slog.Logger
+	// MetricsRegistry receives the relay's Prometheus metrics and is what
+	// /metrics serves. Nil: a registry of the relay's own, with the Go and
+	// process collectors. An application that passes its own registry gets
+	// the relay's metrics beside its own (names start with compensa_).
+	MetricsRegistry *prometheus.Registry
+}
+
+// Defaults of the fields left zero.
+const (
+	DefaultSlot          = "relay_outbox"
+	DefaultPublication   = "relay_outbox_pub"
+	DefaultOutboxTable   = "outbox"
+	DefaultWorkers       = 8
+	DefaultLease         = 30 * time.Second
+	DefaultStuckAfter    = 5 * time.Minute
+	DefaultStatusEvery   = 10 * time.Second
+	DefaultHeartbeatEver = 10 * time.Second
+	DefaultSessionTTL    = 12 * time.Hour
+	// MonitorPoolSize is the monitor's own pool: scrapes and API reads
+	// queue there, never in front of the step workers and the correlator.
+	MonitorPoolSize = 4
+)
+
+// withDefaults returns a copy with every zero optional field filled in.
+func (c Config) withDefaults() Config {
+	c.Slot = cmp.Or(c.Slot, DefaultSlot)
+	c.Publication = cmp.Or(c.Publication, DefaultPublication)
+	c.OutboxTable = cmp.Or(c.OutboxTable, DefaultOutboxTable)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLease)
+	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusEvery)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatEver)
+	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// validate rejects nonsense with a message naming the field, all at once.
+func (c Config) validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("relay: "+format, args...))
+	}
+	if c.DatabaseURL == "" {
+		bad("Config.DatabaseURL is empty: give a PostgreSQL URL such as postgres://user:password@host:5432/db")
+	}
+	if c.Registry == nil {
+		bad("Config.Registry is nil: create one with saga.NewRegistry() and register your sagas on it")
+	}
+	if c.Workers < 0 {
+		bad("Config.Workers is %d: give a positive number of step workers", c.Workers)
+	}
+	for name, d := range map[string]time.Duration{
+		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "StatusInterval": c.StatusInterval,
+		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention, "SessionTTL": c.SessionTTL,
+	} {
+		if d < 0 {
+			bad("Config.%s is %s: durations must not be negative", name, d)
+		}
+	}
+	if c.APIToken != "" {
+		if err := httpapi.CheckTokenStrength("Config.APIToken", c.APIToken); err != nil {
+			errs = append(errs, fmt.Errorf("relay: %w", err))
+		}
+	}
+	if err := c.checkExposure(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.loadTokens(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return saga.Errorf(saga.ErrInvalid, "%s", err.Error())
+	}
+	return nil
+}
+
+// checkExposure refuses a monitor on an address that is not loopback with
+// no token configured, unless HTTPInsecure accepts it.
+func (c Config) checkExposure() error {
+	if c.handlerOnly() || c.HTTPInsecure || c.APIToken != "" || c.APITokensFile != "" || httpapi.IsLoopback(c.HTTPAddr) {
+		return nil
+	}
+	return fmt.Errorf("relay: Config.HTTPAddr %s is not a loopback address and no token is configured, so the monitor would show every saga's state to whoever can reach it; set APIToken or APITokensFile, or HTTPInsecure to accept that", c.HTTPAddr)
+}
+
+// loadTokens reads APITokensFile (nil when unset), every token at least as
+// strong as APIToken must be.
+func (c Config) loadTokens() (*apitoken.Set, error) {
+	if c.APITokensFile == "" {
+		return nil, nil
+	}
+	set, err := apitoken.Load(c.APITokensFile, nil, httpapi.CheckTokenStrength)
+	if err != nil {
+		return nil, saga.Errorf(saga.ErrInvalid, "%s", err.Error())
+	}
+	return set, nil
+}
+
+// handlerOnly reports whether the application serves Handler itself.
+func (c Config) handlerOnly() bool { return c.HTTPAddr == "" }
+
+var _ http.Handler = (*Relay)(nil)

@@ -1,0 +1,418 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/failpoint"
+	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/dial"
+)
+
+// Relay is an assembled relay: the replication stream (unless NoStream), the
+// correlator, the step runner and the monitor, sharing one pool. Build it with
+// New, start it with Start (or Run), stop it with Stop. A Relay runs once.
+type Relay struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	// monPool is the monitor's own, small pool (MonitorPoolSize).
+	monPool *pgxpool.Pool
+
+	journal    saga.Journal
+	runner     *saga.Runner
+	correlator *correlator.Correlator
+	stream     *cdc.Stream
+	fanout     *sink.Fanout
+	sinks      []sink.Destination
+	metrics    *httpapi.Metrics
+	monitor    *httpapi.Server
+
+	ln   net.Listener
+	http *http.Server
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+	// done is closed when the stream's Run returned (or at Stop when there is
+	// no stream); streamErr is what it returned.
+	done      chan struct{}
+	streamErr error
+	wg        sync.WaitGroup
+}
+
+// New checks cfg, connects, and checks the database before anything runs:
+// wal_level, the role's privileges, the outbox table and its columns, the
+// publication and the slot (see the Err variables). It starts nothing; the
+// pool it opened is closed by Stop, or at once when New fails.
+func New(ctx context.Context, cfg Config) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	table, err := outbox.ParseTableName(cfg.OutboxTable)
+	if err != nil {
+		return nil, fmt.Errorf("outbox table: %w", err)
+	}
+	cols, err := outbox.ParseColumnMap(cfg.OutboxColumns)
+	if err != nil {
+		return nil, err
+	}
+	// The workers, the correlator, the stream's checkpoint reads and the
+	// monitor each need a connection at once.
+	pool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
+	if err != nil {
+		return nil, err
+	}
+	monPool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, MonitorPoolSize)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{})}
+	if err := r.assemble(ctx, table, cols); err != nil {
+		r.closePools()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbox.ColumnMap) error {
+	cfg, log := r.cfg, r.cfg.Logger
+	var err error
+	if r.journal, err = pgjournal.New(r.pool, nil); err != nil {
+		return err
+	}
+	if r.metrics, err = httpapi.NewMetrics(cfg.MetricsRegistry); err != nil {
+		return err
+	}
+	r.runner, err = saga.NewRunner(r.journal, r.pool, cfg.Registry, &saga.RunnerConfig{
+		Workers: cfg.Workers, LeaseDuration: cfg.LeaseDuration, OutboxTable: table.Quoted(),
+		Logger: log.With("component", "runner"), Hooks: r.metrics.RunnerHooks(),
+	})
+	if err != nil {
+		return err
+	}
+	corrCfg := &correlator.Config{
+		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
+		OnStarted: r.metrics.SagasStarted,
+	}
+	if cfg.Sinks != "" && !cfg.NoStream {
+		if err := r.openSinks(ctx); err != nil {
+			return err
+		}
+		corrCfg.InBatchTx = r.fanout.WriteParked
+	}
+	r.correlator, err = correlator.New(r.pool, corrCfg)
+	if err != nil {
+		return err
+	}
+	streamCfg := cdc.Config{
+		DatabaseURL: cfg.DatabaseURL, Slot: cfg.Slot, Publication: cfg.Publication,
+		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
+		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
+		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			return r.correlator.LoadCheckpoint(ctx, cfg.Slot)
+		},
+		Logger: log.With("component", "cdc"),
+	}
+	if !cfg.NoStream {
+		if err := cdc.Preflight(ctx, r.pool, streamCfg); err != nil {
+			return err
+		}
+		next := failpoint.Wrap(r.correlator)
+		if r.fanout != nil {
+			// Deliveries first; parked rows commit in the correlator's
+			// transaction, with the checkpoint.
+			next = r.fanout.Sink(next)
+		}
+		if r.stream, err = cdc.NewStream(streamCfg, next); err != nil {
+			return err
+		}
+	}
+
+	sources := httpapi.Sources{
+		Correlator: func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(r.correlator.Stats()) },
+	}
+	// The monitor reads through its own pool; retry and cancel go through
+	// the journal, fenced like the runner's writes.
+	tokens, err := cfg.loadTokens()
+	if err != nil {
+		return err
+	}
+	monCfg := httpapi.Config{
+		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
+		APIToken: cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
+		Metrics: r.metrics, Logger: log.With("component", "http"),
+		// A retry or cancel through the API wakes the runners, as the
+		// correlator does after a start.
+		Wake:         r.runner.Wake,
+		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
+	}
+	if cfg.OutboxColumns == "" {
+		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
+	}
+	if r.stream != nil {
+		sources.Lag = func() (int64, float64) {
+			l := r.stream.Lag()
+			return int64(l.Bytes), l.Seconds
+		}
+		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
+	}
+	r.metrics.SetSources(sources)
+	r.monitor, err = httpapi.New(monCfg)
+	return err
+}
+
+// Start starts every part and returns once they run: the monitor listens on
+// HTTPAddr (see Addr), the runner's workers claim due instances, and the
+// stream connects. ctx bounds only the start; the parts run until Stop. A
+// fatal stream error later (a lost slot) closes Done.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return saga.Errorf(saga.ErrInvalid, "relay: Start called twice; build a new Relay with New")
+	}
+	r.started = true
+	if !r.cfg.handlerOnly() {
+		ln, err := httpapi.Listen(r.cfg.HTTPAddr, r.cfg.HTTPServer)
+		if err != nil {
+			r.failStart()
+			return fmt.Errorf("monitor address %s: %w (is another relay running? pick another address)", r.cfg.HTTPAddr, err)
+		}
+		r.ln = ln
+		r.http = httpapi.NewHTTPServer(r.monitor, r.cfg.HTTPServer)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	if err := r.runner.Start(runCtx); err != nil {
+		cancel()
+		if r.ln != nil {
+			r.ln.Close()
+		}
+		r.failStart()
+		return err
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.monitor.Run(runCtx)
+	}()
+	if r.http != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.http.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.cfg.Logger.Error("http monitor stopped", "err", err)
+			}
+		}()
+	}
+	if r.fanout != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			r.fanout.Run(runCtx)
+		}()
+	}
+	if r.stream != nil {
+		go func() {
+			r.streamErr = r.stream.Run(runCtx)
+			close(r.done)
+		}()
+	}
+	r.cfg.Logger.Info("relay started", "slot", r.cfg.Slot, "stream", !r.cfg.NoStream,
+		"workers", r.cfg.Workers, "http", r.Addr())
+	r.logSagas()
+	return nil
+}
+
+// failStart releases what New acquired after a failed Start; Stop is then a
+// no-op.
+func (r *Relay) failStart() {
+	r.stopped = true
+	close(r.done)
+	r.closePools()
+}
+
+func (r *Relay) closePools() {
+	dial.Close(r.sinks)
+	r.sinks = nil
+	r.monPool.Close()
+	r.pool.Close()
+}
+
+// Run starts the relay and blocks until ctx is cancelled or the stream stops
+// on a fatal error, then stops it within stopTimeout. It returns the stream's
+// error, if any, joined with what Stop reported.
+func (r *Relay) Run(ctx context.Context, stopTimeout time.Duration) error {
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	var streamErr error
+	select {
+	case <-ctx.Done():
+	case <-r.Done():
+		streamErr = r.Err()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
+	defer cancel()
+	stopErr := r.Stop(sctx)
+	if streamErr != nil {
+		return streamErr // Stop reports the same error again: say it once
+	}
+	return stopErr
+}
+
+// Done is closed when the stream stops on its own (a fatal error such as a
+// lost slot: see Err) or after Stop. With NoStream it closes only at Stop.
+func (r *Relay) Done() <-chan struct{} { return r.done }
+
+// Err is why the stream stopped, once Done is closed; nil after a clean Stop.
+func (r *Relay) Err() error {
+	select {
+	case <-r.done:
+		if errors.Is(r.streamErr, context.Canceled) {
+			return nil
+		}
+		return r.streamErr
+	default:
+		return nil
+	}
+}
+
+// Addr is the monitor's listening address (host:port), or "" when the
+// application mounts Handler itself.
+func (r *Relay) Addr() string {
+	if r.ln == nil {
+		return ""
+	}
+	return r.ln.Addr().String()
+}
+
+// ServeHTTP serves the monitor: the web page, /v1, /metrics, /healthz and
+// /readyz. Mount it when Config.HTTPAddr is empty (it works either way).
+func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.monitor.ServeHTTP(w, req) }
+
+// Handler is r as an http.Handler, for symmetry with http.Server.
+func (r *Relay) Handler() http.Handler { return r }
+
+// Runner is the step runner, for Wake after an application writes work the
+// runner should pick up at once.
+func (r *Relay) Runner() *saga.Runner { return r.runner }
+
+// Stop stops the stream (nothing more is acknowledged), then the runner
+// (in-flight steps finish within ctx or are abandoned uncommitted: their
+// lease expires and another worker takes them over), then the monitor, and
+// closes the pool. It is safe to call more than once and without Start.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return nil
+	}
+	r.stopped = true
+	if !r.started {
+		close(r.done)
+		r.closePools()
+		return nil
+	}
+	r.cancel()
+	var errs []error
+	if r.stream != nil {
+		select {
+		case <-r.done:
+			if err := r.streamErr; err != nil && !errors.Is(err, context.Canceled) {
+				errs = append(errs, err)
+			}
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("stream did not stop in time"))
+		}
+	} else {
+		close(r.done)
+	}
+	if err := r.runner.Stop(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("runner stop: %w", err))
+	}
+	if r.http != nil {
+		r.http.Shutdown(ctx)
+	}
+	r.wg.Wait()
+	r.closePools()
+	return errors.Join(errs...)
+}
+
+// openSinks loads the sinks file, connects every sink and builds the
+// fan-out in front of the correlator.
+func (r *Relay) openSinks(ctx context.Context) error {
+	cfg, err := sink.LoadFile(r.cfg.Sinks)
+	if err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	if r.sinks, err = dial.Open(cfg, nil); err != nil {
+		return fmt.Errorf("sinks: %w", err)
+	}
+	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
+		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})
+	return err
+}
+
+// replicationFunc reports the slot for /v1/replication and /readyz.
+func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
+	return func(ctx context.Context) (httpapi.ReplicationStatus, error) {
+		r, err := cdc.QueryLag(ctx, pool, slot)
+		if errors.Is(err, cdc.ErrSlotNotFound) {
+			return httpapi.ReplicationStatus{Slot: slot}, nil
+		}
+		if err != nil {
+			return httpapi.ReplicationStatus{}, err
+		}
+		return httpapi.ReplicationStatus{
+			Slot: r.Slot, Exists: true, Active: r.Active, WALStatus: r.WALStatus, LagBytes: r.LagBytes,
+			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
+		}, nil
+	}
+}
+
+// logSagas says at start which sagas this relay runs and which events start
+// them: an event that starts none is ignored by design (most outbox events
+// are not triggers), and this line is where an operator checks why.
+func (r *Relay) logSagas() {
+	defs := r.cfg.Registry.Definitions()
+	if len(defs) == 0 {
+		r.cfg.Logger.Warn("no sagas registered: every streamed event is ignored (compensa_events_total{outcome=\"ignored\"}) except replies to waiting steps")
+		return
+	}
+	for _, d := range defs {
+		var triggers []string
+		for _, t := range d.Triggers {
+			s := t.EventType
+			if t.AggregateType != "" {
+				s += " (aggregate " + t.AggregateType + ")"
+			}
+			if t.TenantID != uuid.Nil {
+				s += " (tenant " + t.TenantID.String() + ")"
+			}
+			triggers = append(triggers, s)
+		}
+		r.cfg.Logger.Info("saga registered", "saga", d.Key().String(), "steps", len(d.Steps),
+			"triggers", strings.Join(triggers, ", "))
+	}
+}

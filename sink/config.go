@@ -1,0 +1,541 @@
+package sink
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultMaxParked is a sink's cap on parked events when max_parked is not set.
+const DefaultMaxParked = 1_000_000
+
+// MinDuplicateWindow is the shortest JetStream duplicate window a NATS sink
+// accepts: a replay after a crash must still be recognised by Nats-Msg-Id.
+const MinDuplicateWindow = 2 * time.Minute
+
+// Config is a parsed and validated sinks file.
+type Config struct {
+	// File is the path the config was read from (for messages).
+	File  string
+	Sinks []Spec
+}
+
+// Spec is one sink as configured. Exactly one of Webhook, NATS and Kafka is set.
+type Spec struct {
+	Name  string
+	Match Match
+	// MaxParked caps the events parked for this sink; at the cap the stream
+	// waits (backpressure) instead of dropping.
+	MaxParked int
+	Webhook   *WebhookSpec
+	NATS      *NATSSpec
+	Kafka     *KafkaSpec
+	// Line is where the sink is declared, for messages.
+	Line int
+}
+
+// Kind names the sink's broker: "webhook", "nats" or "kafka".
+func (s *Spec) Kind() string {
+	switch {
+	case s.Webhook != nil:
+		return "webhook"
+	case s.NATS != nil:
+		return "nats"
+	default:
+		return "kafka"
+	}
+}
+
+// WebhookSpec configures an HTTP endpoint.
+type WebhookSpec struct {
+	URL string
+	// SecretEnv names the environment variable holding the whsec_ secret
+	// that signs each request (Standard Webhooks). Empty: unsigned.
+	SecretEnv string
+	Timeout   time.Duration
+	// Concurrency is how many aggregates are delivered at once.
+	Concurrency int
+}
+
+// NATSSpec configures a JetStream stream.
+type NATSSpec struct {
+	URL             string
+	Stream          string
+	Subject         Template
+	DuplicateWindow time.Duration
+	Timeout         time.Duration
+}
+
+// KafkaSpec configures a Kafka topic.
+type KafkaSpec struct {
+	Brokers []string
+	Topic   Template
+	Timeout time.Duration
+}
+
+// Problem is one mistake in a sinks file.
+type Problem struct {
+	File      string
+	Line, Col int
+	What, Fix string
+}
+
+func (p Problem) String() string {
+	return fmt.Sprintf("%s:%d:%d: %s; %s", p.File, p.Line, p.Col, p.What, p.Fix)
+}
+
+// ConfigError lists every problem of a sinks file, one per line.
+type ConfigError struct{ Problems []Problem }
+
+func (e *ConfigError) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// ErrConfig is what every ConfigError matches with errors.Is.
+var ErrConfig = errors.New("invalid sinks file")
+
+// Is makes errors.Is(err, ErrConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrConfig }
+
+// LoadFile reads and validates a sinks file.
+func LoadFile(file string) (*Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read sinks file: %w", err)
+	}
+	return Parse(file, data)
+}
+
+// Parse validates a sinks file's contents; file names it in messages. Every
+// problem is reported at once (a *ConfigError).
+func Parse(file string, data []byte) (*Config, error) {
+	p := &parser{file: file}
+	cfg := &Config{File: file}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		line, col := 1, 1
+		var te *yaml.TypeError
+		msg := err.Error()
+		if m := yamlLine.FindStringSubmatch(msg); m != nil {
+			line, _ = strconv.Atoi(m[1])
+		}
+		if !errors.As(err, &te) && msg == "EOF" {
+			msg = "the file is empty"
+		}
+		p.add(line, col, "not valid YAML: "+strings.TrimPrefix(msg, "yaml: "), "fix the syntax (indentation with spaces, quotes around values holding ': ')")
+		return nil, p.err()
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	if !p.expect(root, yaml.MappingNode, "the file", "start with 'sinks:' and a list of sinks") {
+		return nil, p.err()
+	}
+	fields := p.fields(root, fileSpec, "the file")
+	list, ok := fields["sinks"]
+	if !ok {
+		p.add(root.Line, root.Column, "no 'sinks' list", "add 'sinks:' with at least one sink (see sink/sinks.schema.json)")
+		return nil, p.err()
+	}
+	if p.expect(list, yaml.SequenceNode, "sinks", "write a list: each sink starts with '- name: …'") {
+		if len(list.Content) == 0 {
+			p.add(list.Line, list.Column, "sinks is empty", "declare at least one sink, or run without --sinks")
+		}
+		seen := map[string]int{}
+		for _, n := range list.Content {
+			s, ok := p.sink(n)
+			if !ok {
+				continue
+			}
+			if prev, dup := seen[s.Name]; dup && s.Name != "" {
+				p.add(n.Line, n.Column, fmt.Sprintf("sink name %q is declared twice (first at line %d)", s.Name, prev), "give each sink a unique name")
+				continue
+			}
+			seen[s.Name] = n.Line
+			cfg.Sinks = append(cfg.Sinks, s)
+		}
+	}
+	if err := p.err(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+var (
+	yamlLine   = regexp.MustCompile(`line (\d+)`)
+	sinkName   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	envName    = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	streamName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,255}$`)
+)
+
+type parser struct {
+	file     string
+	problems []Problem
+}
+
+func (p *parser) add(line, col int, what, fix string) {
+	p.problems = append(p.problems, Problem{File: p.file, Line: line, Col: col, What: what, Fix: fix})
+}
+
+func (p *parser) err() error {
+	if len(p.problems) == 0 {
+		return nil
+	}
+	return &ConfigError{Problems: p.problems}
+}
+
+func kindName(k yaml.Kind) string {
+	switch k {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return "a value"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return "nothing"
+}
+
+func (p *parser) expect(n *yaml.Node, k yaml.Kind, what, fix string) bool {
+	if n.Kind == yaml.AliasNode {
+		p.add(n.Line, n.Column, what+" is a YAML alias", "write the value out: aliases are not supported in sinks files")
+		return false
+	}
+	if n.Kind != k {
+		p.add(n.Line, n.Column, fmt.Sprintf("%s is %s, want %s", what, kindName(n.Kind), kindName(k)), fix)
+		return false
+	}
+	return true
+}
+
+// fields checks a mapping's keys against spec (unknown and duplicate keys)
+// and returns the value nodes by key.
+func (p *parser) fields(m *yaml.Node, spec *fieldSpec, where string) map[string]*yaml.Node {
+	out := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			p.add(k.Line, k.Column, "a key of "+where+" is not a plain name", "write keys as plain words")
+			continue
+		}
+		f := spec.field(k.Value)
+		if f == nil {
+			p.add(k.Line, k.Column, fmt.Sprintf("unknown key %q in %s", k.Value, where), "use one of: "+strings.Join(spec.keys(), ", ")+suggest(k.Value, spec.keys()))
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			p.add(k.Line, k.Column, fmt.Sprintf("key %q appears twice in %s", k.Value, where), "keep one")
+			continue
+		}
+		out[k.Value] = v
+	}
+	for _, f := range spec.Fields {
+		if f.Required {
+			if _, ok := out[f.Key]; !ok {
+				p.add(m.Line, m.Column, fmt.Sprintf("%s has no %q", where, f.Key), "add "+f.Key+": "+f.Example)
+			}
+		}
+	}
+	return out
+}
+
+// suggest names a known key close to a misspelt one.
+func suggest(got string, keys []string) string {
+	best, bestD := "", 3
+	for _, k := range keys {
+		if d := editDistance(got, k); d < bestD {
+			best, bestD = k, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+func (p *parser) str(n *yaml.Node, what string) (string, bool) {
+	if !p.expect(n, yaml.ScalarNode, what, "write a single value") {
+		return "", false
+	}
+	if n.Tag == "!!null" {
+		p.add(n.Line, n.Column, what+" is empty", "give it a value")
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (p *parser) strs(n *yaml.Node, what, fix string) []string {
+	if !p.expect(n, yaml.SequenceNode, what, fix) {
+		return nil
+	}
+	var out []string
+	for _, c := range n.Content {
+		if s, ok := p.str(c, "an entry of "+what); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (p *parser) duration(n *yaml.Node, what string, lo, hi time.Duration) (time.Duration, bool) {
+	s, ok := p.str(n, what)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		p.add(n.Line, n.Column, fmt.Sprintf("%s %q is not a duration", what, s), "write a number with a unit, e.g. 10s or 2m")
+		return 0, false
+	}
+	if d < lo || d > hi {
+		p.add(n.Line, n.Column, fmt.Sprintf("%s %s is out of range", what, d), fmt.Sprintf("choose between %s and %s", lo, hi))
+		return 0, false
+	}
+	return d, true
+}
+
+func (p *parser) integer(n *yaml.Node, what string, lo, hi int) (int, bool) {
+	s, ok := p.str(n, what)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.Atoi(strings.ReplaceAll(s, "_", ""))
+	if err != nil || v < lo || v > hi {
+		p.add(n.Line, n.Column, fmt.Sprintf("%s %q is not a whole number between %d and %d", what, s, lo, hi), "write a whole number in that range")
+		return 0, false
+	}
+	return v, true
+}
+
+func (p *parser) sink(n *yaml.Node) (Spec, bool) {
+	s := Spec{Line: n.Line, MaxParked: DefaultMaxParked}
+	if !p.expect(n, yaml.MappingNode, "a sink", "write '- name: …' followed by one of webhook:, nats:, kafka:") {
+		return s, false
+	}
+	before := len(p.problems)
+	f := p.fields(n, sinkSpec, "a sink")
+	where := "a sink"
+	if v, ok := f["name"]; ok {
+		if name, ok := p.str(v, "name"); ok {
+			if !sinkName.MatchString(name) {
+				p.add(v.Line, v.Column, fmt.Sprintf("sink name %q is not allowed", name), "use 1-63 lower-case letters, digits, '-' or '_', starting with a letter or digit")
+			}
+			s.Name = name
+			where = fmt.Sprintf("sink %q", name)
+		}
+	}
+	if v, ok := f["match"]; ok && p.expect(v, yaml.MappingNode, "match", "write match: { event_types: [\"order.*\"] }") {
+		mf := p.fields(v, matchSpec, "match")
+		if g, ok := mf["event_types"]; ok {
+			s.Match.EventTypes = p.globs(g, "match.event_types")
+		}
+		if g, ok := mf["aggregate_types"]; ok {
+			s.Match.AggregateTypes = p.globs(g, "match.aggregate_types")
+		}
+	}
+	if v, ok := f["max_parked"]; ok {
+		if m, ok := p.integer(v, "max_parked", 1, 1<<40); ok {
+			s.MaxParked = m
+		}
+	}
+	var kinds []string
+	for _, k := range []string{"webhook", "nats", "kafka"} {
+		if v, ok := f[k]; ok {
+			kinds = append(kinds, k)
+			if !p.expect(v, yaml.MappingNode, k, "write its settings indented below "+k+":") {
+				continue
+			}
+			switch k {
+			case "webhook":
+				s.Webhook = p.webhook(v)
+			case "nats":
+				s.NATS = p.nats(v)
+			case "kafka":
+				s.Kafka = p.kafka(v)
+			}
+		}
+	}
+	switch len(kinds) {
+	case 0:
+		p.add(n.Line, n.Column, where+" names no destination", "add exactly one of webhook:, nats:, kafka:")
+	case 1:
+	default:
+		p.add(n.Line, n.Column, where+" has "+strings.Join(kinds, " and "), "declare one destination per sink: split it into several sinks")
+	}
+	return s, len(p.problems) == before
+}
+
+func (p *parser) globs(n *yaml.Node, what string) []string {
+	gs := p.strs(n, what, `write a list of globs, e.g. ["payment.*"]`)
+	for i, g := range gs {
+		if _, err := path.Match(g, ""); err != nil {
+			c := n.Content[i]
+			p.add(c.Line, c.Column, fmt.Sprintf("glob %q in %s is malformed", g, what), "use *, ? and [a-z] with balanced brackets")
+		}
+	}
+	return gs
+}
+
+func (p *parser) webhook(n *yaml.Node) *WebhookSpec {
+	w := &WebhookSpec{Timeout: 10 * time.Second, Concurrency: 16}
+	f := p.fields(n, webhookSpec, "webhook")
+	if v, ok := f["url"]; ok {
+		if s, ok := p.str(v, "webhook.url"); ok {
+			u, err := url.Parse(s)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				p.add(v.Line, v.Column, fmt.Sprintf("webhook.url %q is not an http(s) URL", s), "write e.g. https://service.example/events")
+			} else if u.User != nil {
+				p.add(v.Line, v.Column, "webhook.url carries a user or password", "sign requests with secret_env instead of credentials in the URL")
+			}
+			w.URL = s
+		}
+	}
+	if v, ok := f["secret_env"]; ok {
+		if s, ok := p.str(v, "webhook.secret_env"); ok {
+			if !envName.MatchString(s) {
+				p.add(v.Line, v.Column, fmt.Sprintf("webhook.secret_env %q is not an environment variable name", s), "name the variable (e.g. RELAY_WEBHOOK_SECRET), not the secret itself")
+			}
+			w.SecretEnv = s
+		}
+	}
+	if v, ok := f["timeout"]; ok {
+		if d, ok := p.duration(v, "webhook.timeout", 100*time.Millisecond, 5*time.Minute); ok {
+			w.Timeout = d
+		}
+	}
+	if v, ok := f["concurrency"]; ok {
+		if c, ok := p.integer(v, "webhook.concurrency", 1, 1024); ok {
+			w.Concurrency = c
+		}
+	}
+	return w
+}
+
+func (p *parser) nats(n *yaml.Node) *NATSSpec {
+	s := &NATSSpec{Subject: MustTemplate("outbox.{aggregate_type}.{event_type}"), DuplicateWindow: MinDuplicateWindow, Timeout: 10 * time.Second}
+	f := p.fields(n, natsSpec, "nats")
+	if v, ok := f["url"]; ok {
+		if u, ok := p.str(v, "nats.url"); ok {
+			for _, one := range strings.Split(u, ",") {
+				pu, err := url.Parse(strings.TrimSpace(one))
+				if err != nil || pu.Host == "" || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, pu.Scheme) {
+					p.add(v.Line, v.Column, fmt.Sprintf("nats.url %q is not a NATS URL", one), "write e.g. nats://127.0.0.1:4222 (several separated by commas)")
+				}
+			}
+			s.URL = u
+		}
+	}
+	if v, ok := f["stream"]; ok {
+		if st, ok := p.str(v, "nats.stream"); ok {
+			if !streamName.MatchString(st) {
+				p.add(v.Line, v.Column, fmt.Sprintf("nats.stream %q is not a JetStream stream name", st), "use letters, digits, '-' and '_' only")
+			}
+			s.Stream = st
+		}
+	}
+	if v, ok := f["subject"]; ok {
+		if st, ok := p.str(v, "nats.subject"); ok {
+			t, err := ParseTemplate(st)
+			switch {
+			case err != nil:
+				p.add(v.Line, v.Column, "nats.subject "+err.Error(), "write e.g. outbox.{aggregate_type}.{event_type}")
+			case strings.ContainsAny(st, " \t*>"):
+				p.add(v.Line, v.Column, fmt.Sprintf("nats.subject %q holds a space or a wildcard", st), "a publish subject is literal tokens and placeholders separated by dots")
+			case !t.Literal() && !strings.HasSuffix(t.Prefix(), ".") || strings.HasPrefix(st, "."):
+				p.add(v.Line, v.Column, fmt.Sprintf("nats.subject %q must start with a literal token and a dot before any placeholder", st), "write e.g. outbox.{aggregate_type}.{event_type}: the stream listens on outbox.>")
+			default:
+				s.Subject = t
+			}
+		}
+	}
+	if v, ok := f["duplicate_window"]; ok {
+		if d, ok := p.duration(v, "nats.duplicate_window", MinDuplicateWindow, 7*24*time.Hour); ok {
+			s.DuplicateWindow = d
+		}
+	}
+	if v, ok := f["timeout"]; ok {
+		if d, ok := p.duration(v, "nats.timeout", 100*time.Millisecond, 5*time.Minute); ok {
+			s.Timeout = d
+		}
+	}
+	return s
+}
+
+func (p *parser) kafka(n *yaml.Node) *KafkaSpec {
+	k := &KafkaSpec{Topic: MustTemplate("outbox.event.{aggregate_type}"), Timeout: 10 * time.Second}
+	f := p.fields(n, kafkaSpec, "kafka")
+	if v, ok := f["brokers"]; ok {
+		k.Brokers = p.strs(v, "kafka.brokers", `write a list, e.g. ["127.0.0.1:9092"]`)
+		if v.Kind == yaml.SequenceNode && len(v.Content) == 0 {
+			p.add(v.Line, v.Column, "kafka.brokers is empty", `list at least one broker, e.g. ["127.0.0.1:9092"]`)
+		}
+		for i, b := range k.Brokers {
+			if _, port, err := net.SplitHostPort(b); err != nil || port == "" {
+				c := v.Content[i]
+				p.add(c.Line, c.Column, fmt.Sprintf("kafka broker %q is not host:port", b), "write e.g. 127.0.0.1:9092")
+			}
+		}
+	}
+	if v, ok := f["topic"]; ok {
+		if st, ok := p.str(v, "kafka.topic"); ok {
+			t, err := ParseTemplate(st)
+			if err != nil {
+				p.add(v.Line, v.Column, "kafka.topic "+err.Error(), "write e.g. outbox.event.{aggregate_type}")
+			} else if bad := strings.Map(func(r rune) rune {
+				if r < 128 && (r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+					return -1
+				}
+				return r
+			}, t.Expand(&Event{}, nil)); bad != "" {
+				p.add(v.Line, v.Column, fmt.Sprintf("kafka.topic %q holds characters Kafka refuses (%q)", st, bad), "use letters, digits, '.', '_' and '-'")
+			} else {
+				k.Topic = t
+			}
+		}
+	}
+	if v, ok := f["timeout"]; ok {
+		if d, ok := p.duration(v, "kafka.timeout", 100*time.Millisecond, 5*time.Minute); ok {
+			k.Timeout = d
+		}
+	}
+	return k
+}

@@ -1,0 +1,72 @@
+// Package dial builds the sinks of a sinks file (sink.Config): a webhook,
+// NATS or Kafka destination for each entry. It is the one place that knows
+// every broker sub-package, so that sink/ itself imports none.
+package dial
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/kafkasink"
+	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/webhook"
+)
+
+// Open connects every sink of cfg. Secrets come from the environment
+// variables the file names; a missing or malformed one is an error that
+// names the variable, never its value. On error nothing stays open.
+func Open(cfg *sink.Config, getenv func(string) string) ([]sink.Destination, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var out []sink.Destination
+	var errs []error
+	for _, s := range cfg.Sinks {
+		d, err := open(s, getenv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: sink %q: %w", cfg.File, s.Line, s.Name, err))
+			continue
+		}
+		out = append(out, sink.Destination{Spec: s, Sink: d})
+	}
+	if len(errs) > 0 {
+		Close(out)
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+// Close closes every destination.
+func Close(ds []sink.Destination) {
+	for _, d := range ds {
+		d.Sink.Close()
+	}
+}
+
+func open(s sink.Spec, getenv func(string) string) (sink.Sink, error) {
+	switch {
+	case s.Webhook != nil:
+		w := s.Webhook
+		var secret string
+		if w.SecretEnv != "" {
+			if secret = getenv(w.SecretEnv); secret == "" {
+				return nil, fmt.Errorf("environment variable %s (secret_env) is not set; export it with the endpoint's whsec_ secret", w.SecretEnv)
+			}
+		}
+		sk, err := webhook.New(webhook.Config{URL: w.URL, Secret: secret, Timeout: w.Timeout, Concurrency: w.Concurrency})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", w.SecretEnv, err)
+		}
+		return sk, nil
+	case s.NATS != nil:
+		n := s.NATS
+		return natssink.New(natssink.Config{URL: n.URL, Stream: n.Stream, Subject: n.Subject,
+			DuplicateWindow: n.DuplicateWindow, Timeout: n.Timeout, Name: "compensa-relay/" + s.Name})
+	case s.Kafka != nil:
+		k := s.Kafka
+		return kafkasink.New(kafkasink.Config{Brokers: k.Brokers, Topic: k.Topic, Timeout: k.Timeout})
+	}
+	return nil, errors.New("no destination (webhook, nats or kafka)")
+}

@@ -1,0 +1,23 @@
+// Package sink delivers committed outbox events to brokers and webhooks
+// (NATS JetStream, Kafka, HTTP) next to the saga correlator, and promises:
+//
+//   - Nothing is lost. The stream's position passes an event only when every
+//     sink whose match selects it holds it durably: the broker acknowledged
+//     it, or it was written to relay_sink_parked in the correlator's batch
+//     transaction, together with the checkpoint (see Fanout).
+//   - Order per aggregate. Events of one (aggregate_type, aggregate_id) are
+//     first delivered in commit order. A parked event holds back the later
+//     events of its aggregate in that sink only; the Drainer delivers parked
+//     events in order per aggregate with capped backoff.
+//   - One dedupe id. Every sink sends the outbox row's id (Nats-Msg-Id, the
+//     Kafka header "id", webhook-id), the same on every retry and replay.
+//   - Never dropped. A sink known to be down parks without trying and is
+//     probed; a sink at max_parked slows the stream down; a webhook answering
+//     410 is disabled (loudly) and keeps parking until `relay sinks retry`.
+//
+// The package knows nothing of sagas: it wraps the stream's next cdc.Sink
+// (the correlator) and writes its parked rows through a hook the correlator
+// calls inside its transaction. Each broker lives in a sub-package
+// implementing Sink; sink/sinktest is the conformance suite they all pass,
+// and sink/dial builds them from a sinks file (Load).
+package sink

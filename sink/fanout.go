@@ -1,0 +1,457 @@
+package sink
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/compensa/compensa/cdc"
+)
+
+// Destination is a configured sink and its connection.
+type Destination struct {
+	Spec Spec
+	Sink Sink
+}
+
+// FanoutConfig configures a Fanout. Pool is required.
+type FanoutConfig struct {
+	Pool         *pgxpool.Pool
+	Destinations []Destination
+	// DrainInterval is how often the drainer looks for parked rows that are
+	// due (default 200ms); it is also woken when a batch parks.
+	DrainInterval time.Duration
+	// MaxBackoff caps the wait between attempts of a parked event and
+	// between probes of a sink that is down (default 30s).
+	MaxBackoff time.Duration
+	// Registerer receives the sink metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Sink states, as relay_sinks.state and `relay sinks list` show them.
+const (
+	StateUp        = "up"
+	StateDown      = "down"      // unreachable: new events are parked, the drainer probes
+	StateThrottled = "throttled" // asked to slow down (429, Retry-After)
+	StateDisabled  = "disabled"  // answered 410: parks until `relay sinks retry`
+)
+
+// Fanout is the stream's sink in front of the correlator: it delivers each
+// batch to every matching destination, parks what could not be delivered
+// and passes the batch on. See the package documentation for the promise.
+type Fanout struct {
+	cfg   FanoutConfig
+	log   *slog.Logger
+	dests []*dest
+	next  cdc.Sink
+	wake  chan struct{}
+}
+
+type dest struct {
+	spec Spec
+	sink Sink
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	state     string
+	reason    string
+	until     time.Time   // down/throttled: when the drainer may probe
+	failures  int         // consecutive failed probes
+	lastRetry time.Time   // newest retry request acted on
+	dirty     atomic.Bool // state changed since relay_sinks was written
+
+	parked    atomic.Int64 // approximate: refreshed by the drainer
+	delivered atomic.Uint64
+
+	mDelivered prometheus.Counter
+	mParked    prometheus.Gauge
+	mSeconds   prometheus.Observer
+}
+
+// NewFanout validates cfg, records each destination in relay_sinks and
+// loads the state a previous run left (a disabled sink stays disabled).
+func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("sink: FanoutConfig.Pool is nil")
+	}
+	cfg.DrainInterval = cmp.Or(cfg.DrainInterval, 200*time.Millisecond)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, 30*time.Second)
+	f := &Fanout{cfg: cfg, log: cfg.Logger, wake: make(chan struct{}, 1)}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	delivered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "compensa_sink_delivered_total",
+		Help: "Events the sink's destination acknowledged (directly or from the parked table)."}, []string{"sink"})
+	parked := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "compensa_sink_parked",
+		Help: "Events parked for the sink, waiting to be delivered."}, []string{"sink"})
+	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "compensa_sink_delivery_seconds",
+		Help:    "Time from handing events to the sink to its acknowledgement (one observation per delivery call).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"sink"})
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{delivered, parked, seconds} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("sink: register metrics: %w", err)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, d := range cfg.Destinations {
+		if d.Sink == nil || d.Spec.Name == "" || seen[d.Spec.Name] {
+			return nil, fmt.Errorf("sink: destination %q: every destination needs a unique name and a Sink", d.Spec.Name)
+		}
+		seen[d.Spec.Name] = true
+		if d.Spec.MaxParked <= 0 {
+			d.Spec.MaxParked = DefaultMaxParked
+		}
+		x := &dest{spec: d.Spec, sink: d.Sink, state: StateUp, log: f.log.With("sink", d.Spec.Name),
+			mDelivered: delivered.WithLabelValues(d.Spec.Name), mParked: parked.WithLabelValues(d.Spec.Name),
+			mSeconds: seconds.WithLabelValues(d.Spec.Name)}
+		var state string
+		var reason *string
+		var retry *time.Time
+		err := cfg.Pool.QueryRow(ctx, sqlRegister, d.Spec.Name, d.Spec.Kind()).Scan(&state, &reason, &retry)
+		if err != nil {
+			return nil, fmt.Errorf("sink: record sink %q in relay_sinks (did `relay migrate` run?): %w", d.Spec.Name, err)
+		}
+		if state == StateDisabled {
+			x.state, x.reason = StateDisabled, deref(reason)
+			x.log.Error("sink is DISABLED (its endpoint answered 410 Gone): events are parked, not delivered; run `relay sinks retry "+d.Spec.Name+"` once the endpoint accepts them again",
+				"reason", x.reason)
+		}
+		if retry != nil {
+			x.lastRetry = *retry
+		}
+		f.dests = append(f.dests, x)
+	}
+	if err := f.refreshParked(ctx); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// Sink returns the stream's sink: deliveries first, then next (the
+// correlator, whose Config.InBatchTx must be WriteParked).
+func (f *Fanout) Sink(next cdc.Sink) cdc.Sink {
+	f.next = next
+	return cdc.SinkFunc(f.handleBatch)
+}
+
+// parkRow is one event to park for one sink.
+type parkRow struct {
+	sink   string
+	ev     *Event
+	reason string
+	delay  time.Duration
+}
+
+type pending struct {
+	parks     []parkRow
+	delivered map[string]int
+}
+
+type pendingKey struct{}
+
+func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
+	if f.next == nil {
+		return errors.New("sink: Fanout.Sink was not given the next sink")
+	}
+	per := make([][]*Event, len(f.dests))
+	any := false
+	for i := range b.Events {
+		oe := &b.Events[i]
+		if oe.Poison != "" {
+			continue // a dead letter: the correlator parks it with its reason
+		}
+		var ev *Event
+		for j, d := range f.dests {
+			if ev == nil {
+				ev = FromOutbox(oe)
+			}
+			if d.spec.Match.Selects(ev) {
+				per[j] = append(per[j], ev)
+				any = true
+			}
+		}
+	}
+	if !any {
+		return f.next.HandleBatch(ctx, b)
+	}
+	held, err := f.heldAggregates(ctx, per)
+	if err != nil {
+		return err
+	}
+	for j, d := range f.dests {
+		if err := f.backpressure(ctx, d, len(per[j])); err != nil {
+			return err
+		}
+	}
+	results := make([]pending, len(f.dests))
+	var wg sync.WaitGroup
+	for j, d := range f.dests {
+		if len(per[j]) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[j] = d.deliverBatch(ctx, per[j], held[d.spec.Name], b.Slot)
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p := &pending{delivered: map[string]int{}}
+	for j, r := range results {
+		p.parks = append(p.parks, r.parks...)
+		if n := r.delivered[f.dests[j].spec.Name]; n > 0 {
+			p.delivered[f.dests[j].spec.Name] = n
+		}
+	}
+	if err := f.next.HandleBatch(context.WithValue(ctx, pendingKey{}, p), b); err != nil {
+		return err
+	}
+	for j, d := range f.dests {
+		n := results[j].delivered[d.spec.Name]
+		d.delivered.Add(uint64(n))
+		d.mDelivered.Add(float64(n))
+		if k := len(results[j].parks); k > 0 {
+			d.mParked.Set(float64(d.parked.Add(int64(k))))
+		}
+	}
+	if len(p.parks) > 0 {
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// heldAggregates returns, per sink, the aggregates of this batch that have
+// parked rows: their new events queue behind them.
+func (f *Fanout) heldAggregates(ctx context.Context, per [][]*Event) (map[string]map[string]bool, error) {
+	var sinks, keys []string
+	for j, evs := range per {
+		// Asked every batch, not from a count kept in memory: after a
+		// takeover, rows another replica parked must hold their aggregates
+		// back from the first batch on.
+		for _, ev := range evs {
+			sinks = append(sinks, f.dests[j].spec.Name)
+			keys = append(keys, ev.AggregateKey())
+		}
+	}
+	out := map[string]map[string]bool{}
+	if len(sinks) == 0 {
+		return out, nil
+	}
+	rows, err := f.cfg.Pool.Query(ctx, sqlHeld, sinks, keys)
+	if err != nil {
+		return nil, fmt.Errorf("sink: read parked aggregates: %w", err)
+	}
+	var s, k string
+	_, err = pgx.ForEachRow(rows, []any{&s, &k}, func() error {
+		if out[s] == nil {
+			out[s] = map[string]bool{}
+		}
+		out[s][k] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sink: read parked aggregates: %w", err)
+	}
+	return out, nil
+}
+
+// backpressure waits while the sink is at its cap of parked events: the
+// stream slows down rather than dropping anything.
+func (f *Fanout) backpressure(ctx context.Context, d *dest, n int) error {
+	warned := false
+	for d.parked.Load()+int64(n) > int64(d.spec.MaxParked) && d.parked.Load() > 0 {
+		if !warned {
+			d.log.Warn("sink is at max_parked: the stream waits until parked events drain (WAL is retained meanwhile)",
+				"parked", d.parked.Load(), "max_parked", d.spec.MaxParked)
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if err := f.refreshParked(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deliverBatch sends evs (this batch's events for d) and returns what to park.
+func (d *dest) deliverBatch(ctx context.Context, evs []*Event, held map[string]bool, slot string) pending {
+	out := pending{delivered: map[string]int{}}
+	d.mu.Lock()
+	state, reason := d.state, d.reason
+	d.mu.Unlock()
+	var direct []*Event
+	heldNow := map[string]bool{}
+	for _, ev := range evs {
+		k := ev.AggregateKey()
+		switch {
+		case state != StateUp:
+			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: "sink " + state + ": " + reason})
+		case held[k] || heldNow[k]:
+			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: "queued behind a parked event of its aggregate"})
+		default:
+			direct = append(direct, ev)
+		}
+	}
+	if len(direct) == 0 {
+		return out
+	}
+	errs := d.deliver(ctx, direct)
+	for i, ev := range direct {
+		if errs[i] == nil {
+			out.delivered[d.spec.Name]++
+			continue
+		}
+		out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: errs[i].Error()})
+	}
+	return out
+}
+
+// deliver calls the sink with a deadline, times it and updates the state
+// from the errors it returns.
+func (d *dest) deliver(ctx context.Context, evs []*Event) []error {
+	start := time.Now()
+	errs := d.sink.Deliver(ctx, evs)
+	d.mSeconds.Observe(time.Since(start).Seconds())
+	if len(errs) != len(evs) {
+		errs = make([]error, len(evs))
+		for i := range errs {
+			errs[i] = errors.New("sink returned a wrong number of results (a bug in the sink)")
+		}
+	}
+	for _, err := range errs {
+		if err == nil || errors.Is(err, ErrHeldBack) {
+			continue
+		}
+		kind, after := kindOf(err)
+		switch kind {
+		case kindDown:
+			d.setState(StateDown, err.Error(), time.Second)
+		case kindGone:
+			d.setState(StateDisabled, err.Error(), 0)
+		case kindThrottled:
+			d.setState(StateThrottled, err.Error(), after)
+		}
+	}
+	return errs
+}
+
+// setState moves the sink to state (not out of disabled; not back from a
+// worse state to a milder one within one call) and logs the change.
+func (d *dest) setState(state, reason string, wait time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state == StateDisabled && state != StateUp {
+		return
+	}
+	changed := d.state != state
+	d.state, d.reason = state, reason
+	switch state {
+	case StateUp:
+		d.failures = 0
+		d.until = time.Time{}
+	case StateDown:
+		d.failures++
+		d.until = time.Now().Add(wait)
+	case StateThrottled:
+		d.until = time.Now().Add(max(wait, time.Second))
+	}
+	if !changed {
+		return
+	}
+	d.dirty.Store(true)
+	switch state {
+	case StateDisabled:
+		d.log.Error("SINK DISABLED: its endpoint answered 410 Gone; events are parked, not delivered, until `relay sinks retry "+d.spec.Name+"`", "reason", reason)
+	case StateDown:
+		d.log.Warn("sink is down: parking its events and probing", "reason", reason)
+	case StateThrottled:
+		d.log.Warn("sink asked to slow down: parking its events until the wait is over", "wait", wait, "reason", reason)
+	case StateUp:
+		d.log.Info("sink is up again: draining its parked events in order")
+	}
+}
+
+// WriteParked is the correlator's Config.InBatchTx: it writes the batch's
+// parked rows and delivery counts in the batch's transaction.
+func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error {
+	p, _ := ctx.Value(pendingKey{}).(*pending)
+	if p == nil || (len(p.parks) == 0 && len(p.delivered) == 0) {
+		return nil
+	}
+	var batch pgx.Batch
+	if len(p.parks) > 0 {
+		n := len(p.parks)
+		sinks, ids, keys, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		events := make([]string, n)
+		for i, r := range p.parks {
+			body, err := json.Marshal(r.ev)
+			if err != nil {
+				return fmt.Errorf("sink: encode parked event %s: %w", r.ev.ID, err)
+			}
+			sinks[i], ids[i], keys[i], reasons[i], events[i] = r.sink, r.ev.ID, r.ev.AggregateKey(), r.reason, string(body)
+		}
+		batch.Queue(sqlPark, sinks, ids, keys, events, reasons)
+	}
+	if len(p.delivered) > 0 {
+		var names []string
+		var counts []int64
+		for s, n := range p.delivered {
+			names = append(names, s)
+			counts = append(counts, int64(n))
+		}
+		batch.Queue(sqlCountDelivered, names, counts)
+	}
+	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
+		return fmt.Errorf("sink: park %d events: %w", len(p.parks), err)
+	}
+	return nil
+}
+
+// refreshParked counts each sink's parked rows.
+func (f *Fanout) refreshParked(ctx context.Context) error {
+	rows, err := f.cfg.Pool.Query(ctx, `SELECT sink, count(*) FROM relay_sink_parked GROUP BY sink`)
+	if err != nil {
+		return fmt.Errorf("sink: count parked events: %w", err)
+	}
+	counts := map[string]int64{}
+	var s string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error { counts[s] = n; return nil }); err != nil {
+		return fmt.Errorf("sink: count parked events: %w", err)
+	}
+	for _, d := range f.dests {
+		d.parked.Store(counts[d.spec.Name])
+		d.mParked.Set(float64(counts[d.spec.Name]))
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package kafkasink_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/goleak"
+
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/kafkasink"
+	"github.com/compensa/compensa/sink/sinktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func cluster(t *testing.T) *kfake.Cluster {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// readTopic consumes every record of topic from the start, partition by
+// partition (order is per partition, and one aggregate is one partition).
+func readTopic(addrs []string, topic string) func() []sinktest.Received {
+	return func() []sinktest.Received {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		if err != nil {
+			return nil
+		}
+		defer cl.Close()
+		var out []sinktest.Received
+		empty := 0
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+			fs := cl.PollFetches(ctx)
+			cancel()
+			n := 0
+			fs.EachRecord(func(r *kgo.Record) {
+				n++
+				h := map[string]string{}
+				for _, x := range r.Headers {
+					h[x.Key] = string(x.Value)
+				}
+				out = append(out, sinktest.Received{ID: h["id"], Headers: h, Payload: r.Value})
+			})
+			if n > 0 {
+				empty = 0
+			} else if empty++; empty == 3 {
+				return out
+			}
+		}
+	}
+}
+
+func TestConformance(t *testing.T) {
+	c := cluster(t)
+	var fault *kfake.FaultHandle
+	sinktest.Run(t, sinktest.Harness{
+		New: func(t *testing.T) (sink.Sink, func() []sinktest.Received) {
+			topic := "t" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+			s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate(topic), Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, readTopic(c.ListenAddrs(), topic)
+		},
+		// A broker that refuses every produce with a retriable error until healed.
+		Break: func(*testing.T) {
+			fault = c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: -1})
+		},
+		Heal: func(*testing.T) { fault.Remove() },
+	})
+}
+
+// TestInjectedProduceFaults: produces refused by the broker (kfake's
+// injected faults) are reported as not delivered, never as delivered, and
+// a resend of what failed (what the fan-out does from the parked table)
+// delivers every event, first arrivals in commit order per aggregate.
+func TestInjectedProduceFaults(t *testing.T) {
+	c := cluster(t)
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate("outbox.event.{aggregate_type}"), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Warm up: the topic exists before the faults, so they hit produces.
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(1, 1)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: 3})
+	evs := sinktest.Events(60, 5)
+	pending, rounds, failures := evs, 0, 0
+	for len(pending) > 0 {
+		if rounds++; rounds > 20 {
+			t.Fatalf("%d events still failing after 20 rounds", len(pending))
+		}
+		var next []*sink.Event
+		for i, err := range s.Deliver(t.Context(), pending) {
+			if err != nil {
+				next = append(next, pending[i])
+				failures++
+			}
+		}
+		pending = next
+	}
+	if h.Hits() == 0 {
+		t.Fatal("the injected fault was never hit")
+	}
+	got := readTopic(c.ListenAddrs(), "outbox.event.order")()
+	seen := map[string]bool{}
+	for _, r := range got {
+		seen[r.ID] = true
+	}
+	for _, ev := range evs {
+		if !seen[ev.ID] {
+			t.Fatalf("event %s never received", ev.ID)
+		}
+	}
+	sinktest.RequireOrder(t, evs, got)
+	t.Logf("%d fault hits, %d failed deliveries resent over %d rounds, %d records for %d events", h.Hits(), failures, rounds, len(got), len(evs))
+}

@@ -1,0 +1,113 @@
+package natssink_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/internal/natstest"
+	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/sinktest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// readStream returns every message of the stream, in stream order.
+func readStream(t *testing.T, url, stream string) func() []sinktest.Received {
+	return func() []sinktest.Received {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			return nil
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return nil
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return nil
+		}
+		var out []sinktest.Received
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+			m, err := st.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			h := map[string]string{}
+			for k := range m.Header {
+				h[k] = m.Header.Get(k)
+			}
+			out = append(out, sinktest.Received{ID: m.Header.Get(jetstream.MsgIDHeader), Headers: h, Payload: m.Data})
+		}
+		return out
+	}
+}
+
+func TestConformance(t *testing.T) {
+	srv := natstest.Start(t)
+	sinktest.Run(t, sinktest.Harness{
+		New: func(t *testing.T) (sink.Sink, func() []sinktest.Received) {
+			stream := "S" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+			s, err := natssink.New(natssink.Config{URL: srv.URL(), Stream: stream, Subject: sink.MustTemplate(stream + ".{aggregate_type}.{event_type}"), Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, readStream(t, srv.URL(), stream)
+		},
+		Break:   func(*testing.T) { srv.Stop() },
+		Heal:    func(t *testing.T) { srv.Restart(t) },
+		Dedupes: true,
+	})
+}
+
+func TestStreamCreatedWithDuplicateWindow(t *testing.T) {
+	srv := natstest.Start(t)
+	s, err := natssink.New(natssink.Config{URL: srv.URL(), Stream: "OUTBOX", Subject: sink.MustTemplate("outbox.{aggregate_type}.{event_type}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(1, 1)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc, _ := nats.Connect(srv.URL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(t.Context(), "OUTBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Duplicates < 2*time.Minute || len(cfg.Subjects) != 1 || cfg.Subjects[0] != "outbox.>" {
+		t.Fatalf("stream config: duplicates %s subjects %v", cfg.Duplicates, cfg.Subjects)
+	}
+}
+
+func TestTooLargeIsAnEventError(t *testing.T) {
+	srv := natstest.Start(t)
+	s, err := natssink.New(natssink.Config{URL: srv.URL(), Stream: "BIG", Subject: sink.MustTemplate("big.{event_type}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(2, 1)
+	evs[0].Payload = []byte(`"` + strings.Repeat("x", 2<<20) + `"`)
+	errs := s.Deliver(t.Context(), evs)
+	if sink.Classify(errs[0]) != "event" || errs[1] == nil {
+		t.Fatalf("errors %v: want the large event refused as an event error and the next held back", errs)
+	}
+}

@@ -1,0 +1,191 @@
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/compensa/compensa/outbox"
+)
+
+// Sink delivers events to one destination.
+type Sink interface {
+	// Deliver hands evs, in commit order, to the destination and returns one
+	// error per event (same length as evs): nil once the destination holds
+	// that event durably. Events of one aggregate are sent in order; after
+	// one of them fails, the later ones of that aggregate are not sent and
+	// get ErrHeldBack. Classify errors with EventError, Gone and RetryAfter;
+	// any other error means the destination is unreachable.
+	Deliver(ctx context.Context, evs []*Event) []error
+	// Close releases connections; in-flight Deliver calls fail.
+	Close() error
+}
+
+// Event is what a sink sends: an outbox row, as the relay decoded it. It is
+// also the webhook body (the JSON envelope) and what relay_sink_parked keeps.
+type Event struct {
+	// ID is the dedupe id: the outbox row's id as text.
+	ID            string          `json:"id"`
+	TenantID      string          `json:"tenant_id,omitempty"`
+	AggregateType string          `json:"aggregate_type,omitempty"`
+	AggregateID   string          `json:"aggregate_id,omitempty"`
+	EventType     string          `json:"event_type"`
+	Payload       json.RawMessage `json:"payload"`
+	Headers       json.RawMessage `json:"headers,omitempty"`
+	CorrelationID string          `json:"correlation_id,omitempty"`
+	CausationID   string          `json:"causation_id,omitempty"`
+	CreatedAt     time.Time       `json:"created_at,omitzero"`
+}
+
+// FromOutbox converts a decoded outbox row.
+func FromOutbox(e *outbox.Event) *Event {
+	ev := &Event{
+		ID: e.RawID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		EventType: e.EventType, Payload: e.Payload, Headers: e.Headers, CreatedAt: e.CreatedAt,
+	}
+	if ev.ID == "" {
+		ev.ID = e.ID.String()
+	}
+	if e.TenantID != outbox.NilTenant {
+		ev.TenantID = e.TenantID.String()
+	}
+	if e.CorrelationID.Valid {
+		ev.CorrelationID = e.CorrelationID.UUID.String()
+	}
+	if e.CausationID.Valid {
+		ev.CausationID = e.CausationID.UUID.String()
+	}
+	if len(ev.Payload) == 0 {
+		ev.Payload = json.RawMessage("null")
+	}
+	return ev
+}
+
+// AggregateKey names the event's aggregate: the unit of order.
+func (e *Event) AggregateKey() string {
+	return strconv.Quote(e.AggregateType) + "/" + strconv.Quote(e.AggregateID)
+}
+
+// Header is one message header.
+type Header struct{ Key, Value string }
+
+// MessageHeaders are the headers every sink sends: the row's fields (empty
+// ones left out) and each key of the row's headers object (a value that is
+// not a string is sent as its JSON text). The row's fields win over a header
+// key of the same name, so a producer cannot forge event_type.
+func (e *Event) MessageHeaders() []Header {
+	out := make([]Header, 0, 8)
+	add := func(k, v string) {
+		if v != "" {
+			out = append(out, Header{k, v})
+		}
+	}
+	add("event_type", e.EventType)
+	add("aggregate_type", e.AggregateType)
+	add("aggregate_id", e.AggregateID)
+	add("tenant_id", e.TenantID)
+	add("correlation_id", e.CorrelationID)
+	add("causation_id", e.CausationID)
+	fixed := len(out)
+	var hs map[string]json.RawMessage
+	if len(e.Headers) > 0 && json.Unmarshal(e.Headers, &hs) == nil {
+		keys := make([]string, 0, len(hs))
+		for k := range hs {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if k == "" || slices.ContainsFunc(out[:fixed], func(h Header) bool { return h.Key == k }) {
+				continue
+			}
+			v := hs[k]
+			var s string
+			if json.Unmarshal(v, &s) != nil {
+				s = string(v)
+			}
+			out = append(out, Header{k, s})
+		}
+	}
+	return out
+}
+
+// ErrHeldBack is the result of an event not sent because an earlier event
+// of its aggregate failed.
+var ErrHeldBack = errors.New("held back behind an earlier event of its aggregate that was not delivered")
+
+// errorKind says what a delivery error means for the sink.
+type errorKind int
+
+const (
+	kindDown      errorKind = iota // destination unreachable: park and probe
+	kindEvent                      // this event refused (too large, 4xx): park it, sink stays up
+	kindGone                       // 410: disable the sink
+	kindThrottled                  // 429 / Retry-After: slow down
+)
+
+type classified struct {
+	kind  errorKind
+	after time.Duration
+	err   error
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// EventError marks err as a refusal of this event only (too large, rejected
+// by the destination): it is parked with the reason and the sink stays up.
+func EventError(err error) error { return &classified{kind: kindEvent, err: err} }
+
+// Gone marks err as the destination saying it wants no more deliveries
+// (HTTP 410): the sink is disabled until `relay sinks retry`.
+func Gone(err error) error { return &classified{kind: kindGone, err: err} }
+
+// RetryAfter marks err as the destination asking to slow down for d.
+func RetryAfter(d time.Duration, err error) error {
+	return &classified{kind: kindThrottled, after: d, err: err}
+}
+
+func kindOf(err error) (errorKind, time.Duration) {
+	if errors.Is(err, ErrHeldBack) {
+		return kindEvent, 0
+	}
+	var c *classified
+	if errors.As(err, &c) {
+		return c.kind, c.after
+	}
+	return kindDown, 0
+}
+
+// HoldBack fills the results of evs: once an event of an aggregate failed,
+// every later event of that aggregate that send was not called for gets
+// ErrHeldBack. send is called in order for the others; it is the helper for
+// sinks that deliver one event at a time.
+func HoldBack(evs []*Event, send func(i int, ev *Event) error) []error {
+	errs := make([]error, len(evs))
+	failed := map[string]bool{}
+	for i, ev := range evs {
+		k := ev.AggregateKey()
+		if failed[k] {
+			errs[i] = ErrHeldBack
+			continue
+		}
+		if errs[i] = send(i, ev); errs[i] != nil {
+			failed[k] = true
+		}
+	}
+	return errs
+}
+
+// Errorf is fmt.Errorf with the package's prefix.
+func errorf(format string, args ...any) error { return fmt.Errorf("sink: "+format, args...) }
+
+// Classify names what err means for a sink: "down", "event", "gone" or
+// "throttled" (for logs and tests).
+func Classify(err error) string {
+	k, _ := kindOf(err)
+	return [...]string{"down", "event", "gone", "throttled"}[k]
+}

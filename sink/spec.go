@@ -1,0 +1,139 @@
+package sink
+
+import (
+	"encoding/json"
+	"slices"
+)
+
+// fieldSpec describes one key of a sinks file. The same tree drives the
+// loader (unknown and required keys), the JSON Schema (Schema) and the
+// README's reference, so that the three cannot disagree.
+type fieldSpec struct {
+	Key      string
+	Type     string // string, duration, integer, list, object
+	Required bool
+	Doc      string
+	Example  string
+	Fields   []*fieldSpec // for object, and for a list of objects
+	Pattern  string
+	OneOf    [][]string // for object: exactly one of these key sets
+}
+
+func (s *fieldSpec) field(key string) *fieldSpec {
+	for _, f := range s.Fields {
+		if f.Key == key {
+			return f
+		}
+	}
+	return nil
+}
+
+func (s *fieldSpec) keys() []string {
+	out := make([]string, len(s.Fields))
+	for i, f := range s.Fields {
+		out[i] = f.Key
+	}
+	return out
+}
+
+var (
+	matchSpec = &fieldSpec{Key: "match", Type: "object", Doc: "globs selecting events; omitted = everything", Fields: []*fieldSpec{
+		{Key: "event_types", Type: "list", Doc: "globs on event_type (*, ?, [a-z])", Example: `["payment.*"]`},
+		{Key: "aggregate_types", Type: "list", Doc: "globs on aggregate_type", Example: `["order"]`},
+	}}
+	webhookSpec = &fieldSpec{Key: "webhook", Type: "object", Doc: "an HTTP endpoint receiving one signed POST per event", Fields: []*fieldSpec{
+		{Key: "url", Type: "string", Required: true, Doc: "http(s) URL", Example: "http://127.0.0.1:8099/events"},
+		{Key: "secret_env", Type: "string", Doc: "environment variable holding the whsec_ secret (Standard Webhooks signature)", Example: "RELAY_WEBHOOK_SECRET", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`},
+		{Key: "timeout", Type: "duration", Doc: "per request (default 10s)", Example: "10s"},
+		{Key: "concurrency", Type: "integer", Doc: "aggregates delivered at once (default 16)", Example: "16"},
+	}}
+	natsSpec = &fieldSpec{Key: "nats", Type: "object", Doc: "a NATS JetStream stream", Fields: []*fieldSpec{
+		{Key: "url", Type: "string", Required: true, Doc: "server URL(s), comma separated", Example: "nats://127.0.0.1:4222"},
+		{Key: "stream", Type: "string", Required: true, Doc: "stream, created if missing", Example: "OUTBOX", Pattern: `^[A-Za-z0-9_-]+$`},
+		{Key: "subject", Type: "string", Doc: "subject template (default outbox.{aggregate_type}.{event_type})", Example: "outbox.{aggregate_type}.{event_type}"},
+		{Key: "duplicate_window", Type: "duration", Doc: "stream's duplicate window when created (at least 2m, default 2m)", Example: "2m"},
+		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
+	}}
+	kafkaSpec = &fieldSpec{Key: "kafka", Type: "object", Doc: "a Kafka topic (idempotent producer, key = aggregate_id)", Fields: []*fieldSpec{
+		{Key: "brokers", Type: "list", Required: true, Doc: "seed brokers, host:port", Example: `["127.0.0.1:9092"]`},
+		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type})", Example: "outbox.event.{aggregate_type}"},
+		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
+	}}
+	sinkSpec = &fieldSpec{Key: "sink", Type: "object", OneOf: [][]string{{"webhook"}, {"nats"}, {"kafka"}}, Fields: []*fieldSpec{
+		{Key: "name", Type: "string", Required: true, Doc: "unique; names the sink in metrics, commands and the parked table", Example: "payments", Pattern: `^[a-z0-9][a-z0-9_-]{0,62}$`},
+		matchSpec,
+		{Key: "max_parked", Type: "integer", Doc: "cap on parked events; at the cap the stream waits (default 1000000)", Example: "1000000"},
+		webhookSpec, natsSpec, kafkaSpec,
+	}}
+	fileSpec = &fieldSpec{Key: "", Type: "object", Fields: []*fieldSpec{
+		{Key: "sinks", Type: "list", Required: true, Doc: "the sinks", Fields: []*fieldSpec{sinkSpec}},
+	}}
+)
+
+// Schema returns the JSON Schema of a sinks file (sink/sinks.schema.json is
+// this output; a test keeps them equal).
+func Schema() []byte {
+	root := schemaOf(fileSpec)
+	root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+	root["$id"] = "https://github.com/compensa/compensa/sink/sinks.schema.json"
+	root["title"] = "Compensa sinks file (relay run --sinks)"
+	b, err := json.MarshalIndent(root, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return append(b, '\n')
+}
+
+func schemaOf(f *fieldSpec) map[string]any {
+	out := map[string]any{}
+	if f.Doc != "" {
+		out["description"] = f.Doc
+	}
+	switch f.Type {
+	case "string":
+		out["type"] = "string"
+		out["minLength"] = 1
+		if f.Pattern != "" {
+			out["pattern"] = f.Pattern
+		}
+	case "duration":
+		out["type"] = "string"
+		out["pattern"] = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	case "integer":
+		out["type"] = []string{"integer", "string"}
+		out["pattern"] = `^[0-9_]+$`
+		out["minimum"] = 1
+	case "list":
+		out["type"] = "array"
+		if len(f.Fields) == 1 {
+			out["items"] = schemaOf(f.Fields[0])
+			out["minItems"] = 1
+		} else {
+			out["items"] = map[string]any{"type": "string", "minLength": 1}
+		}
+	case "object":
+		out["type"] = "object"
+		out["additionalProperties"] = false
+		props := map[string]any{}
+		var req []string
+		for _, c := range f.Fields {
+			props[c.Key] = schemaOf(c)
+			if c.Required {
+				req = append(req, c.Key)
+			}
+		}
+		out["properties"] = props
+		if len(req) > 0 {
+			slices.Sort(req)
+			out["required"] = req
+		}
+		if len(f.OneOf) > 0 {
+			var one []any
+			for _, keys := range f.OneOf {
+				one = append(one, map[string]any{"required": keys})
+			}
+			out["oneOf"] = one
+		}
+	}
+	return out
+}

@@ -1,0 +1,58 @@
+package sink
+
+// The package's SQL, in one place.
+const (
+	sqlRegister = `INSERT INTO relay_sinks (name, kind) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET kind = EXCLUDED.kind
+		RETURNING state, reason, retry_requested_at`
+
+	sqlHeld = `SELECT DISTINCT p.sink, p.aggregate_key
+		FROM unnest($1::text[], $2::text[]) AS q(sink, aggregate_key)
+		JOIN relay_sink_parked p ON p.sink = q.sink AND p.aggregate_key = q.aggregate_key`
+
+	// Rows are numbered in the order given, so seq keeps commit order.
+	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason)
+		SELECT s, i, k, e::jsonb, r
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS x(s, i, k, e, r, n)
+		ORDER BY n
+		ON CONFLICT (sink, event_id) DO NOTHING`
+
+	sqlCountDelivered = `UPDATE relay_sinks SET delivered = relay_sinks.delivered + d.n
+		FROM unnest($1::text[], $2::bigint[]) AS d(name, n) WHERE relay_sinks.name = d.name`
+
+	// The first rows of each aggregate whose head is due, in seq order.
+	sqlDue = `SELECT event_id, event::text, attempts FROM (
+			SELECT event_id, event, attempts, seq,
+				row_number() OVER w AS rn, first_value(next_attempt_at) OVER w AS head_due
+			FROM relay_sink_parked WHERE sink = $1
+			WINDOW w AS (PARTITION BY aggregate_key ORDER BY seq)) x
+		WHERE rn <= $2 AND head_due <= now()
+		ORDER BY seq LIMIT $3`
+
+	sqlDrained = `WITH gone AS (DELETE FROM relay_sink_parked WHERE sink = $1 AND event_id = ANY($2::text[]) RETURNING 1)
+		UPDATE relay_sinks SET delivered = delivered + (SELECT count(*) FROM gone) WHERE name = $1`
+
+	sqlDeferred = `UPDATE relay_sink_parked SET attempts = attempts + 1, reason = $3,
+		next_attempt_at = now() + $4::bigint * interval '1 millisecond'
+		WHERE sink = $1 AND event_id = $2`
+
+	sqlSetState = `UPDATE relay_sinks SET state = $2, reason = NULLIF($3, ''), changed_at = now() WHERE name = $1`
+
+	sqlRetryRequested = `SELECT retry_requested_at FROM relay_sinks WHERE name = $1`
+
+	sqlDrainLock   = `SELECT pg_try_advisory_lock(hashtextextended('compensa.sink.' || $1, 0))`
+	sqlDrainUnlock = `SELECT pg_advisory_unlock(hashtextextended('compensa.sink.' || $1, 0))`
+
+	sqlList = `SELECT s.name, s.kind, s.state, coalesce(s.reason, ''), s.delivered,
+			coalesce(p.n, 0), extract(epoch FROM now() - p.oldest)::float8
+		FROM relay_sinks s
+		LEFT JOIN (SELECT sink, count(*) AS n, min(parked_at) AS oldest FROM relay_sink_parked GROUP BY sink) p
+			ON p.sink = s.name
+		ORDER BY s.name`
+
+	sqlRequestRetry = `WITH s AS (UPDATE relay_sinks SET retry_requested_at = clock_timestamp(),
+			state = CASE WHEN state = 'disabled' THEN 'up' ELSE state END, changed_at = now()
+			WHERE name = $1 RETURNING name),
+		p AS (UPDATE relay_sink_parked SET next_attempt_at = now() WHERE sink IN (SELECT name FROM s) RETURNING 1)
+		SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM p)`
+)

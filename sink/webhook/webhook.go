@@ -1,0 +1,243 @@
+// Package webhook delivers outbox events to an HTTP endpoint: one POST per
+// event, its body the JSON envelope of the row (sink.Event), signed per the
+// Standard Webhooks specification (webhook-id = the outbox row's id,
+// webhook-timestamp, webhook-signature "v1,<base64 HMAC-SHA256>" over
+// "id.timestamp.body" with the whsec_ secret).
+//
+// Answers: 2xx delivered; 410 disables the sink (sink.Gone); 429 and any
+// answer with Retry-After slow it down (sink.RetryAfter); 413 and other 4xx
+// refuse this event (sink.EventError); 5xx and transport errors mean the
+// endpoint is down.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/compensa/compensa/sink"
+)
+
+// SecretPrefix starts every Standard Webhooks secret.
+const SecretPrefix = "whsec_"
+
+// Config configures a webhook sink.
+type Config struct {
+	URL string
+	// Secret is the whsec_… secret; empty sends unsigned requests.
+	Secret      string
+	Timeout     time.Duration
+	Concurrency int
+	// Client is the HTTP client (default: one of its own).
+	Client *http.Client
+}
+
+// Sink is a webhook destination; safe for concurrent use.
+type Sink struct {
+	cfg Config
+	key []byte
+	now func() time.Time
+}
+
+var _ sink.Sink = (*Sink)(nil)
+
+// New validates cfg. A secret that is not whsec_<base64> is an error that
+// never shows the secret.
+func New(cfg Config) (*Sink, error) {
+	s := &Sink{cfg: cfg, now: time.Now}
+	if cfg.Secret != "" {
+		key, err := DecodeSecret(cfg.Secret)
+		if err != nil {
+			return nil, err
+		}
+		s.key = key
+	}
+	if s.cfg.Timeout <= 0 {
+		s.cfg.Timeout = 10 * time.Second
+	}
+	s.cfg.Concurrency = max(s.cfg.Concurrency, 1)
+	if s.cfg.Client == nil {
+		s.cfg.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: s.cfg.Concurrency, IdleConnTimeout: 90 * time.Second,
+		}}
+	}
+	return s, nil
+}
+
+// DecodeSecret returns the HMAC key of a whsec_ secret.
+func DecodeSecret(secret string) ([]byte, error) {
+	b64, ok := strings.CutPrefix(secret, SecretPrefix)
+	if !ok {
+		return nil, errors.New("webhook secret does not start with whsec_; generate one with e.g. `echo whsec_$(head -c 32 /dev/urandom | base64)`")
+	}
+	key, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || len(key) < 16 {
+		return nil, errors.New("webhook secret is not whsec_ followed by the base64 of at least 16 random bytes")
+	}
+	return key, nil
+}
+
+// Sign returns the webhook-signature value for one request.
+func Sign(key []byte, id, timestamp string, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write([]byte(timestamp))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// Verify checks a request's signature header (any of its space-separated
+// v1 signatures) against key: what a receiver does.
+func Verify(key []byte, id, timestamp string, body []byte, header string) bool {
+	want := Sign(key, id, timestamp, body)
+	for _, sig := range strings.Fields(header) {
+		if hmac.Equal([]byte(sig), []byte(want)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Deliver posts evs, in order per aggregate, up to Concurrency aggregates
+// at once.
+func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
+	errs := make([]error, len(evs))
+	groups := map[string][]int{}
+	var order []string
+	for i, ev := range evs {
+		k := ev.AggregateKey()
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	sem := make(chan struct{}, s.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, k := range order {
+		idx := groups[k]
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			failed := false
+			for _, i := range idx {
+				if failed {
+					errs[i] = sink.ErrHeldBack
+					continue
+				}
+				if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
+					failed = true
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return sink.EventError(fmt.Errorf("encode event: %w", err))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	ts := strconv.FormatInt(s.now().Unix(), 10)
+	h := req.Header
+	h.Set("Content-Type", "application/json")
+	h.Set("webhook-id", ev.ID)
+	h.Set("webhook-timestamp", ts)
+	if s.key != nil {
+		h.Set("webhook-signature", Sign(s.key, ev.ID, ts, body))
+	}
+	for _, kv := range ev.MessageHeaders() {
+		if validHeaderName(kv.Key) && !strings.HasPrefix(strings.ToLower(kv.Key), "webhook-") {
+			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
+		}
+	}
+	resp, err := s.cfg.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", redactURL(s.cfg.URL), err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	code := resp.StatusCode
+	if code >= 200 && code < 300 {
+		return nil
+	}
+	err = fmt.Errorf("POST %s answered %s", redactURL(s.cfg.URL), resp.Status)
+	if ra := retryAfter(resp.Header.Get("Retry-After"), s.now()); code == http.StatusTooManyRequests || ra > 0 {
+		return sink.RetryAfter(max(ra, time.Second), err)
+	}
+	switch {
+	case code == http.StatusGone:
+		return sink.Gone(err)
+	case code >= 400 && code < 500 && code != http.StatusRequestTimeout:
+		return sink.EventError(err)
+	}
+	return err
+}
+
+// retryAfter reads Retry-After as seconds or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n >= 0 {
+		return min(time.Duration(n)*time.Second, time.Hour)
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return min(t.Sub(now), time.Hour)
+	}
+	return 0
+}
+
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, r := range k {
+		if r <= ' ' || r >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", r) {
+			return false
+		}
+	}
+	return true
+}
+
+func dropControl(r rune) rune {
+	if r < ' ' || r == 0x7f {
+		return -1
+	}
+	return r
+}
+
+// redactURL keeps the query string (which may carry a token) out of errors.
+func redactURL(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i] + "?…"
+	}
+	return u
+}
+
+// Close closes idle connections.
+func (s *Sink) Close() error {
+	s.cfg.Client.CloseIdleConnections()
+	return nil
+}

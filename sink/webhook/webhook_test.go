@@ -1,0 +1,157 @@
+package webhook_test
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/sinktest"
+	"github.com/compensa/compensa/sink/webhook"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = "whsec_" + base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+
+// endpoint is a real HTTP server that verifies every signature, fails on
+// demand and records deliveries.
+type endpoint struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	got    []sinktest.Received
+	status atomic.Int32 // 0: 204
+	retry  string
+	bad    atomic.Int32 // requests whose signature did not verify
+}
+
+func newEndpoint(t *testing.T) *endpoint {
+	e := &endpoint{}
+	key, err := webhook.DecodeSecret(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id, ts := r.Header.Get("webhook-id"), r.Header.Get("webhook-timestamp")
+		if !webhook.Verify(key, id, ts, body, r.Header.Get("webhook-signature")) {
+			e.bad.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if n, _ := strconv.ParseInt(ts, 10, 64); time.Since(time.Unix(n, 0)).Abs() > 5*time.Minute {
+			e.bad.Add(1)
+		}
+		if s := e.status.Load(); s != 0 {
+			if e.retry != "" {
+				w.Header().Set("Retry-After", e.retry)
+			}
+			w.WriteHeader(int(s))
+			return
+		}
+		var env sink.Event
+		if err := json.Unmarshal(body, &env); err != nil || env.ID != id {
+			e.bad.Add(1)
+		}
+		h := map[string]string{}
+		for k := range r.Header {
+			h[k] = r.Header.Get(k)
+		}
+		for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "trace", "attempt"} {
+			h[k] = r.Header.Get(k)
+		}
+		e.mu.Lock()
+		e.got = append(e.got, sinktest.Received{ID: id, Headers: h, Payload: env.Payload})
+		e.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(func() {
+		e.srv.Close()
+		if n := e.bad.Load(); n > 0 {
+			t.Errorf("%d requests with a bad signature, timestamp or envelope", n)
+		}
+	})
+	return e
+}
+
+func (e *endpoint) read() []sinktest.Received {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]sinktest.Received(nil), e.got...)
+}
+
+func TestConformance(t *testing.T) {
+	var cur *endpoint
+	sinktest.Run(t, sinktest.Harness{
+		New: func(t *testing.T) (sink.Sink, func() []sinktest.Received) {
+			cur = newEndpoint(t)
+			s, err := webhook.New(webhook.Config{URL: cur.srv.URL, Secret: secret, Timeout: 2 * time.Second, Concurrency: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s, cur.read
+		},
+		Break: func(*testing.T) { cur.status.Store(503) },
+		Heal:  func(*testing.T) { cur.status.Store(0) },
+	})
+}
+
+func TestAnswersClassify(t *testing.T) {
+	e := newEndpoint(t)
+	s, err := webhook.New(webhook.Config{URL: e.srv.URL, Secret: secret, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, c := range []struct {
+		status int
+		retry  string
+		want   string
+	}{
+		{410, "", "gone"}, {429, "7", "throttled"}, {503, "3", "throttled"}, {413, "", "event"}, {500, "", "down"},
+	} {
+		e.status.Store(int32(c.status))
+		e.retry = c.retry
+		errs := s.Deliver(t.Context(), sinktest.Events(2, 1))
+		if errs[0] == nil || !errors.Is(errs[1], sink.ErrHeldBack) {
+			t.Fatalf("%d: errors %v, want the first to fail and the second held back", c.status, errs)
+		}
+		if got := sink.Classify(errs[0]); got != c.want {
+			t.Errorf("%d: classified %q, want %q (%v)", c.status, got, c.want, errs[0])
+		}
+	}
+}
+
+func TestBadSecret(t *testing.T) {
+	for _, s := range []string{"nope", "whsec_!!", "whsec_" + base64.StdEncoding.EncodeToString([]byte("short"))} {
+		_, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1", Secret: s})
+		if err == nil {
+			t.Fatalf("secret %q accepted", s)
+		}
+		if len(s) > 8 && contains(err.Error(), s[6:]) {
+			t.Fatalf("error shows the secret: %v", err)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) > 0 && len(s) >= len(sub) && (func() bool {
+		for i := 0; i+len(sub) <= len(s); i++ {
+			if s[i:i+len(sub)] == sub {
+				return true
+			}
+		}
+		return false
+	})()
+}
