@@ -36,8 +36,9 @@ type RunnerConfig struct {
 	// inside its own SAVEPOINT, fenced by its own lease, so that one commit
 	// serves several steps. A step that fails or loses its lease rolls back
 	// to its savepoint only. Waits, replies, deadlines and compensations
-	// still run one per transaction. Default ClaimBatch (a full claim is
-	// one group); 1 turns it off: one step per transaction always.
+	// still run one per transaction. Default 0 (off): one step per
+	// transaction always. Each held instance heartbeats on a connection of
+	// its own, so size the pool for Workers × GroupCommit instances.
 	GroupCommit int
 	// LeaseDuration is how long a claim holds an instance (default 30s). A
 	// worker heartbeats every third of it while it still works on the
@@ -72,7 +73,6 @@ func (c *RunnerConfig) WithDefaults() *RunnerConfig {
 	}
 	out.Workers = cmp.Or(out.Workers, 8)
 	out.ClaimBatch = cmp.Or(out.ClaimBatch, out.Workers)
-	out.GroupCommit = cmp.Or(out.GroupCommit, out.ClaimBatch)
 	out.LeaseDuration = cmp.Or(out.LeaseDuration, 30*time.Second)
 	out.PollInterval = cmp.Or(out.PollInterval, 500*time.Millisecond)
 	out.MaxPollInterval = cmp.Or(out.MaxPollInterval, max(5*time.Second, out.PollInterval))

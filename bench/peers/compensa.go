@@ -23,9 +23,9 @@ import (
 // them. Completion is the commit of the saga's last step (OnTerminal is
 // called after it).
 func runCompensa(ctx context.Context, dsn string, n, group int) (Result, error) {
-	res := Result{Mode: "backlog: all started at t0 through the correlator, runner defaults (8 workers, group commit of 8)"}
-	if group == 1 {
-		res.Mode = "the same, group commit off (RunnerConfig.GroupCommit 1): one step per transaction"
+	res := Result{Mode: "backlog: all started at t0 through the correlator, runner defaults (8 workers, one step per transaction)"}
+	if group > 1 {
+		res.Mode = fmt.Sprintf("the same, with group commit (RunnerConfig.GroupCommit %d)", group)
 	}
 	rt := &roundTrips{}
 	cfg := (&saga.RunnerConfig{}).WithDefaults()
