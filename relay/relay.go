@@ -39,6 +39,7 @@ type Relay struct {
 	runner     *saga.Runner
 	correlator *correlator.Correlator
 	stream     *cdc.Stream
+	sinksCfg   *sink.Config
 	fanout     *sink.Fanout
 	sinks      []sink.Destination
 	metrics    *httpapi.Metrics
@@ -75,6 +76,13 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A bad sinks file is reported before anything connects.
+	var sinks *sink.Config
+	if cfg.Sinks != "" && !cfg.NoStream {
+		if sinks, err = sink.LoadFile(cfg.Sinks); err != nil {
+			return nil, fmt.Errorf("sinks: %w", err)
+		}
+	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
 	pool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
@@ -86,7 +94,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		pool.Close()
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{})}
+	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{}), sinksCfg: sinks}
 	if err := r.assemble(ctx, table, cols); err != nil {
 		r.closePools()
 		return nil, err
@@ -114,7 +122,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
 		OnStarted: r.metrics.SagasStarted,
 	}
-	if cfg.Sinks != "" && !cfg.NoStream {
+	if r.sinksCfg != nil {
 		if err := r.openSinks(ctx); err != nil {
 			return err
 		}
@@ -129,6 +137,12 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			if r.fanout != nil {
+				// A new stream session: another replica may have parked.
+				if err := r.fanout.Resync(ctx); err != nil {
+					return 0, false, err
+				}
+			}
 			return r.correlator.LoadCheckpoint(ctx, cfg.Slot)
 		},
 		Logger: log.With("component", "cdc"),
@@ -362,11 +376,8 @@ func (r *Relay) Stop(ctx context.Context) error {
 // openSinks loads the sinks file, connects every sink and builds the
 // fan-out in front of the correlator.
 func (r *Relay) openSinks(ctx context.Context) error {
-	cfg, err := sink.LoadFile(r.cfg.Sinks)
-	if err != nil {
-		return fmt.Errorf("sinks: %w", err)
-	}
-	if r.sinks, err = dial.Open(cfg, nil); err != nil {
+	var err error
+	if r.sinks, err = dial.Open(r.sinksCfg, nil); err != nil {
 		return fmt.Errorf("sinks: %w", err)
 	}
 	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,

@@ -161,15 +161,16 @@ func Parse(file string, data []byte) (*Config, error) {
 		seen := map[string]int{}
 		for _, n := range list.Content {
 			s, ok := p.sink(n)
-			if !ok {
-				continue
-			}
 			if prev, dup := seen[s.Name]; dup && s.Name != "" {
 				p.add(n.Line, n.Column, fmt.Sprintf("sink name %q is declared twice (first at line %d)", s.Name, prev), "give each sink a unique name")
 				continue
 			}
-			seen[s.Name] = n.Line
-			cfg.Sinks = append(cfg.Sinks, s)
+			if s.Name != "" {
+				seen[s.Name] = n.Line
+			}
+			if ok {
+				cfg.Sinks = append(cfg.Sinks, s)
+			}
 		}
 	}
 	if err := p.err(); err != nil {

@@ -15,6 +15,12 @@
 //     probed; a sink at max_parked slows the stream down; a webhook answering
 //     410 is disabled (loudly) and keeps parking until `relay sinks retry`.
 //
+// Wiring: the correlator's Config.InBatchTx is Fanout.WriteParked, the
+// stream's sink is Fanout.Sink(correlator), the stream's LoadCheckpoint
+// calls Fanout.Resync first (a new session may follow another replica's
+// parking), and Fanout.Run drains in the background. relay.New does all of
+// it for `relay run --sinks`.
+//
 // The package knows nothing of sagas: it wraps the stream's next cdc.Sink
 // (the correlator) and writes its parked rows through a hook the correlator
 // calls inside its transaction. Each broker lives in a sub-package

@@ -71,8 +71,14 @@ type dest struct {
 	lastRetry time.Time   // newest retry request acted on
 	dirty     atomic.Bool // state changed since relay_sinks was written
 
-	parked    atomic.Int64 // approximate: refreshed by the drainer
-	delivered atomic.Uint64
+	parked atomic.Int64 // approximate: refreshed by the drainer
+	// parkEpoch moves after each commit that parked events for this sink
+	// and at each stream session (Resync); emptyAt is the epoch at which
+	// the drainer last counted no parked row, having read the epoch before
+	// counting. While they are equal nothing can be parked, and a batch
+	// skips the query for held aggregates.
+	parkEpoch, emptyAt atomic.Uint64
+	delivered          atomic.Uint64
 
 	mDelivered prometheus.Counter
 	mParked    prometheus.Gauge
@@ -117,6 +123,7 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 		x := &dest{spec: d.Spec, sink: d.Sink, state: StateUp, log: f.log.With("sink", d.Spec.Name),
 			mDelivered: delivered.WithLabelValues(d.Spec.Name), mParked: parked.WithLabelValues(d.Spec.Name),
 			mSeconds: seconds.WithLabelValues(d.Spec.Name)}
+		x.parkEpoch.Store(1) // unknown until counted
 		var state string
 		var reason *string
 		var retry *time.Time
@@ -234,6 +241,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		d.delivered.Add(uint64(n))
 		d.mDelivered.Add(float64(n))
 		if k := len(results[j].parks); k > 0 {
+			d.parkEpoch.Add(1)
 			d.mParked.Set(float64(d.parked.Add(int64(k))))
 		}
 	}
@@ -251,9 +259,10 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 func (f *Fanout) heldAggregates(ctx context.Context, per [][]*Event) (map[string]map[string]bool, error) {
 	var sinks, keys []string
 	for j, evs := range per {
-		// Asked every batch, not from a count kept in memory: after a
-		// takeover, rows another replica parked must hold their aggregates
-		// back from the first batch on.
+		d := f.dests[j]
+		if d.emptyAt.Load() == d.parkEpoch.Load() {
+			continue // nothing parked: see parkEpoch
+		}
 		for _, ev := range evs {
 			sinks = append(sinks, f.dests[j].spec.Name)
 			keys = append(keys, ev.AggregateKey())
@@ -437,8 +446,22 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 	return nil
 }
 
+// Resync forgets what this process believes is parked: call it whenever
+// the stream starts a session (from cdc.Config.LoadCheckpoint), since
+// another replica may have led the slot and parked events meanwhile.
+func (f *Fanout) Resync(ctx context.Context) error {
+	for _, d := range f.dests {
+		d.parkEpoch.Add(1)
+	}
+	return f.refreshParked(ctx)
+}
+
 // refreshParked counts each sink's parked rows.
 func (f *Fanout) refreshParked(ctx context.Context) error {
+	epochs := make([]uint64, len(f.dests))
+	for i, d := range f.dests {
+		epochs[i] = d.parkEpoch.Load()
+	}
 	rows, err := f.cfg.Pool.Query(ctx, `SELECT sink, count(*) FROM relay_sink_parked GROUP BY sink`)
 	if err != nil {
 		return fmt.Errorf("sink: count parked events: %w", err)
@@ -449,9 +472,13 @@ func (f *Fanout) refreshParked(ctx context.Context) error {
 	if _, err := pgx.ForEachRow(rows, []any{&s, &n}, func() error { counts[s] = n; return nil }); err != nil {
 		return fmt.Errorf("sink: count parked events: %w", err)
 	}
-	for _, d := range f.dests {
-		d.parked.Store(counts[d.spec.Name])
-		d.mParked.Set(float64(counts[d.spec.Name]))
+	for i, d := range f.dests {
+		n := counts[d.spec.Name]
+		d.parked.Store(n)
+		d.mParked.Set(float64(n))
+		if n == 0 {
+			d.emptyAt.Store(epochs[i])
+		}
 	}
 	return nil
 }

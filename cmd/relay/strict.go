@@ -152,15 +152,13 @@ func leafStrict(c *cobra.Command) {
 	}
 }
 
-// acceptedArgs finds how many positional arguments check accepts (-1: none
-// of 0..4, or a range).
+// acceptedArgs finds the largest number of positional arguments (0..4) that
+// check accepts, -1 when it accepts none of them. Past that number an
+// argument is stray; below the smallest, one is missing.
 func acceptedArgs(c *cobra.Command, check cobra.PositionalArgs) int {
 	found := -1
 	for n := 0; n <= 4; n++ {
 		if check(c, make([]string, n)) == nil {
-			if found >= 0 {
-				return -1
-			}
 			found = n
 		}
 	}

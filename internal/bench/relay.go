@@ -146,8 +146,15 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 	counting := newCountingSink(inner, o.Want)
 	stream, err := cdc.NewStream(cdc.Config{
 		DatabaseURL: o.URL, Slot: o.Slot, Publication: o.Publication,
-		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) { return corr.LoadCheckpoint(ctx, o.Slot) },
-		Logger:         o.Logger.With("component", "cdc", "slot", o.Slot),
+		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			if fanout != nil {
+				if err := fanout.Resync(ctx); err != nil {
+					return 0, false, err
+				}
+			}
+			return corr.LoadCheckpoint(ctx, o.Slot)
+		},
+		Logger: o.Logger.With("component", "cdc", "slot", o.Slot),
 	}, counting)
 	if err != nil {
 		return res, err

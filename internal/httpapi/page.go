@@ -16,6 +16,7 @@ import (
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/sink"
 )
 
 // The web page is rendered on the server from html/template; its stylesheet
@@ -161,6 +162,8 @@ type indexData struct {
 	StuckAfter  time.Duration
 	Replication *ReplicationStatus
 	ReplErr     string
+	Sinks       []sink.Status
+	SinksErr    string
 	Chart       chart
 	Error       string
 	FilterQuery string
@@ -241,6 +244,10 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 			d.Replication = &st
 		}
 		d.Chart = newChart(s.lag.samples())
+	}
+	if d.Sinks, err = sink.List(ctx, s.cfg.Pool); err != nil {
+		s.log.Warn("page: sinks", "err", err)
+		d.SinksErr = "cannot read the sinks' state; see the relay's log"
 	}
 	s.render(w, r, s.page.index, http.StatusOK, d)
 }

@@ -157,7 +157,11 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		msg := nats.NewMsg(s.Subject(ev))
 		msg.Data = ev.Payload
 		for _, h := range ev.MessageHeaders() {
-			msg.Header.Set(h.Key, h.Value)
+			// Nats-* headers steer the server (Nats-Msg-Id, expectations):
+			// only the sink sets them.
+			if !strings.HasPrefix(strings.ToLower(h.Key), "nats-") {
+				msg.Header.Set(h.Key, h.Value)
+			}
 		}
 		if size := int64(len(msg.Data) + len(msg.Subject) + headerSize(msg.Header)); maxPayload > 0 && size > maxPayload {
 			errs[i] = sink.EventError(fmt.Errorf("event of %d bytes is larger than the server's max_payload of %d bytes", size, maxPayload))

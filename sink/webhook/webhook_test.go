@@ -155,3 +155,25 @@ func contains(s, sub string) bool {
 		return false
 	})()
 }
+
+// TestRowHeadersCannotForgeFraming: a row's headers object cannot set the
+// signature headers or Content-Type.
+func TestRowHeadersCannotForgeFraming(t *testing.T) {
+	e := newEndpoint(t)
+	s, err := webhook.New(webhook.Config{URL: e.srv.URL, Secret: secret, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(1, 1)
+	evs[0].Headers = []byte(`{"webhook-id":"forged","Content-Type":"text/plain","webhook-signature":"v1,AAAA","x-ok":"yes"}`)
+	for _, err := range s.Deliver(t.Context(), evs) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := e.read()
+	if len(got) != 1 || got[0].ID != evs[0].ID || got[0].Headers["Content-Type"] != "application/json" || got[0].Headers["X-Ok"] != "yes" {
+		t.Fatalf("received %+v", got)
+	}
+}

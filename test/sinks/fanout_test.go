@@ -132,7 +132,12 @@ func setupWith(t *testing.T, timeout time.Duration, maxParked int) *bundle {
 	}
 	stream, err := cdc.NewStream(cdc.Config{DatabaseURL: db.URL, Slot: db.Slot, Publication: db.Publication,
 		StatusInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond,
-		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) { return corr.LoadCheckpoint(ctx, db.Slot) },
+		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
+			if err := f.Resync(ctx); err != nil {
+				return 0, false, err
+			}
+			return corr.LoadCheckpoint(ctx, db.Slot)
+		},
 	}, f.Sink(corr))
 	if err != nil {
 		t.Fatal(err)

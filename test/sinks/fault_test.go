@@ -228,9 +228,9 @@ func (r *kafkaReader) read() []string {
 // committed count; per aggregate the first deliveries are in commit order.
 // Short by default (make test); -sinks.full is the run (make test-sinks).
 func TestSinkFaults(t *testing.T) {
-	kills, outage := 2, 3*time.Second
+	kills, outage, pause := 2, 3*time.Second, 10*time.Millisecond
 	if *full {
-		kills, outage = 5, 10*time.Second
+		kills, outage, pause = 5, 10*time.Second, 3*time.Millisecond
 	}
 	db := pgtest.NewDB(t)
 	ns := startNATS(t)
@@ -304,7 +304,7 @@ func TestSinkFaults(t *testing.T) {
 				}
 			}
 			mu.Unlock()
-			time.Sleep(3 * time.Millisecond)
+			time.Sleep(pause)
 		}
 	}()
 

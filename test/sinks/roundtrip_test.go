@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -169,5 +170,17 @@ func TestPostEventsRoundTrip(t *testing.T) {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestBadSinksFileFailsBeforeConnecting: relay.New reports every problem of
+// the sinks file, as a sink.ErrConfig, before it tries the database.
+func TestBadSinksFileFailsBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "sinks.yaml")
+	os.WriteFile(file, []byte("sinks:\n  - name: a\n    nats: {url: 'nats://h:1'}\n  - name: a\n    webhook: {url: 'ftp://x'}\n"), 0o600)
+	_, err := relay.New(context.Background(), relay.Config{DatabaseURL: "postgres://nobody@127.0.0.1:1/none", Registry: saga.NewRegistry(), Sinks: file})
+	if !errors.Is(err, sink.ErrConfig) || strings.Count(err.Error(), file+":") != 3 {
+		t.Fatalf("err = %v, want the file's three problems", err)
 	}
 }
