@@ -35,6 +35,15 @@ bench: postgres build
 # `make chaos` runs the fault suite of RELIABILITY.md (20 to 40 minutes) and
 # prints each scenario's figures; `make chaos QUICK=1` is the short run for CI
 # (about 3 minutes). CHAOS_FLAGS passes more, e.g. CHAOS_FLAGS='-chaos.only kill,pause'.
+# `make bench-peers` runs the same workload (N processes of three trivial
+# durable steps) on Compensa's runner, DBOS Transact Go and River, and pgbench's
+# step shape, on one throwaway PostgreSQL, interleaved, and prints one table.
+# bench/peers is a module of its own: the product never depends on the peers.
+# PEERS_FLAGS passes more, e.g. PEERS_FLAGS='--n 1000 --repeats 1'.
+.PHONY: bench-peers
+bench-peers: postgres
+	cd bench/peers && $(GO) build -o ../../bin/peers . && ../../bin/peers $(PEERS_FLAGS)
+
 .PHONY: chaos
 chaos: postgres
 	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)

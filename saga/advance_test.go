@@ -47,10 +47,19 @@ func TestAdvanceForwardStep(t *testing.T) {
 	now := t0.Add(1500 * time.Nanosecond) // sub-microsecond: truncated
 	tr := mustAdvance(t, inst, nil, saga.Event{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve",
 		State: json.RawMessage(`{"a":1}`), Output: json.RawMessage(`"out"`)}, now)
+	// Already due (at t0): it keeps next_attempt_at, so that the update
+	// changes no indexed column (a HOT update).
 	want := t0.Add(time.Microsecond)
 	got := tr.Instance
-	if got.CurrentStep != 1 || got.Attempt != 0 || !got.NextAttemptAt.Equal(want) || string(got.Context) != `{"a":1}` {
+	if got.CurrentStep != 1 || got.Attempt != 0 || !got.NextAttemptAt.Equal(t0) || string(got.Context) != `{"a":1}` {
 		t.Fatalf("projection after step_completed: %+v", got)
+	}
+	// Not due yet (a claim never returns such an instance, but Advance does
+	// not rely on it): the next step is due now.
+	later := running()
+	later.NextAttemptAt = t0.Add(time.Hour)
+	if tr := mustAdvance(t, later, nil, saga.Event{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve"}, now); !tr.Instance.NextAttemptAt.Equal(want) {
+		t.Fatalf("next_attempt_at after a step of an instance not yet due: %v, want now", tr.Instance.NextAttemptAt)
 	}
 	if !got.LeaseID.Valid {
 		t.Fatal("step_completed must keep the holder's lease")

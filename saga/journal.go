@@ -197,6 +197,31 @@ type Journal interface {
 	RequestCancel(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
 }
 
+// TerminalAppender is implemented by journals that can append an event and
+// end the instance in one fenced mutation: the same effect as Append(ev)
+// followed by MarkTerminal(final, reason) in one transaction, for the cost of
+// one. A lease not held is ErrLeaseLost and nothing is written. The runner
+// uses it for the write that ends a saga (its last step, its last
+// compensation) when the journal has it.
+type TerminalAppender interface {
+	AppendTerminal(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event, final Status, reason string) (int64, error)
+}
+
+// CurrentRecord is the step record of tr's new current step, given prev, the
+// record of the step that was current before tr: tr's own step record when
+// it concerns that step, prev when prev is that step's, else none. Journals
+// use it to apply a second event after tr without reading back.
+func CurrentRecord(tr Transition, prev *StepRecord) *StepRecord {
+	cur := tr.Instance.CurrentStep
+	switch {
+	case tr.Step != nil && tr.Step.Sequence == cur:
+		return tr.Step
+	case prev != nil && prev.Sequence == cur:
+		return prev
+	}
+	return nil
+}
+
 type txKey struct{}
 
 // ContextWithTx returns a context that carries tx: journal calls made with it

@@ -42,7 +42,7 @@ type Runner struct {
 
 	wake  chan struct{}
 	freed chan struct{}
-	work  chan claim
+	work  chan []claim
 	busy  atomic.Int64
 	wg    sync.WaitGroup
 
@@ -77,7 +77,7 @@ func NewRunner(journal Journal, pool *pgxpool.Pool, registry *Registry, cfg *Run
 		log:       c.Logger,
 		wake:      make(chan struct{}, 1),
 		freed:     make(chan struct{}, 1),
-		work:      make(chan claim),
+		work:      make(chan []claim),
 		stuckSeen: map[stuckKey]struct{}{},
 	}, nil
 }
@@ -204,6 +204,10 @@ func (r *Runner) dispatch() {
 		capacity := r.cfg.Workers
 		if backlog {
 			capacity += r.cfg.ClaimBatch
+			if r.cfg.GroupCommit > 1 {
+				// A worker holds a whole group.
+				capacity = r.cfg.Workers*r.cfg.GroupCommit + r.cfg.ClaimBatch
+			}
 		}
 		free := capacity - int(r.busy.Load())
 		if free <= 0 {
@@ -217,7 +221,8 @@ func (r *Runner) dispatch() {
 		n := min(r.cfg.ClaimBatch, free)
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.LeaseDuration)
-		insts, err := r.journal.ClaimPending(ctx, n, r.cfg.LeaseDuration)
+		claimed, err := r.journal.ClaimPending(ctx, n, r.cfg.LeaseDuration)
+		insts := claimed
 		cancel()
 		at := time.Now()
 		if err != nil {
@@ -228,17 +233,30 @@ func (r *Runner) dispatch() {
 		if len(insts) > 0 && r.cfg.Hooks.OnClaim != nil {
 			r.cfg.Hooks.OnClaim(len(insts), at.Sub(began))
 		}
-		for _, inst := range insts {
-			r.busy.Add(1)
-			r.work <- claim{inst: inst, at: at}
+		group := 1
+		if r.cfg.GroupCommit > 1 && len(claimed) == n && n > 1 {
+			// Only while a backlog exists (this claim came back full): an
+			// idle relay keeps the latency of one step per transaction.
+			group = r.cfg.GroupCommit
 		}
-		backlog = len(insts) == n
+		for len(insts) > 0 {
+			k := min(group, len(insts))
+			g := make([]claim, k)
+			for i, inst := range insts[:k] {
+				g[i] = claim{inst: inst, at: at}
+			}
+			insts = insts[k:]
+			r.busy.Add(int64(k))
+			r.work <- g
+		}
+		got := len(claimed)
+		backlog = got == n
 		switch {
-		case len(insts) == n:
+		case got == n:
 			// A full batch: more may be due. Claim again as soon as a
 			// worker is free.
 			idle = r.cfg.PollInterval
-		case len(insts) > 0:
+		case got > 0:
 			idle = r.cfg.PollInterval
 			r.waitIdle(idle)
 		default:
@@ -264,9 +282,13 @@ func (r *Runner) waitIdle(d time.Duration) time.Duration {
 
 func (r *Runner) worker() {
 	defer r.wg.Done()
-	for c := range r.work {
-		r.process(c)
-		r.busy.Add(-1)
+	for g := range r.work {
+		if len(g) == 1 {
+			r.process(g[0])
+		} else {
+			r.processGroup(g)
+		}
+		r.busy.Add(-int64(len(g)))
 		select {
 		case r.freed <- struct{}{}:
 		default:

@@ -80,6 +80,9 @@ type work struct {
 	r    *Runner
 	def  Definition
 	inst Instance
+	// id is inst.ID, for the heartbeat goroutine (the worker replaces inst
+	// as it advances).
+	id uuid.UUID
 	// lease is the lease this claim holds.
 	lease uuid.UUID
 	// dbAt is the journal clock's time when the claim ran and localAt the
@@ -90,37 +93,53 @@ type work struct {
 }
 
 func (r *Runner) process(c claim) {
-	inst := c.inst
-	key := Key{Name: inst.SagaName, Version: inst.SagaVersion}
-	log := r.log.With("saga_id", inst.ID, "saga", key.String())
-	if !inst.LeaseID.Valid {
-		log.Error("saga claim returned an instance without a lease: skipped")
+	w := r.newWork(c)
+	if w == nil {
 		return
 	}
-	def, ok := r.registry.Lookup(inst.SagaName, inst.SagaVersion)
-	if !ok {
-		r.stuck(log, inst, fmt.Sprintf("definition %s is not registered in this process", key))
-		return
-	}
-	w := &work{r: r, def: def, inst: inst, lease: inst.LeaseID.UUID, localAt: c.at, log: log}
-	w.dbAt = c.at
-	if inst.LeaseExpiresAt != nil {
-		w.dbAt = inst.LeaseExpiresAt.Add(-r.cfg.LeaseDuration)
-	}
-
 	leaseCtx, lose := context.WithCancelCause(r.baseCtx)
 	defer lose(nil)
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
+	id := w.inst.ID // captured here: the worker replaces w.inst as it advances
 	go func() {
 		defer close(hbStopped)
-		w.heartbeat(leaseCtx, lose, hbDone, inst.ID)
+		w.heartbeat(leaseCtx, lose, hbDone, id)
 	}()
 	defer func() {
 		close(hbDone)
 		<-hbStopped
 	}()
+	w.loop(leaseCtx)
+}
 
+// newWork prepares a claimed instance for a worker, or reports it (nil)
+// when it cannot be run here.
+func (r *Runner) newWork(c claim) *work {
+	inst := c.inst
+	key := Key{Name: inst.SagaName, Version: inst.SagaVersion}
+	log := r.log.With("saga_id", inst.ID, "saga", key.String())
+	if !inst.LeaseID.Valid {
+		log.Error("saga claim returned an instance without a lease: skipped")
+		return nil
+	}
+	def, ok := r.registry.Lookup(inst.SagaName, inst.SagaVersion)
+	if !ok {
+		r.stuck(log, inst, fmt.Sprintf("definition %s is not registered in this process", key))
+		return nil
+	}
+	w := &work{r: r, def: def, inst: inst, id: inst.ID, lease: inst.LeaseID.UUID, localAt: c.at, log: log}
+	w.dbAt = c.at
+	if inst.LeaseExpiresAt != nil {
+		w.dbAt = inst.LeaseExpiresAt.Add(-r.cfg.LeaseDuration)
+	}
+	return w
+}
+
+// loop advances the instance under its lease (leaseCtx) until it yields,
+// ends, or the runner stops.
+func (w *work) loop(leaseCtx context.Context) {
+	r := w.r
 	for {
 		if r.isStopping() {
 			w.release(leaseCtx)
@@ -136,7 +155,7 @@ func (r *Runner) process(c claim) {
 			// Claimed in a status the runner does not advance (a journal
 			// that claims more than it should): leave it alone, lease and
 			// all, so that it is not claimed again at once.
-			log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
+			w.log.Warn("saga claimed in a status the runner does not advance", "status", w.inst.Status)
 			n = nextLeave
 		}
 		switch n {
@@ -368,13 +387,11 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 			State: x.State, Output: x.Output}
 	}
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last && ev.Kind == EventStepCompleted {
-			return w.markTerminal(jctx, StatusCompleted, "")
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	if err != nil {
 		return w.afterFailedCommit(ctx, step, attempt, err, n, "", time.Since(began))
@@ -464,6 +481,20 @@ func (w *work) inTx(ctx context.Context, f func(jctx context.Context) error) (ne
 		return nextDrop, fmt.Errorf("begin: %w", err)
 	}
 	return w.commit(ctx, tx, f)
+}
+
+// appendEnding appends ev and ends the instance in final, in the caller's
+// transaction: in one fenced mutation when the journal can (TerminalAppender),
+// else Append then MarkTerminal.
+func (w *work) appendEnding(jctx context.Context, ev Event, final Status, reason string) error {
+	if ta, ok := w.r.journal.(TerminalAppender); ok {
+		_, err := ta.AppendTerminal(jctx, w.inst.ID, w.lease, ev, final, reason)
+		return err
+	}
+	if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
+		return err
+	}
+	return w.markTerminal(jctx, final, reason)
 }
 
 func (w *work) markTerminal(jctx context.Context, st Status, reason string) error {
@@ -603,13 +634,11 @@ func (w *work) consumeReply(ctx context.Context, step Step) next {
 	last := w.inst.CurrentStep == len(w.def.Steps)-1
 	ev := Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name, State: x.State, Output: x.Output}
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last {
-			return w.markTerminal(jctx, StatusCompleted, "")
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	if err != nil {
 		return w.afterFailedCommit(ctx, step, attempt, err, n, FailureReplyError, time.Since(began))
@@ -849,13 +878,11 @@ func (w *work) compensationDoneTx(ctx context.Context, tx pgx.Tx, step Step, ev 
 	last := ev.Step == 0
 	reason := w.inst.CompensationReason
 	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
 		if last {
-			return w.markTerminal(jctx, final, reason)
+			return w.appendEnding(jctx, ev, final, reason)
 		}
-		return nil
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
 	})
 	o := OutcomeCompleted
 	if ev.Kind == EventCompensationSkipped {
@@ -907,10 +934,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	// which compensation gave up, for the person who must now act.
 	ev.Error = why
 	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
-		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev); err != nil {
-			return err
-		}
-		return w.markTerminal(jctx, StatusFailed, why)
+		return w.appendEnding(jctx, ev, StatusFailed, why)
 	}); cerr != nil {
 		return w.lostOrBroken(step, true, attempt, took, cerr, "record the failed compensation")
 	}

@@ -42,10 +42,14 @@ type Config struct {
 	// CPUProfile, when set, writes a CPU profile of the run there (and of
 	// each child consumer next to it, suffixed with the event count).
 	CPUProfile string
+	// Peers, when set, is the bench/peers binary (`make bench-peers` builds
+	// bin/peers): the step scenario runs it after each of its runs, on the
+	// same server, for DBOS Transact's and River's steps/s.
+	Peers string
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
-var Scenarios = []string{"stream", "sinks", "latency", "steps", "declared", "curve"}
+var Scenarios = []string{"stream", "sinks", "latency", "steps", "declared", "claim", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -58,24 +62,34 @@ type sizes struct {
 	repeats         int
 	latencyRates    []int // events per second
 	latencyDuration time.Duration
-	stepSagas       int
-	curve           []int
-	curveRowsPerTx  int
-	timeout         time.Duration // per measured phase
+	// latencyLong is how long the first (1,000 events/s) rate runs: the
+	// 60 s run of the targets; the other rates run latencyDuration.
+	latencyLong time.Duration
+	// overloadDuration is how long the overload case's producer runs, at
+	// twice the saga rate the step scenario sustained.
+	overloadDuration time.Duration
+	// claimSizes are the due backlogs the claim scenario measures at.
+	claimSizes     []int
+	stepSagas      int
+	curve          []int
+	curveRowsPerTx int
+	timeout        time.Duration // per measured phase
 }
 
 func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{
 			streamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
-			latencyRates: []int{1000, 5000}, latencyDuration: time.Second,
+			latencyRates: []int{1000, 5000}, latencyDuration: time.Second, latencyLong: time.Second,
+			overloadDuration: 2 * time.Second, claimSizes: []int{1000, 20000},
 			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,
 		}
 	}
 	return sizes{
 		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 3,
-		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second,
+		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second, latencyLong: 60 * time.Second,
+		overloadDuration: 30 * time.Second, claimSizes: []int{1000, 1000000},
 		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,
 	}
@@ -150,6 +164,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		"latency":  r.latencyScenario,
 		"steps":    r.stepsScenario,
 		"declared": r.declaredScenario,
+		"claim":    r.claimScenario,
 		"curve":    r.curveScenario,
 	}
 	for _, name := range Scenarios {

@@ -98,7 +98,7 @@ next:
 func TestOnlyRejectsAnUnknownScenario(t *testing.T) {
 	t.Parallel()
 	_, err := Run(context.Background(), Config{Only: "streem"})
-	if err == nil || !strings.Contains(err.Error(), "stream, sinks, latency, steps, declared, curve") {
+	if err == nil || !strings.Contains(err.Error(), "stream, sinks, latency, steps, declared, claim, curve") {
 		t.Fatalf("err = %v", err)
 	}
 }

@@ -34,6 +34,8 @@ type env struct {
 	// synchronous_commit on): figures from a server without it flatter
 	// everyone alike but are not what production sees.
 	durable bool
+	// statements: pg_stat_statements is usable.
+	statements bool
 }
 
 const benchPublication = "compensa_bench_pub"
@@ -42,7 +44,9 @@ func openEnv(ctx context.Context, databaseURL string, progress func(string, ...a
 	e := &env{adminURL: databaseURL, pub: benchPublication}
 	if databaseURL == "" {
 		progress("starting a throwaway PostgreSQL (durable: fsync and synchronous_commit on)")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+		// pg_stat_statements: the step scenario reports where the server's
+		// time goes per statement (its overhead is the same for pgbench).
+		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
 		if err != nil {
 			return nil, err
 		}
@@ -102,6 +106,12 @@ func (e *env) init(ctx context.Context) error {
 		}
 	}
 	e.binDir = findClientBinDir()
+	// Optional: a server without the library preloaded has no statement
+	// statistics, and the step scenario says so.
+	if _, err := e.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err == nil {
+		var ok bool
+		e.statements = e.pool.QueryRow(ctx, `SELECT true FROM pg_stat_statements LIMIT 1`).Scan(&ok) == nil
+	}
 	return nil
 }
 

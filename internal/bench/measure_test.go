@@ -75,6 +75,8 @@ var requiredKeys = []string{
 	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
 	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",
 	"step_ratio", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
+	// issue 16
+	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
 }
 
 func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
@@ -85,12 +87,14 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 			{RowsPerTx: 100, Events: 10, RecvlogicalPerSec: 200, StreamPerSec: 190, StreamRatio: 0.95, CorrelatePerSec: 120, CorrelateRatio: 0.6},
 		},
 		Latency: []LatencyCase{
-			{Rate: 1000, Start: LatencySummary{P99: 12.5}, FirstStep: LatencySummary{P99: 20}},
+			{Rate: 1000, Start: LatencySummary{P99: 12.5}, FirstStep: LatencySummary{P99: 20}, End: LatencySummary{P99: 80}},
 			{Rate: 5000, Start: LatencySummary{P99: 30}, FirstStep: LatencySummary{P99: 45}},
 		},
-		Steps: &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5},
-		Sinks: &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
-		Curve: []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
+		Overload: &LatencyCase{Rate: 2600, Overload: true, StepsPerSec: 3600},
+		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, PeerDBOS: f64(1900), PeerRiver: f64(1000)},
+		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
+		Sinks:    &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
+		Curve:    []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
 	}
 	var buf bytes.Buffer
 	if err := full.WriteJSON(&buf); err != nil {
@@ -110,6 +114,9 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 	}
 	if got["start_p99_ms"] != 12.5 || got["high_rate_start_p99_ms"] != 30.0 {
 		t.Errorf("start_p99_ms must be the first (lower) rate's: %v, %v", got["start_p99_ms"], got["high_rate_start_p99_ms"])
+	}
+	if got["overload_steps_ratio"] != 0.9 || got["end_p99_ms"] != 80.0 || got["claim_ms_1m"] != 0.7 {
+		t.Errorf("overload %v (want 3600/4000), end %v, claim at 1M %v", got["overload_steps_ratio"], got["end_p99_ms"], got["claim_ms_1m"])
 	}
 	if got["peak_rss_mb"] != 30.0 || got["cpu_seconds_per_100k_events"] != 2.0 {
 		t.Errorf("resources: peak %v, cpu %v", got["peak_rss_mb"], got["cpu_seconds_per_100k_events"])
@@ -169,9 +176,13 @@ func TestUnfinishedEventsCountAsLowerBounds(t *testing.T) {
 	tl.step[1].Store(1 + 11*ms)
 	// Events 2 and 3 never had their first step; the wait ended at 1 s.
 	tl.stop.Store(1 + 1000*ms)
-	start, step, noStart, noStep := tl.summaries(0, 4)
-	if noStart != 0 || noStep != 2 {
-		t.Fatalf("unfinished = %d, %d; want 0, 2", noStart, noStep)
+	tl.end[0].Store(1 + 20*ms)
+	start, step, end, noStart, noStep, noEnd := tl.summaries(0, 4)
+	if noStart != 0 || noStep != 2 || noEnd != 3 {
+		t.Fatalf("unfinished = %d, %d, %d; want 0, 2, 3", noStart, noStep, noEnd)
+	}
+	if end.Count != 4 || end.Max != 999 {
+		t.Fatalf("end = %+v; want 4 samples, max 999 ms (the wait, from event 1's commit)", end)
 	}
 	if start.Count != 4 || start.Max != 2 {
 		t.Fatalf("start = %+v", start)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -24,6 +25,8 @@ type Report struct {
 	Latency         []LatencyCase    `json:"latency,omitempty"`
 	Steps           *StepsResult     `json:"steps,omitempty"`
 	Declared        *DeclaredResult  `json:"declared,omitempty"`
+	Overload        *LatencyCase     `json:"overload,omitempty"`
+	Claim           []ClaimCase      `json:"claim,omitempty"`
 	Curve           []CurvePoint     `json:"curve,omitempty"`
 
 	LoadAverage []ScenarioLoad `json:"load_average"`
@@ -94,11 +97,39 @@ type LatencyCase struct {
 	AchievedRate float64        `json:"achieved_rate"`
 	Start        LatencySummary `json:"start"`
 	FirstStep    LatencySummary `json:"first_step"`
-	// Events still without a saga start or a first step when the bounded
-	// wait ended: they count with the time waited, so the percentiles are
-	// lower bounds when these are not zero.
+	// End is the trigger's commit to the saga's COMPLETED commit.
+	End LatencySummary `json:"end"`
+	// Events still without a saga start, a first step or an end when the
+	// bounded wait ended: they count with the time waited, so the
+	// percentiles are lower bounds when these are not zero.
 	StartUnfinished     int `json:"start_unfinished"`
 	FirstStepUnfinished int `json:"first_step_unfinished"`
+	EndUnfinished       int `json:"end_unfinished"`
+	// StepsPerSec is the steps committed per second from the producer's
+	// start until every saga ended (or the wait gave up).
+	StepsPerSec float64 `json:"steps_per_sec"`
+	// Overload marks the overload case: the rate is twice the saga rate
+	// the step scenario sustained.
+	Overload bool `json:"overload,omitempty"`
+}
+
+// ClaimCase is the claim scenario at one backlog size.
+type ClaimCase struct {
+	Due int `json:"due"`
+	// ClaimMs is the median time of one claim of 8 instances; StartMs of
+	// the correlator's transaction starting 1,000 sagas.
+	ClaimMs float64 `json:"claim_ms"`
+	StartMs float64 `json:"start_ms"`
+}
+
+// StatementCost is one pg_stat_statements row of the step runs.
+type StatementCost struct {
+	Query           string  `json:"query"`
+	Calls           int64   `json:"calls"`
+	TotalMs         float64 `json:"total_ms"`
+	MeanMs          float64 `json:"mean_ms"`
+	PerStepMs       float64 `json:"ms_per_step"`
+	WALBytesPerCall float64 `json:"wal_bytes_per_call"`
 }
 
 // StepsResult is scenario 3.
@@ -118,9 +149,24 @@ type StepsResult struct {
 	Claims       int     `json:"claims"`
 	PerClaim     float64 `json:"instances_per_claim"`
 	ClaimSeconds float64 `json:"claim_seconds"`
+	// HotShare is the share of saga_instances updates during the runs
+	// that were HOT (no new index entries; pg_stat_user_tables).
+	HotShare float64 `json:"hot_update_share"`
+	// Statements are the server's costliest statements during the last
+	// run (pg_stat_statements, when the server has it).
+	Statements []StatementCost `json:"statements,omitempty"`
+	// PgbenchStatements: the same for pgbench's run (per transaction).
+	PgbenchStatements []StatementCost `json:"pgbench_statements,omitempty"`
 	// The runs behind the medians above.
 	StepsRuns   []float64 `json:"steps_runs,omitempty"`
 	PgbenchRuns []float64 `json:"pgbench_runs,omitempty"`
+	// Peers: steps/s of the same workload on DBOS Transact and River
+	// (default and 1 ms fetch cooldown), run by bench/peers between the
+	// runner's runs (medians; nil when not run).
+	PeerDBOS      *float64 `json:"peer_dbos_steps_per_sec,omitempty"`
+	PeerRiver     *float64 `json:"peer_river_steps_per_sec,omitempty"`
+	PeerRiverFast *float64 `json:"peer_river_fast_steps_per_sec,omitempty"`
+	PeerRuns      []string `json:"peer_runs,omitempty"`
 }
 
 // CurvePoint is one size of scenario 5 (and the source of scenario 4).
@@ -157,6 +203,17 @@ type Summary struct {
 	WebhookSinkEventsPerSec *float64 `json:"webhook_sink_events_per_sec"`
 	WebhookSinkRatio        *float64 `json:"webhook_sink_ratio"`
 	PeakRSSMB               *float64 `json:"peak_rss_mb"`
+	// The saga's end at the first rate (trigger commit → COMPLETED).
+	EndP99Ms *float64 `json:"end_p99_ms"`
+	// Steps/s while a backlog exists (producer at twice the sustained
+	// saga rate) over the step scenario's steps/s.
+	OverloadStepsRatio *float64 `json:"overload_steps_ratio"`
+	// Median claim of 8 with 1,000 and 1,000,000 due instances.
+	ClaimMs1k *float64 `json:"claim_ms_1k"`
+	ClaimMs1m *float64 `json:"claim_ms_1m"`
+	// The peers' steps/s in the same run (bench/peers, --peers).
+	PeerDBOSStepsPerSec  *float64 `json:"peer_dbos_steps_per_sec"`
+	PeerRiverStepsPerSec *float64 `json:"peer_river_steps_per_sec"`
 
 	// The 100-rows-per-transaction stream case.
 	Tx100RecvlogicalEventsPerSec *float64 `json:"tx100_recvlogical_events_per_sec"`
@@ -214,6 +271,7 @@ func (r *Report) Summary() Summary {
 		if i == 0 {
 			s.StartP99Ms = f64(c.Start.P99)
 			s.FirstStepP99Ms = f64(c.FirstStep.P99)
+			s.EndP99Ms = f64(c.End.P99)
 			s.FirstStepUnfinished = &unfinished
 		} else {
 			rate := c.Rate
@@ -230,6 +288,18 @@ func (r *Report) Summary() Summary {
 		s.StepsPerSec = f64(st.StepsPerSec)
 		s.PgbenchStepTPS = f64(st.PgbenchTPS)
 		s.StepRatio = f64(st.Ratio)
+		s.PeerDBOSStepsPerSec, s.PeerRiverStepsPerSec = st.PeerDBOS, st.PeerRiver
+		if o := r.Overload; o != nil && st.StepsPerSec > 0 {
+			s.OverloadStepsRatio = f64(o.StepsPerSec / st.StepsPerSec)
+		}
+	}
+	for _, c := range r.Claim {
+		switch c.Due {
+		case 1000:
+			s.ClaimMs1k = f64(c.ClaimMs)
+		case 1000000:
+			s.ClaimMs1m = f64(c.ClaimMs)
+		}
 	}
 	if n := len(r.Curve); n > 0 {
 		largest := r.Curve[n-1]
@@ -294,12 +364,25 @@ func (r *Report) WriteTable(w io.Writer) {
 		}
 	}
 	if len(r.Latency) > 0 {
-		fmt.Fprintln(tw, "\n2. latency (ms)\trate ev/s\tachieved\tevents\tstart p50\tp95\tp99\tmax\tfirst step p50\tp95\tp99\tmax\tunfinished (start, step)")
-		for i, c := range r.Latency {
+		fmt.Fprintln(tw, "\n2. latency (ms)\trate ev/s\tachieved\tevents\tstart p50\tp95\tp99\tmax\tfirst step p50\tp95\tp99\tmax\tend p50\tp99\tsteps/s\tunfinished (start, step, end)")
+		cases := r.Latency
+		if r.Overload != nil {
+			cases = append(slices.Clone(cases), *r.Overload)
+		}
+		for i, c := range cases {
 			target := ""
 			if i == 0 {
-				target = fmt.Sprintf("\ttargets: start p99 < 50 %s, first step p99 < 100 %s",
-					mark(c.Start.P99 < 50 && c.StartUnfinished == 0), mark(c.FirstStep.P99 < 100 && c.FirstStepUnfinished == 0))
+				target = fmt.Sprintf("\ttargets: start p99 < 50 %s, first step p99 < 100 %s, end p99 < 500 %s",
+					mark(c.Start.P99 < 50 && c.StartUnfinished == 0), mark(c.FirstStep.P99 < 100 && c.FirstStepUnfinished == 0),
+					mark(c.End.P99 < 500 && c.EndUnfinished == 0))
+			}
+			if c.Overload && r.Steps != nil && r.Steps.StepsPerSec > 0 {
+				ratio := c.StepsPerSec / r.Steps.StepsPerSec
+				target = fmt.Sprintf("\toverload (2× the sustained saga rate): steps/s %.2f of the step scenario's (≥0.9) %s", ratio, mark(ratio >= 0.9))
+			}
+			en := ""
+			if c.EndUnfinished > 0 {
+				en = "≥"
 			}
 			st, fs := "", ""
 			if c.StartUnfinished > 0 {
@@ -308,19 +391,45 @@ func (r *Report) WriteTable(w io.Writer) {
 			if c.FirstStepUnfinished > 0 {
 				fs = "≥"
 			}
-			fmt.Fprintf(tw, "\t%d\t%.0f\t%d\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%d, %d%s\n",
+			fmt.Fprintf(tw, "\t%d\t%.0f\t%d\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%.0f\t%d, %d, %d%s\n",
 				c.Rate, c.AchievedRate, c.Produced, st, c.Start.P50, st, c.Start.P95, st, c.Start.P99, st, c.Start.Max,
 				fs, c.FirstStep.P50, fs, c.FirstStep.P95, fs, c.FirstStep.P99, fs, c.FirstStep.Max,
-				c.StartUnfinished, c.FirstStepUnfinished, target)
+				en, c.End.P50, en, c.End.P99, c.StepsPerSec,
+				c.StartUnfinished, c.FirstStepUnfinished, c.EndUnfinished, target)
 		}
 		if len(r.Latency) > 0 {
 			fmt.Fprintln(tw, "\t(≥: some events had no saga start or first step when the wait ended; they count with the time waited, so the figure is a lower bound)")
 		}
 	}
 	if st := r.Steps; st != nil {
-		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.5)\tclaims\tinstances/claim\tclaim s")
-		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.5),
-			st.Claims, st.PerClaim, st.ClaimSeconds)
+		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.7)\tclaims\tinstances/claim\tclaim s\tHOT updates")
+		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\t%.0f%%\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.7),
+			st.Claims, st.PerClaim, st.ClaimSeconds, 100*st.HotShare)
+		if st.PeerDBOS != nil || st.PeerRiver != nil {
+			fmt.Fprintln(tw, "\n   peers, same workload (bench/peers)\tDBOS steps/s\tRiver steps/s\tRiver 1 ms cooldown steps/s\tours ÷ DBOS (≥2)\tours ÷ River (≥3)\tours ÷ River 1 ms")
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t%s\t%s\n", fmtPtr(st.PeerDBOS), fmtPtr(st.PeerRiver), fmtPtr(st.PeerRiverFast),
+				times(st.StepsPerSec, st.PeerDBOS), times(st.StepsPerSec, st.PeerRiver), times(st.StepsPerSec, st.PeerRiverFast))
+		}
+	}
+	if st := r.Steps; st != nil && len(st.Statements) > 0 {
+		fmt.Fprintln(tw, "\n   server time per statement (last run, pg_stat_statements)\tcalls\tmean ms\tms per step\tWAL bytes/call\tstatement")
+		for _, c := range st.Statements {
+			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\t%s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
+		}
+		for _, c := range st.PgbenchStatements {
+			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\tpgbench: %s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
+		}
+	}
+	if len(r.Claim) > 0 {
+		fmt.Fprintln(tw, "\n   claim and start cost vs backlog\tdue instances\tclaim of 8 ms (median)\tcorrelator start of 1,000 ms (median)")
+		for _, c := range r.Claim {
+			fmt.Fprintf(tw, "\t%d\t%.2f\t%.1f\n", c.Due, c.ClaimMs, c.StartMs)
+		}
+		if n := len(r.Claim); n > 1 && r.Claim[0].ClaimMs > 0 {
+			big := r.Claim[n-1]
+			ratio := big.ClaimMs / r.Claim[0].ClaimMs
+			fmt.Fprintf(tw, "\t(claim at %d ÷ at %d: %.2f, target ≤ 2 %s; start: %.2f)\n", big.Due, r.Claim[0].Due, ratio, mark(ratio <= 2), big.StartMs/r.Claim[0].StartMs)
+		}
 	}
 	if d := r.Declared; d != nil {
 		fmt.Fprintln(tw, "\n3b. declared steps\tsagas×steps\tGo steps/s\tdeclared steps/s\tdeclared_step_ratio (≥0.9)")
@@ -350,6 +459,20 @@ func (r *Report) WriteTable(w io.Writer) {
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "FAILED: %s\n", e)
 	}
+}
+
+func fmtPtr(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", *v)
+}
+
+func times(ours float64, peer *float64) string {
+	if peer == nil || *peer == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", ours / *peer)
 }
 
 func mark(ok bool) string {

@@ -36,8 +36,12 @@ import (
 // records how many there were (a relay that cannot keep up has no finite
 // percentile to report).
 func (r *run) latencyScenario(ctx context.Context) error {
-	for _, rt := range r.sz.latencyRates {
-		c, err := r.latencyCase(ctx, rt)
+	for i, rt := range r.sz.latencyRates {
+		d := r.sz.latencyDuration
+		if i == 0 {
+			d = r.sz.latencyLong
+		}
+		c, err := r.latencyCase(ctx, rt, d)
 		if err != nil {
 			return fmt.Errorf("%d events/s: %w", rt, err)
 		}
@@ -50,9 +54,9 @@ func (r *run) latencyScenario(ctx context.Context) error {
 // is done.
 func (r *run) drainLimit() time.Duration { return max(10*time.Second, r.sz.latencyDuration) }
 
-func (r *run) latencyCase(ctx context.Context, perSec int) (LatencyCase, error) {
+func (r *run) latencyCase(ctx context.Context, perSec int, dur time.Duration) (LatencyCase, error) {
 	e := r.env
-	count := int(float64(perSec) * r.sz.latencyDuration.Seconds())
+	count := int(float64(perSec) * dur.Seconds())
 	c := LatencyCase{Rate: perSec, Produced: count}
 	if err := e.reset(ctx); err != nil {
 		return c, err
@@ -63,10 +67,12 @@ func (r *run) latencyCase(ctx context.Context, perSec int) (LatencyCase, error) 
 	}
 	tl := newTimeline(count + 1) // seq 0 is the warm-up event
 
-	var bySeq sync.Map // instance id → seq, from the first step's Do
+	var bySeq, endSeq sync.Map // instance id → seq, from the first step's Do
+	var steps atomic.Int64     // step commits, for the steps/s under a backlog
 	reg := benchRegistry(func(x *saga.StepTx) {
 		if seq, ok := seqOf(x.State); ok {
 			bySeq.Store(x.Instance.ID, seq)
+			endSeq.Store(x.Instance.ID, seq)
 		}
 	})
 	cfg := (&saga.RunnerConfig{}).WithDefaults()
@@ -82,11 +88,19 @@ func (r *run) latencyCase(ctx context.Context, perSec int) (LatencyCase, error) 
 	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
 		Logger: r.log.With("component", "runner"),
 		Hooks: saga.Hooks{OnStep: func(ev saga.StepEvent) {
-			if ev.Compensation || ev.StepName != "reserve" || ev.Outcome != saga.OutcomeCompleted {
+			if ev.Compensation || ev.Outcome != saga.OutcomeCompleted {
+				return
+			}
+			steps.Add(1)
+			if ev.StepName != "reserve" {
 				return
 			}
 			if seq, ok := bySeq.LoadAndDelete(ev.InstanceID); ok {
 				tl.mark(tl.step, seq.(int64))
+			}
+		}, OnTerminal: func(ev saga.TerminalEvent) {
+			if seq, ok := endSeq.LoadAndDelete(ev.InstanceID); ok && ev.Status == saga.StatusCompleted {
+				tl.mark(tl.end, seq.(int64))
 			}
 		}},
 	})
@@ -135,28 +149,36 @@ func (r *run) latencyCase(ctx context.Context, perSec int) (LatencyCase, error) 
 	if err := prod.produce(ctx, 0, 1, 1); err != nil {
 		return c, err
 	}
-	if ok, err := tl.wait(ctx, 0, 1, 60*time.Second, streamErr); err != nil || !ok {
+	if ok, err := tl.wait(ctx, tl.end, 0, 1, 60*time.Second, streamErr); err != nil || !ok {
 		return c, fmt.Errorf("warm-up: the first event had no first step within a minute (%v)", err)
 	}
 	tl.stop.Store(0)
-	r.progress("latency: %d events/s for %s", perSec, r.sz.latencyDuration)
+	r.progress("latency: %d events/s for %s", perSec, dur)
+	steps0 := steps.Load()
 	began := time.Now()
 	if err := prod.produce(ctx, 1, count, perSec); err != nil {
 		return c, err
 	}
 	produced := time.Since(began)
 	c.Seconds, c.AchievedRate = produced.Seconds(), rate(count, produced)
-	complete, err := tl.wait(ctx, 1, count, r.drainLimit(), streamErr)
+	complete, err := tl.wait(ctx, tl.end, 1, count, max(r.drainLimit(), 2*dur), streamErr)
 	if err != nil {
 		return c, err
 	}
-	c.Start, c.FirstStep, c.StartUnfinished, c.FirstStepUnfinished = tl.summaries(1, count)
+	// Steps/s from the producer's start until every saga ended (or the
+	// wait gave up): under overload, the rate at which the runner works
+	// through the backlog.
+	c.StepsPerSec = rate(int(steps.Load()-steps0), time.Since(began))
+	if stop := tl.stop.Load(); stop != 0 {
+		c.StepsPerSec = rate(int(steps.Load()-steps0), tl.base.Add(time.Duration(stop)).Sub(began))
+	}
+	c.Start, c.FirstStep, c.End, c.StartUnfinished, c.FirstStepUnfinished, c.EndUnfinished = tl.summaries(1, count)
 	if !complete {
 		r.progress("latency: %d events/s: %d events without a saga start and %d without a first step %s after the producer stopped; they count with the time waited (a lower bound)",
 			perSec, c.StartUnfinished, c.FirstStepUnfinished, r.drainLimit())
 	}
-	r.progress("latency: %d events/s (achieved %.0f): start p50 %.1f p99 %.1f max %.1f ms; first step p50 %.1f p99 %.1f max %.1f ms",
-		perSec, c.AchievedRate, c.Start.P50, c.Start.P99, c.Start.Max, c.FirstStep.P50, c.FirstStep.P99, c.FirstStep.Max)
+	r.progress("latency: %d events/s (achieved %.0f): start p50 %.1f p99 %.1f max %.1f ms; first step p50 %.1f p99 %.1f max %.1f ms; end p99 %.1f ms; %.0f steps/s",
+		perSec, c.AchievedRate, c.Start.P50, c.Start.P99, c.Start.Max, c.FirstStep.P50, c.FirstStep.P99, c.FirstStep.Max, c.End.P99, c.StepsPerSec)
 	return c, nil
 }
 
@@ -166,12 +188,13 @@ type timeline struct {
 	// stop is when a bounded wait gave up (0: it did not).
 	stop atomic.Int64
 
-	base                time.Time
-	commit, start, step []atomic.Int64
+	base                     time.Time
+	commit, start, step, end []atomic.Int64
 }
 
 func newTimeline(n int) *timeline {
-	return &timeline{base: time.Now(), commit: make([]atomic.Int64, n), start: make([]atomic.Int64, n), step: make([]atomic.Int64, n)}
+	return &timeline{base: time.Now(), commit: make([]atomic.Int64, n), start: make([]atomic.Int64, n),
+		step: make([]atomic.Int64, n), end: make([]atomic.Int64, n)}
 }
 
 func (t *timeline) mark(col []atomic.Int64, seq int64) {
@@ -181,13 +204,13 @@ func (t *timeline) mark(col []atomic.Int64, seq int64) {
 	col[seq].CompareAndSwap(0, int64(time.Since(t.base))+1)
 }
 
-// wait blocks until events [from, from+n) have had their first step, or
-// limit passes (complete is then false, and the time is kept as the end of
-// the wait), or the stream fails.
-func (t *timeline) wait(ctx context.Context, from int64, n int, limit time.Duration, streamErr <-chan error) (complete bool, err error) {
+// wait blocks until events [from, from+n) have reached col (their first
+// step, or the saga's end), or limit passes (complete is then false, and the
+// time is kept as the end of the wait), or the stream fails.
+func (t *timeline) wait(ctx context.Context, col []atomic.Int64, from int64, n int, limit time.Duration, streamErr <-chan error) (complete bool, err error) {
 	deadline := time.Now().Add(limit)
 	for i := from; i < from+int64(n); {
-		if t.step[i].Load() != 0 {
+		if col[i].Load() != 0 {
 			i++
 			continue
 		}
@@ -209,12 +232,12 @@ func (t *timeline) wait(ctx context.Context, from int64, n int, limit time.Durat
 // summaries returns the distributions of events [from, from+n) and how many
 // had no saga start and no first step: those count with the time from their
 // commit to the end of the wait (a lower bound).
-func (t *timeline) summaries(from int64, n int) (start, step LatencySummary, noStart, noStep int) {
+func (t *timeline) summaries(from int64, n int) (start, step, end LatencySummary, noStart, noStep, noEnd int) {
 	stop := t.stop.Load()
 	if stop == 0 {
 		stop = int64(time.Since(t.base)) + 1
 	}
-	var s, f []time.Duration
+	var s, f, e []time.Duration
 	for i := from; i < from+int64(n); i++ {
 		c := t.commit[i].Load()
 		if c == 0 {
@@ -229,8 +252,9 @@ func (t *timeline) summaries(from int64, n int) (start, step LatencySummary, noS
 		}
 		s = append(s, at(t.start[i].Load(), &noStart))
 		f = append(f, at(t.step[i].Load(), &noStep))
+		e = append(e, at(t.end[i].Load(), &noEnd))
 	}
-	return summarize(s), summarize(f), noStart, noStep
+	return summarize(s), summarize(f), summarize(e), noStart, noStep, noEnd
 }
 
 // producer commits single-row outbox transactions on a schedule.

@@ -25,12 +25,20 @@ import (
 // paired ratios.
 func (r *run) stepsScenario(ctx context.Context) error {
 	var runs []StepsResult
+	var peers []peerRun
 	for i := range r.sz.repeats {
 		res, err := r.stepsRun(ctx, i)
 		if err != nil {
 			return err
 		}
 		runs = append(runs, res)
+		if r.cfg.Peers != "" {
+			p, err := r.runPeers(ctx, i)
+			if err != nil {
+				return err
+			}
+			peers = append(peers, p)
+		}
 	}
 	pick := func(f func(StepsResult) float64) float64 {
 		v := make([]float64, len(runs))
@@ -47,11 +55,37 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	res.Claims = int(pick(func(x StepsResult) float64 { return float64(x.Claims) }))
 	res.PerClaim = pick(func(x StepsResult) float64 { return x.PerClaim })
 	res.ClaimSeconds = pick(func(x StepsResult) float64 { return x.ClaimSeconds })
+	res.HotShare = pick(func(x StepsResult) float64 { return x.HotShare })
+	res.Statements = runs[len(runs)-1].Statements
+	res.PgbenchStatements = runs[len(runs)-1].PgbenchStatements
 	for _, x := range runs {
 		res.StepsRuns = append(res.StepsRuns, x.StepsPerSec)
 		res.PgbenchRuns = append(res.PgbenchRuns, x.PgbenchTPS)
 	}
+	if len(peers) > 0 {
+		var d, rv, rf []float64
+		for _, p := range peers {
+			d, rv, rf = append(d, p.DBOS), append(rv, p.River), append(rf, p.RiverFast)
+			res.PeerRuns = append(res.PeerRuns, fmt.Sprintf("dbos %.0f, river %.0f, river-fast %.0f", p.DBOS, p.River, p.RiverFast))
+		}
+		res.PeerDBOS, res.PeerRiver, res.PeerRiverFast = f64(median(d)), f64(median(rv)), f64(median(rf))
+	}
 	r.report.Steps = &res
+
+	// Overload: the whole relay while a producer starts sagas at twice the
+	// rate the runner just sustained, so that a backlog builds; the steps/s
+	// while it exists and drains, against the figure above.
+	if res.StepsPerSec > 0 {
+		rate := max(1, int(2*res.StepsPerSec/benchStepsPerSaga))
+		r.progress("steps: overload: starting sagas at %d/s (twice the sustained %.0f sagas/s) for %s", rate, res.StepsPerSec/benchStepsPerSaga, r.sz.overloadDuration)
+		c, err := r.latencyCase(ctx, rate, r.sz.overloadDuration)
+		if err != nil {
+			return fmt.Errorf("overload: %w", err)
+		}
+		c.Overload = true
+		r.report.Overload = &c
+		r.progress("steps: overload: %.0f steps/s while the backlog existed and drained: %.2f of the step scenario's %.0f", c.StepsPerSec, c.StepsPerSec/res.StepsPerSec, res.StepsPerSec)
+	}
 	return nil
 }
 
@@ -63,6 +97,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		return res, err
 	}
 	reg := benchRegistry(nil)
+	upd0, hot0 := e.instanceUpdates(ctx)
 	r.progress("steps: run %d/%d: starting %d sagas through the correlator", i+1, r.sz.repeats, n)
 	if err := seedSagas(ctx, e.pool, reg, e.slotName("seed"), n); err != nil {
 		return res, err
@@ -105,6 +140,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	if err != nil {
 		return res, err
 	}
+	e.resetStatements(ctx)
 	r.progress("steps: run %d/%d: running them (%s)", i+1, r.sz.repeats, cfg)
 	began := time.Now()
 	if err := runner.Start(ctx); err != nil {
@@ -143,10 +179,17 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	}
 	r.progress("steps: run %d/%d: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
 		i+1, r.sz.repeats, res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
+	pool.Close() // a backend's statistics reach pg_stat when it exits
+	res.Statements = e.topStatements(ctx, 8, res.Sagas*res.StepsPerSaga)
+	if upd1, hot1 := e.instanceUpdates(ctx); upd1 > upd0 {
+		res.HotShare = float64(hot1-hot0) / float64(upd1-upd0)
+	}
+	e.resetStatements(ctx)
 	pg, err := e.runPgbenchSteps(ctx, took, n)
 	if err != nil {
 		return res, err
 	}
+	res.PgbenchStatements = e.topStatements(ctx, 4, max(1, int(pg.TPS*pg.Duration.Seconds())))
 	res.PgbenchTPS, res.PgbenchClients, res.PgbenchSeconds = pg.TPS, pg.Clients, pg.Duration.Seconds()
 	if pg.TPS > 0 {
 		res.Ratio = res.StepsPerSec / pg.TPS
@@ -190,4 +233,47 @@ func seedSagas(ctx context.Context, pool *pgxpool.Pool, reg *saga.Registry, slot
 		done += size
 	}
 	return nil
+}
+
+// instanceUpdates reads how many updates of saga_instances there were, and
+// how many of them were HOT (no new index entries), from pg_stat.
+func (e *env) instanceUpdates(ctx context.Context) (upd, hot int64) {
+	time.Sleep(600 * time.Millisecond) // backends flush their statistics at most every 500 ms when idle
+	_ = e.pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'saga_instances'`).Scan(&upd, &hot)
+	return upd, hot
+}
+
+func (e *env) resetStatements(ctx context.Context) {
+	if e.statements {
+		_, _ = e.pool.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	}
+}
+
+// topStatements reads the n statements of this database with the most
+// server time since the last reset, per step of the run.
+func (e *env) topStatements(ctx context.Context, n, steps int) []StatementCost {
+	if !e.statements || steps == 0 {
+		return nil
+	}
+	rows, err := e.pool.Query(ctx, `
+SELECT left(regexp_replace(s.query, '\s+', ' ', 'g'), 90), s.calls, s.total_exec_time, s.mean_exec_time, s.wal_bytes::float8
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat%' AND s.calls >= 10
+ORDER BY s.total_exec_time DESC LIMIT $1`, n)
+	if err != nil {
+		return nil
+	}
+	defer rows.Close()
+	var out []StatementCost
+	for rows.Next() {
+		var c StatementCost
+		var wal float64
+		if rows.Scan(&c.Query, &c.Calls, &c.TotalMs, &c.MeanMs, &wal) != nil {
+			return out
+		}
+		c.PerStepMs = c.TotalMs / float64(steps)
+		c.WALBytesPerCall = wal / float64(max(c.Calls, 1))
+		out = append(out, c)
+	}
+	return out
 }

@@ -171,6 +171,42 @@ func (j *Journal) Append(_ context.Context, id, leaseID uuid.UUID, ev saga.Event
 	return tr.Instance.Version, nil
 }
 
+// AppendTerminal implements saga.TerminalAppender: Append, then
+// MarkTerminal, atomically.
+func (j *Journal) AppendTerminal(_ context.Context, id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) (int64, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e, ok := j.instances[id]
+	if !ok {
+		return 0, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+	}
+	now := j.clock()
+	if !saga.HoldsLease(e.inst, leaseID, now) {
+		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
+	}
+	if !ev.Kind.Appendable() {
+		return 0, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
+	}
+	kind, err := saga.TerminalKind(final)
+	if err != nil {
+		return 0, err
+	}
+	first, err := saga.Advance(e.inst, e.current(), ev, now)
+	if err != nil {
+		return 0, err
+	}
+	// The terminal event sees the record of the step the first event
+	// left current (none after a step_completed), as a second read would.
+	cur := saga.CurrentRecord(first, e.current())
+	end, err := saga.Advance(first.Instance, cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, now)
+	if err != nil {
+		return 0, err
+	}
+	j.apply(e, first)
+	j.apply(e, end)
+	return end.Instance.Version, nil
+}
+
 // Heartbeat implements saga.Journal.
 func (j *Journal) Heartbeat(_ context.Context, id, leaseID uuid.UUID, d time.Duration) (bool, error) {
 	j.mu.Lock()

@@ -182,6 +182,47 @@ func (j *Journal) Append(ctx context.Context, id, leaseID uuid.UUID, ev saga.Eve
 	return version, nil
 }
 
+// AppendTerminal implements saga.TerminalAppender: Append's event and
+// MarkTerminal's terminal event from one locking read, written in one
+// round trip (two statements in a batch), instead of two reads and two
+// writes.
+func (j *Journal) AppendTerminal(ctx context.Context, id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) (int64, error) {
+	var version int64
+	err := j.mutateAll(ctx, sqlLockByID, id, func(rows []locked) ([]saga.Transition, error) {
+		if len(rows) == 0 {
+			return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+		}
+		r := rows[0]
+		if !saga.HoldsLease(r.inst, leaseID, r.now) {
+			return nil, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
+		}
+		if !ev.Kind.Appendable() {
+			return nil, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
+		}
+		kind, err := saga.TerminalKind(final)
+		if err != nil {
+			return nil, err
+		}
+		first, err := saga.Advance(r.inst, r.cur, ev, r.now)
+		if err != nil {
+			return nil, err
+		}
+		// The terminal event sees the record of the step the first event
+		// left current (none after a step_completed), as a second read would.
+		cur := saga.CurrentRecord(first, r.cur)
+		end, err := saga.Advance(first.Instance, cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, r.now)
+		if err != nil {
+			return nil, err
+		}
+		version = end.Instance.Version
+		return []saga.Transition{first, end}, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return version, nil
+}
+
 // MarkTerminal implements saga.Journal, in two round trips like Append.
 func (j *Journal) MarkTerminal(ctx context.Context, id, leaseID uuid.UUID, final saga.Status, reason string) (bool, error) {
 	var done bool
@@ -269,6 +310,19 @@ type locked struct {
 // transaction that is two round trips; in its own, BEGIN rides with the read
 // and COMMIT with the write, so it is two as well.
 func (j *Journal) mutate(ctx context.Context, lockSQL string, key uuid.UUID, decide func([]locked) (*saga.Transition, error)) (err error) {
+	return j.mutateAll(ctx, lockSQL, key, func(rows []locked) ([]saga.Transition, error) {
+		tr, err := decide(rows)
+		if err != nil || tr == nil {
+			return nil, err
+		}
+		return []saga.Transition{*tr}, nil
+	})
+}
+
+// mutateAll is mutate for several transitions of one instance, each applied
+// to the previous one's result: one locking read, then one batch with a
+// write per transition (each checks the version the previous one wrote).
+func (j *Journal) mutateAll(ctx context.Context, lockSQL string, key uuid.UUID, decide func([]locked) ([]saga.Transition, error)) (err error) {
 	s, err := j.open(ctx)
 	if err != nil {
 		return err
@@ -284,32 +338,50 @@ func (j *Journal) mutate(ctx context.Context, lockSQL string, key uuid.UUID, dec
 	if err != nil {
 		return fmt.Errorf("pgjournal: read %s: %w", key, err)
 	}
-	tr, err := decide(rows)
-	if err != nil || tr == nil {
+	trs, err := decide(rows)
+	if err != nil || len(trs) == 0 {
 		return err
 	}
 
 	write := &pgx.Batch{}
-	write.Queue(sqlWrite, writeArgs(*tr)...)
+	pair := len(trs) == 2 && trs[1].Step == nil
+	if pair {
+		// One statement: the projection updated once (one row version,
+		// one set of index entries), both events inserted.
+		write.Queue(sqlWritePair, pairArgs(trs[0], trs[1])...)
+	} else {
+		for _, tr := range trs {
+			write.Queue(sqlWrite, writeArgs(tr)...)
+		}
+	}
 	if s.own() {
 		write.Queue("COMMIT")
 	}
 	br := s.q.SendBatch(ctx, write)
-	var seq int64
-	err = br.QueryRow().Scan(&seq)
-	if errors.Is(err, pgx.ErrNoRows) {
-		err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
+	if pair {
+		err = readPair(br, trs[0])
+	} else {
+		for _, tr := range trs {
+			var seq int64
+			err = br.QueryRow().Scan(&seq)
+			if errors.Is(err, pgx.ErrNoRows) {
+				err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
+			}
+			if err != nil {
+				err = fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
+				break
+			}
+		}
 	}
 	if err == nil && s.own() {
-		_, err = br.Exec()
+		if _, err = br.Exec(); err != nil {
+			err = fmt.Errorf("pgjournal: commit %s: %w", key, err)
+		}
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("pgjournal: write %s: %w", key, cerr)
 	}
-	if err != nil {
-		return fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
-	}
-	return nil
+	return err
 }
 
 // session is where one mutation runs: the caller's transaction, or a
@@ -400,6 +472,40 @@ func writeArgs(tr saga.Transition) []any {
 	}
 	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
 	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+}
+
+// pairArgs are sqlWritePair's parameters: the projection after second, the
+// version before first, first's step record, both events.
+func pairArgs(first, second saga.Transition) []any {
+	args := writeArgs(second)[:28]
+	args[16] = first.Instance.Version - 1
+	copy(args[17:28], writeArgs(first)[17:28])
+	for _, tr := range []saga.Transition{first, second} {
+		payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+		args = append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+	}
+	return args
+}
+
+// readPair reads sqlWritePair's result: two events, or none when the
+// projection's version was not the one read.
+func readPair(br pgx.BatchResults, first saga.Transition) error {
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("pgjournal: write %s (%s and the terminal event): %w", first.Instance.ID, first.Event.Kind, err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgjournal: write %s (%s and the terminal event): %w", first.Instance.ID, first.Event.Kind, err)
+	}
+	if n != 2 {
+		return fmt.Errorf("pgjournal: write %s: instance changed under its row lock (version %d expected): nothing was written", first.Instance.ID, first.Instance.Version-1)
+	}
+	return nil
 }
 
 // jsonArg passes absent JSON as SQL NULL.

@@ -1,0 +1,94 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// claimScenario measures whether a backlog makes the runner's claim or the
+// correlator's start slower: with 1,000 and then 1,000,000 due instances
+// (RUNNING, next_attempt_at in the past, no lease), the median time of a
+// claim of ClaimBatch (8) instances, and of the correlator's transaction
+// starting 1,000 more. A flat cost is the promise; a cost that grows with
+// the backlog feeds the backlog.
+func (r *run) claimScenario(ctx context.Context) error {
+	e := r.env
+	if err := e.reset(ctx); err != nil {
+		return err
+	}
+	reg := benchRegistry(nil)
+	journal, err := pgjournal.New(e.pool, nil)
+	if err != nil {
+		return err
+	}
+	corr, err := correlator.New(e.pool, &correlator.Config{Registry: reg, DisableNotify: true})
+	if err != nil {
+		return err
+	}
+	tenant := uuid.MustParse(benchTenant)
+	have := 0
+	var lsn pglogrepl.LSN = 0x20000000
+	for _, size := range r.sz.claimSizes {
+		r.progress("claim: filling the backlog to %d due instances", size)
+		for have < size {
+			k := min(100000, size-have)
+			if _, err := e.pool.Exec(ctx, sqlDueBacklog, k, benchSaga, tenant); err != nil {
+				return fmt.Errorf("claim: fill the backlog: %w", err)
+			}
+			have += k
+		}
+		if _, err := e.pool.Exec(ctx, `VACUUM ANALYZE saga_instances`); err != nil {
+			return err
+		}
+		e.checkpoint(ctx)
+		const rounds = 25
+		claims := make([]float64, 0, rounds)
+		for range rounds {
+			began := time.Now()
+			insts, err := journal.ClaimPending(ctx, 8, time.Minute)
+			if err != nil {
+				return fmt.Errorf("claim: %w", err)
+			}
+			if len(insts) != 8 {
+				return fmt.Errorf("claim: %d instances claimed from a backlog of %d, want 8", len(insts), size)
+			}
+			claims = append(claims, ms(time.Since(began)))
+		}
+		starts := make([]float64, 0, 5)
+		for range 5 {
+			evs := make([]outbox.Event, 1000)
+			for j := range evs {
+				evs[j] = outbox.Event{ID: uuid.New(), TenantID: tenant, AggregateType: "order", AggregateID: fmt.Sprint(j),
+					EventType: benchEventType, Payload: fmt.Appendf(nil, `{"seq": %d, "currency": "EUR", "amount_cents": 4200}`, j)}
+			}
+			lsn += 0x1000
+			began := time.Now()
+			if err := corr.HandleBatch(ctx, cdc.Batch{Slot: e.slotName("claim"), Events: evs, CommitLSN: lsn, EndLSN: lsn + 0x10, CommitTime: time.Now()}); err != nil {
+				return fmt.Errorf("claim: correlator start: %w", err)
+			}
+			starts = append(starts, ms(time.Since(began)))
+			have += len(evs)
+		}
+		c := ClaimCase{Due: size, ClaimMs: median(claims), StartMs: median(starts)}
+		r.progress("claim: %d due: claim of 8 %.2f ms, correlator start of 1,000 %.1f ms (medians)", size, c.ClaimMs, c.StartMs)
+		r.report.Claim = append(r.report.Claim, c)
+	}
+	return nil
+}
+
+// sqlDueBacklog inserts $1 due RUNNING instances of saga $2 (no lease,
+// next_attempt_at spread over the past hour), as a backlog of started sagas
+// leaves them.
+const sqlDueBacklog = `
+INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
+SELECT $3, $2, 1, gen_random_uuid(), now() - interval '1 hour' + g * interval '1 microsecond'
+FROM generate_series(1, $1::int) g`

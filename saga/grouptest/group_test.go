@@ -1,0 +1,313 @@
+package grouptest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+// childEnv names the database a child process runs the group runner on.
+const childEnv = "COMPENSA_GROUPTEST_CHILD_URL"
+
+func TestMain(m *testing.M) {
+	if url := os.Getenv(childEnv); url != "" {
+		os.Exit(runChild(url))
+	}
+	os.Exit(pgtest.Main(m))
+}
+
+// hooks lets a test act inside a step (on its first attempt of step 0).
+type hooks struct {
+	onFirst func(ctx context.Context, x *saga.StepTx, xid string) error
+}
+
+// definition is three steps that each record their effect in effects, in
+// the step's transaction (its savepoint, in a group); the hook is told the
+// transaction id step 0's first attempt ran in.
+func definition(h *hooks) saga.Definition {
+	step := func(name string) saga.Step {
+		return saga.Step{
+			Name:  name,
+			Retry: saga.RetryPolicy{MaxAttempts: 5, Base: 10 * time.Millisecond, Factor: 1, Max: 10 * time.Millisecond, Jitter: -1},
+			Do: func(ctx context.Context, x *saga.StepTx) error {
+				var xid string
+				if err := x.Tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+					return err
+				}
+				if _, err := x.Tx.Exec(ctx, `INSERT INTO effects (instance_id, step, attempt) VALUES ($1, $2, $3)`, x.Instance.ID, name, x.Attempt); err != nil {
+					return err
+				}
+				if h != nil && h.onFirst != nil && x.Step == 0 && x.Attempt == 1 {
+					return h.onFirst(ctx, x, xid)
+				}
+				return nil
+			},
+		}
+	}
+	return saga.Definition{Name: "grp", Version: 1, Triggers: []saga.Trigger{{EventType: "grp.started"}},
+		Steps: []saga.Step{step("one"), step("two"), step("three")}}
+}
+
+const sqlEffects = `CREATE TABLE IF NOT EXISTS effects (id bigserial PRIMARY KEY, instance_id uuid NOT NULL, step text NOT NULL, attempt int NOT NULL)`
+
+func startMany(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, context)
+		SELECT gen_random_uuid(), 'grp', 1, gen_random_uuid(), '{}'::jsonb FROM generate_series(1, $1) RETURNING id`, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func runner(t *testing.T, pool *pgxpool.Pool, def saga.Definition, cfg saga.RunnerConfig) *saga.Runner {
+	t.Helper()
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := saga.NewRegistry()
+	reg.MustRegister(def)
+	cfg.PollInterval, cfg.MaxPollInterval = 20*time.Millisecond, 200*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	r, err := saga.NewRunner(j, pool, reg, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := r.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	return r
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func waitCompleted(t *testing.T, pool *pgxpool.Pool, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for count(t, pool, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d sagas COMPLETED after %s", count(t, pool, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`), n, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// exactlyOnce checks that every instance has one effect per step and the
+// journal 1..4 (three steps, then completed), no more.
+func exactlyOnce(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	if got := count(t, pool, `SELECT count(*) FROM (SELECT instance_id, step FROM effects GROUP BY 1, 2 HAVING count(*) <> 1) d`); got != 0 {
+		t.Fatalf("%d (instance, step) pairs whose effect committed other than once", got)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM effects`); got != 3*n {
+		t.Fatalf("%d effects, want %d", got, 3*n)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM saga_events WHERE kind IN ('step_completed', 'completed')`); got != 4*n {
+		t.Fatalf("%d step_completed/completed events, want %d", got, 4*n)
+	}
+}
+
+// mates are the instances whose first step committed in transaction xid
+// (their journal entry for it has that xid: the first event of an instance
+// takes its writer's transaction id).
+func mates(t *testing.T, pool *pgxpool.Pool, xid string, except uuid.UUID) int {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM saga_events WHERE version = 1 AND xid::text = $1 AND instance_id <> $2`, xid, except)
+}
+
+// TestGroupCommitFailingStepLeavesBatchMatesCommitted: a step that fails
+// inside a group rolls back to its savepoint: its own effect is gone, the
+// steps of its batch-mates commit in that transaction, and it is retried.
+func TestGroupCommitFailingStepLeavesBatchMatesCommitted(t *testing.T) {
+	db := pgtest.NewDB(t)
+	if _, err := db.Pool.Exec(context.Background(), sqlEffects); err != nil {
+		t.Fatal(err)
+	}
+	const n = 24
+	startMany(t, db.Pool, n)
+	// The victim is the first instance to run: the first claim comes back
+	// full (a backlog), so it runs in a group.
+	var victim uuid.UUID
+	var once sync.Once
+	boom := errors.New("boom")
+	var victimXID string
+	def := definition(&hooks{onFirst: func(_ context.Context, x *saga.StepTx, xid string) error {
+		once.Do(func() { victim, victimXID = x.Instance.ID, xid })
+		if x.Instance.ID == victim {
+			return boom
+		}
+		return nil
+	}})
+	runner(t, db.Pool, def, saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8})
+	waitCompleted(t, db.Pool, n, 2*time.Minute)
+	exactlyOnce(t, db.Pool, n)
+	x := victimXID
+	if x == "" {
+		t.Fatal("the victim's first attempt never ran")
+	}
+	if m := mates(t, db.Pool, x, victim); m == 0 {
+		t.Fatalf("no batch-mate committed its first step in the victim's transaction %s: the failure was not inside a group", x)
+	}
+	if got := count(t, db.Pool, `SELECT attempt FROM effects WHERE instance_id = $1 AND step = 'one'`, victim); got != 2 {
+		t.Fatalf("the victim's step committed on attempt %d, want 2 (attempt 1 rolled back to its savepoint)", got)
+	}
+	if got := count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE instance_id = $1 AND kind = 'step_failed'`, victim); got != 1 {
+		t.Fatalf("%d step_failed events for the victim, want 1", got)
+	}
+}
+
+// TestGroupCommitLostLeaseRollsBackOnlyItsSavepoint: an instance whose lease
+// is lost while its group runs has its step rolled back (its savepoint
+// only); the batch-mates commit; it runs again under a new claim.
+func TestGroupCommitLostLeaseRollsBackOnlyItsSavepoint(t *testing.T) {
+	db := pgtest.NewDB(t)
+	if _, err := db.Pool.Exec(context.Background(), sqlEffects); err != nil {
+		t.Fatal(err)
+	}
+	const n = 24
+	startMany(t, db.Pool, n)
+	var victim uuid.UUID // the first instance to run (in a group: see above)
+	var lost atomic.Int64
+	var fired atomic.Bool
+	var victimXID string
+	def := definition(&hooks{onFirst: func(ctx context.Context, x *saga.StepTx, xid string) error {
+		if !fired.CompareAndSwap(false, true) {
+			return nil
+		}
+		victim, victimXID = x.Instance.ID, xid
+		// Another party takes the lease away (its expiry in the past), on
+		// a connection of its own: the victim's journal write is fenced.
+		_, err := db.Pool.Exec(ctx, `UPDATE saga_instances SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = $1`, x.Instance.ID)
+		return err
+	}})
+	cfg := saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8}
+	cfg.Hooks.OnStep = func(ev saga.StepEvent) {
+		if ev.Outcome == saga.OutcomeLeaseLost {
+			lost.Add(1)
+		}
+	}
+	runner(t, db.Pool, def, cfg)
+	waitCompleted(t, db.Pool, n, 2*time.Minute)
+	exactlyOnce(t, db.Pool, n)
+	if lost.Load() != 1 {
+		t.Fatalf("%d lease-lost outcomes, want 1", lost.Load())
+	}
+	x := victimXID
+	if x == "" {
+		t.Fatal("the victim's first attempt never ran")
+	}
+	if m := mates(t, db.Pool, x, victim); m == 0 {
+		t.Fatalf("no batch-mate committed its first step in the victim's transaction %s (victim %s)", x, victim)
+	}
+	if got := count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE instance_id = $1 AND xid::text = $2`, victim, x); got != 0 {
+		t.Fatalf("the victim has %d journal entries from the transaction that lost its lease", got)
+	}
+}
+
+// TestGroupCommitKilledMidBatchLosesAndDoublesNothing: a runner process
+// doing group commits is killed with SIGKILL while it works through a
+// backlog; another runner takes over once the leases expire. Every saga
+// completes with each step's effect and journal entry exactly once.
+func TestGroupCommitKilledMidBatchLosesAndDoublesNothing(t *testing.T) {
+	db := pgtest.NewDB(t)
+	if _, err := db.Pool.Exec(context.Background(), sqlEffects); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	startMany(t, db.Pool, n)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+db.URL)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for count(t, db.Pool, `SELECT count(*) FROM effects`) < n/2 {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatal("the child runner made no progress")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	done := count(t, db.Pool, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`)
+	if done == n {
+		t.Fatalf("all %d sagas completed before the kill: nothing was in flight", n)
+	}
+	runner(t, db.Pool, definition(nil), saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second})
+	waitCompleted(t, db.Pool, n, 3*time.Minute)
+	exactlyOnce(t, db.Pool, n)
+	t.Logf("killed with %d of %d sagas completed", done, n)
+}
+
+// runChild is the child process of the kill test: a group-commit runner
+// with a short lease, until it is killed.
+func runChild(url string) int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	reg := saga.NewRegistry()
+	reg.MustRegister(definition(nil))
+	r, err := saga.NewRunner(j, pool, reg, &saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := r.Start(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	select {} // until SIGKILL
+}
