@@ -76,8 +76,10 @@ overview-bench: postgres
 
 # `make test-sinks` is the sink fault suite of issue 15 (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
-# webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook.
-# `make test` runs its short mode (2 kills, 3 s outages) with the other packages.
+# webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook;
+# and a webhook sink down for 2 minutes under a steady load of sagas.
+# `make test` runs its short mode (2 kills, 3 s outages, a 6 s sink outage)
+# with the other packages.
 .PHONY: test-sinks
 test-sinks: postgres
-	$(GO) test -race -count=1 -v -timeout 30m -run '^TestSinkFaults$$' ./test/sinks -args -sinks.full
+	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full

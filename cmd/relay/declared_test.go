@@ -41,7 +41,7 @@ func TestSagasTestWalksTheExample(t *testing.T) {
 		code int
 		want string
 	}{
-		{"forward", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"id":"ch_1"}`}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
+		{"forward", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"id":"ch_1"}`, "--reply", `ship={"ok":true,"tracking":"TRK-1"}`}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
 
 1. reserve_stock (sql)
    sql: UPDATE stock SET reserved = reserved + $1 WHERE sku = $2 AND on_hand - reserved >= $1 RETURNING sku
@@ -58,15 +58,21 @@ func TestSagasTestWalksTheExample(t *testing.T) {
    response: {"body":{"id":"ch_1"},"headers":{},"status":200}
    output: {"charge_id":"ch_1"}
 
-3. confirm (sql)
-   sql: UPDATE orders SET status = 'CONFIRMED' WHERE id = $1::uuid
+3. ship (command)
+   command: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"shipping.requested","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","qty":2,"sku":"apple"}} (its id is the step's command id), then waits up to 30s for the reply
+   reply: {"ok":true,"tracking":"TRK-1"}
+   output: {"tracking":"TRK-1"}
+
+4. confirm (sql)
+   sql: UPDATE orders SET status = 'CONFIRMED', tracking = $2 WHERE id = $1::uuid
    $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
+   $2 = "TRK-1"
    result: 0 row(s) [] (expect one_row)
-   emit: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"order.confirmed","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"}}
+   emit: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"order.confirmed","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","tracking":"TRK-1"}}
 
 COMPLETED
 `},
-		{"fail confirm", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"status":201,"body":{"id":"ch_9"}}`, "--fail", "confirm"}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
+		{"fail confirm", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"status":201,"body":{"id":"ch_9"}}`, "--reply", `ship={"ok":true,"tracking":"TRK-1"}`, "--fail", "confirm"}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
 
 1. reserve_stock (sql)
    sql: UPDATE stock SET reserved = reserved + $1 WHERE sku = $2 AND on_hand - reserved >= $1 RETURNING sku
@@ -83,11 +89,19 @@ COMPLETED
    response: {"body":{"id":"ch_9"},"headers":{},"status":201}
    output: {"charge_id":"ch_9"}
 
-3. confirm (sql)
-   sql: UPDATE orders SET status = 'CONFIRMED' WHERE id = $1::uuid
+3. ship (command)
+   command: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"shipping.requested","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","qty":2,"sku":"apple"}} (its id is the step's command id), then waits up to 30s for the reply
+   reply: {"ok":true,"tracking":"TRK-1"}
+   output: {"tracking":"TRK-1"}
+
+4. confirm (sql)
+   sql: UPDATE orders SET status = 'CONFIRMED', tracking = $2 WHERE id = $1::uuid
    $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
+   $2 = "TRK-1"
    result: 0 row(s) [] (expect one_row)
    FAILS (--fail confirm): the saga compensates the steps before it, newest first
+
+compensate 3. ship: nothing to undo (no compensate)
 
 compensate 2. charge_payment (http)
    POST http://127.0.0.1:8099/charges/ch_9/refund
@@ -100,8 +114,8 @@ compensate 1. reserve_stock (sql)
 
 COMPENSATED
 `},
-		{"no rows for result.rows[0]", nil, 1, "relay: ../../examples/orders/sagas/order_fulfilment.yaml:21:23: expression ${ result.rows[0].sku } failed: index out of bounds: 0\n"},
-		{"unknown step", []string{"--fail", "ship"}, 1, "relay: --fail ship: the saga has no such step; use one of: reserve_stock, charge_payment, confirm\n"},
+		{"no rows for result.rows[0]", nil, 1, "relay: ../../examples/orders/sagas/order_fulfilment.yaml:24:23: expression ${ result.rows[0].sku } failed: index out of bounds: 0\n"},
+		{"unknown step", []string{"--fail", "pack"}, 1, "relay: --fail pack: the saga has no such step; use one of: reserve_stock, charge_payment, ship, confirm\n"},
 		{"bad reply flag", []string{"--rows", "reserve_stock"}, 2, "relay: --rows \"reserve_stock\": write step=JSON, e.g. --rows ship='{\"tracking\": \"T1\"}'\n"},
 	}
 	for _, tc := range cases {
@@ -129,7 +143,7 @@ COMPENSATED
 func TestSagasValidate(t *testing.T) {
 	t.Parallel()
 	out, code := runDeclaredCLI(t, "sagas", "validate", "../../examples/orders/sagas")
-	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → confirm (sql)\n"
+	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → ship (command) → confirm (sql)\n"
 	if code != 0 || out != want {
 		t.Fatalf("exit %d:\n%s\nwant:\n%s", code, out, want)
 	}

@@ -1,7 +1,8 @@
 -- The orders example's application tables (the relay's own come from relay migrate).
 CREATE TABLE IF NOT EXISTS orders (
     id     uuid PRIMARY KEY,
-    status text NOT NULL DEFAULT 'PLACED'
+    status   text NOT NULL DEFAULT 'PLACED',
+    tracking text  -- the shipping service's reply, set by the saga's confirm step
 );
 CREATE TABLE IF NOT EXISTS stock (
     sku      text PRIMARY KEY,

@@ -1,11 +1,18 @@
 // Command run is `make example-orders`: it starts a throwaway PostgreSQL, the
-// Python payment service (examples/orders/payments.py) and the relay with
-// --sagas examples/orders/sagas, places orders (some declined, one whose
-// stock runs out), and prints what happened to each, as `relay demo` does.
+// Python payment service (examples/orders/payments.py), the Python shipping
+// service (examples/orders/shipping.py) and the relay with --sagas
+// examples/orders/sagas --sinks examples/orders/sinks.yaml, places orders
+// (some declined, one whose stock runs out), and prints what happened to
+// each, as `relay demo` does. The saga's ship step is a command that the
+// webhook sink delivers to the shipping service, which replies through the
+// relay's POST /v1/events.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -70,14 +77,29 @@ func run() error {
 	}
 	defer func() { _ = pay.Process.Kill(); _ = pay.Wait() }()
 
-	fmt.Println("starting the relay with --sagas examples/orders/sagas …")
+	// The webhook sink signs with this secret; the shipping service verifies
+	// with it and replies with the relay's API token.
+	relayAddr := "127.0.0.1:8097"
+	webhookSecret := "whsec_" + base64.StdEncoding.EncodeToString(randomBytes(32))
+	apiToken := hex.EncodeToString(randomBytes(32))
+	fmt.Println("starting the shipping service (python3 examples/orders/shipping.py 8098) …")
+	ship := exec.Command("python3", filepath.Join(root, "examples", "orders", "shipping.py"), "8098")
+	ship.Env = append(os.Environ(), "SHIPPING_WEBHOOK_SECRET="+webhookSecret, "RELAY_URL=http://"+relayAddr, "RELAY_API_TOKEN="+apiToken)
+	ship.Stderr = os.Stderr
+	if err := ship.Start(); err != nil {
+		return fmt.Errorf("python3: %w", err)
+	}
+	defer func() { _ = ship.Process.Kill(); _ = ship.Wait() }()
+
+	fmt.Println("starting the relay with --sagas examples/orders/sagas --sinks examples/orders/sinks.yaml …")
 	logf, err := os.CreateTemp("", "example-orders-relay-*.log")
 	if err != nil {
 		return err
 	}
 	relay := exec.Command(relayBin, "run", "--database-url", c.URL, "--sagas", filepath.Join(root, "examples", "orders", "sagas"),
-		"--http-addr", "127.0.0.1:0", "--status-interval", "200ms")
-	relay.Env = append(os.Environ(), "RELAY_SECRET_PAYMENTS_TOKEN="+token)
+		"--sinks", filepath.Join(root, "examples", "orders", "sinks.yaml"),
+		"--http-addr", relayAddr, "--status-interval", "200ms")
+	relay.Env = append(os.Environ(), "RELAY_SECRET_PAYMENTS_TOKEN="+token, "SHIPPING_WEBHOOK_SECRET="+webhookSecret, "RELAY_API_TOKEN="+apiToken)
 	relay.Stdout, relay.Stderr = logf, logf
 	if err := relay.Start(); err != nil {
 		return err
@@ -133,12 +155,19 @@ func run() error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	fmt.Printf("%-38s %-6s %4s %7s  %-12s %-10s %s\n", "order", "sku", "qty", "cents", "saga", "order", "expected")
+	fmt.Printf("%-38s %-6s %4s %7s  %-12s %-10s %-13s %s\n", "order", "sku", "qty", "cents", "saga", "order", "tracking", "expected")
+	unexpected := 0
 	for _, o := range orders {
-		var st, ost, why string
-		_ = pool.QueryRow(ctx, `SELECT i.status::text, coalesce(i.compensation_reason, ''), o.status FROM saga_instances i JOIN orders o ON o.id = $1
-			WHERE i.context->'trigger'->'payload'->>'order_id' = $1::text`, o.id).Scan(&st, &why, &ost)
-		fmt.Printf("%-38s %-6s %4d %7d  %-12s %-10s %s\n", o.id, o.sku, o.qty, o.cents, st, ost, o.note)
+		var st, ost, why, tracking string
+		_ = pool.QueryRow(ctx, `SELECT i.status::text, coalesce(i.compensation_reason, ''), o.status, coalesce(o.tracking, '-') FROM saga_instances i JOIN orders o ON o.id = $1
+			WHERE i.context->'trigger'->'payload'->>'order_id' = $1::text`, o.id).Scan(&st, &why, &ost, &tracking)
+		fmt.Printf("%-38s %-6s %4d %7d  %-12s %-10s %-13s %s\n", o.id, o.sku, o.qty, o.cents, st, ost, tracking, o.note)
+		// The example checks itself: accepted orders complete through the
+		// shipping service's reply; the others are compensated.
+		accepted := o.note == "accepted"
+		if accepted && (st != "COMPLETED" || ost != "CONFIRMED" || !strings.HasPrefix(tracking, "TRK-")) || !accepted && st != "COMPENSATED" {
+			unexpected++
+		}
 		if why != "" {
 			fmt.Printf("    why: %s\n", strings.TrimSpace(why))
 		}
@@ -164,8 +193,28 @@ func run() error {
 	resp.Body.Close()
 	fmt.Printf("\npayment service: %v charges, %v declined, %v refunds, %v retries deduplicated by Idempotency-Key\n",
 		stats["charges"], stats["declined"], stats["refunds"], stats["retries_deduplicated"])
+	resp, err = http.Get("http://127.0.0.1:8098/stats")
+	if err != nil {
+		return err
+	}
+	var shipStats map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&shipStats)
+	resp.Body.Close()
+	fmt.Printf("shipping service: %v commands received through the webhook sink (%v bad signatures), %v replies posted to POST /v1/events\n",
+		shipStats["commands"], shipStats["bad_signatures"], shipStats["replies"])
 	var confirmed int
 	_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE event_type = 'order.confirmed'`).Scan(&confirmed)
 	fmt.Printf("order.confirmed events written: %d\n", confirmed)
+	if unexpected > 0 {
+		return fmt.Errorf("%d orders did not end as expected; see the relay log %s", unexpected, logf.Name())
+	}
 	return nil
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return b
 }
