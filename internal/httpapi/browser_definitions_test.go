@@ -77,10 +77,10 @@ func TestBrowserDefinitionsPicture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(steps) != 3 || len(comps) != 2 {
-		t.Fatalf("drawn %d steps and %d compensations, want 3 and 2: %+v %+v", len(steps), len(comps), steps, comps)
+	if len(steps) != 4 || len(comps) != 2 {
+		t.Fatalf("drawn %d steps and %d compensations, want 4 and 2: %+v %+v", len(steps), len(comps), steps, comps)
 	}
-	for i, want := range []string{"reserve_stock", "charge_payment", "confirm"} {
+	for i, want := range []string{"reserve_stock", "charge_payment", "ship", "confirm"} {
 		s := steps[i]
 		if s.Step != want || s.Right <= s.Left || s.Bottom <= s.Top {
 			t.Errorf("step %d drawn as %+v, want %s with a size", i, s, want)

@@ -101,7 +101,7 @@ func TestDefinitionsPage(t *testing.T) {
 			t.Errorf("declared saga's section lacks %q", want)
 		}
 	}
-	if got, want := strings.Join(stepsIn(ex, "step-box"), " "), "reserve_stock:sql charge_payment:http confirm:sql"; got != want {
+	if got, want := strings.Join(stepsIn(ex, "step-box"), " "), "reserve_stock:sql charge_payment:http ship:command confirm:sql"; got != want {
 		t.Errorf("steps drawn %q, want %q", got, want)
 	}
 	if got, want := strings.Join(stepsIn(ex, "comp-box"), " "), "reserve_stock:sql charge_payment:http"; got != want {
@@ -112,14 +112,14 @@ func TestDefinitionsPage(t *testing.T) {
 	if len(order) != 2 || order[0][1]+order[0][2] != "reserve_stock2" || order[1][1]+order[1][2] != "charge_payment1" {
 		t.Errorf("compensation order %v, want charge_payment 1, reserve_stock 2", order)
 	}
-	if n := strings.Count(ex, `class="fwd"`); n != 2 {
-		t.Errorf("%d forward arrows between 3 steps, want 2", n)
+	if n := strings.Count(ex, `class="fwd"`); n != 3 {
+		t.Errorf("%d forward arrows between 4 steps, want 3", n)
 	}
 	if n := strings.Count(ex, `class="back"`); n != 1 {
 		t.Errorf("%d backward arrows between 2 compensations, want 1", n)
 	}
 	if !strings.Contains(ex, "no compensation") {
-		t.Error("confirm has no compensation and the picture does not say so")
+		t.Error("ship and confirm have no compensation and the picture does not say so")
 	}
 
 	// The Go sagas are drawn too, with kind "go".
