@@ -150,23 +150,8 @@ func (r *run) sqlStepsRun(ctx context.Context, reg *saga.Registry, what string) 
 	if err := runner.Start(ctx); err != nil {
 		return 0, err
 	}
-	timer := time.NewTimer(r.sz.timeout)
-	defer timer.Stop()
-	var waitErr error
-	select {
-	case <-done:
-	case <-timer.C:
-		waitErr = fmt.Errorf("%d of %d sagas ended after %s", completed.Load(), n, r.sz.timeout)
-	case <-ctx.Done():
-		waitErr = ctx.Err()
-	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := runner.Stop(stopCtx); err != nil && waitErr == nil {
-		waitErr = err
-	}
-	if waitErr != nil {
-		return 0, waitErr
+	if err := r.waitSagas(ctx, runner, done, &completed, n, "%d of %d sagas ended after %s"); err != nil {
+		return 0, err
 	}
 	if f, ok := failed.Load().(string); ok {
 		return 0, fmt.Errorf("a saga did not complete: %s", f)

@@ -146,23 +146,8 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	if err := runner.Start(ctx); err != nil {
 		return res, err
 	}
-	timer := time.NewTimer(r.sz.timeout)
-	defer timer.Stop()
-	var waitErr error
-	select {
-	case <-done:
-	case <-timer.C:
-		waitErr = fmt.Errorf("%d of %d sagas completed after %s", completed.Load(), n, r.sz.timeout)
-	case <-ctx.Done():
-		waitErr = ctx.Err()
-	}
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if err := runner.Stop(stopCtx); err != nil && waitErr == nil {
-		waitErr = err
-	}
-	if waitErr != nil {
-		return res, waitErr
+	if err := r.waitSagas(ctx, runner, done, &completed, n, "%d of %d sagas completed after %s"); err != nil {
+		return res, err
 	}
 	took := doneAt.Sub(began)
 	var finished int
@@ -276,4 +261,26 @@ ORDER BY s.total_exec_time DESC LIMIT $1`, n)
 		out = append(out, c)
 	}
 	return out
+}
+
+// waitSagas waits until done closes (every saga of the run ended), the
+// scenario's timeout passes (the error says how many ended, by format) or
+// ctx ends, then stops the runner.
+func (r *run) waitSagas(ctx context.Context, runner *saga.Runner, done <-chan struct{}, completed *atomic.Int64, n int, format string) error {
+	timer := time.NewTimer(r.sz.timeout)
+	defer timer.Stop()
+	var waitErr error
+	select {
+	case <-done:
+	case <-timer.C:
+		waitErr = fmt.Errorf(format, completed.Load(), n, r.sz.timeout)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := runner.Stop(stopCtx); err != nil && waitErr == nil {
+		waitErr = err
+	}
+	return waitErr
 }

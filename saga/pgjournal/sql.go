@@ -91,12 +91,10 @@ ORDER BY i.id
 LIMIT 2
 FOR UPDATE OF i`
 
-// sqlWrite stores a saga.Transition in one statement: the projection, the
-// step record (when $19 is true) and the event, whose global_seq it returns.
-// The step and event rows are written only if the projection row still has
-// the version that was read ($17): under the row lock it always has, and if
-// it ever did not, nothing at all would be written.
-const sqlWrite = `
+// sqlWriteProjection is the part sqlWrite and sqlWritePair share: the
+// projection update fenced by the version read ($17) and the step record
+// (when $19 is true); each statement then inserts its event(s) from u.
+const sqlWriteProjection = `
 WITH u AS (
 	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
 		attempt = $5, next_attempt_at = $6, last_error = NULLIF($7, ''), lease_id = $8,
@@ -118,6 +116,14 @@ st AS (
 		completed_at = EXCLUDED.completed_at, compensated_at = EXCLUDED.compensated_at
 	RETURNING 1
 )
+`
+
+// sqlWrite stores a saga.Transition in one statement: the projection, the
+// step record (when $19 is true) and the event, whose global_seq it returns.
+// The step and event rows are written only if the projection row still has
+// the version that was read ($17): under the row lock it always has, and if
+// it ever did not, nothing at all would be written.
+const sqlWrite = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
 SELECT u.id, $10, $29, $30, $31, $15 FROM u
 RETURNING global_seq`
@@ -128,28 +134,7 @@ RETURNING global_seq`
 // before the first ($17); the step record is the first event's; both events
 // are inserted, in version order ($10 - 1, then $10), so that the order-key
 // trigger of the second sees the first.
-const sqlWritePair = `
-WITH u AS (
-	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
-		attempt = $5, next_attempt_at = $6, last_error = NULLIF($7, ''), lease_id = $8,
-		lease_expires_at = $9, current_version = $10, awaiting_correlation_id = $11,
-		awaiting_until = $12, reply = $13, compensation_reason = NULLIF($14, ''),
-		updated_at = $15, completed_at = $16
-	WHERE id = $1 AND current_version = $17
-	RETURNING id
-),
-st AS (
-	INSERT INTO saga_steps AS s (saga_instance_id, sequence, step_name, status, attempts,
-		compensation_attempts, output, last_error, started_at, completed_at, compensated_at)
-	SELECT u.id, $18, $20, $21::text::saga_step_status, $22, $23, $24, NULLIF($25, ''), $26, $27, $28
-	FROM u WHERE $19::boolean
-	ON CONFLICT (saga_instance_id, sequence) DO UPDATE SET
-		step_name = EXCLUDED.step_name, status = EXCLUDED.status, attempts = EXCLUDED.attempts,
-		compensation_attempts = EXCLUDED.compensation_attempts, output = EXCLUDED.output,
-		last_error = EXCLUDED.last_error, started_at = EXCLUDED.started_at,
-		completed_at = EXCLUDED.completed_at, compensated_at = EXCLUDED.compensated_at
-	RETURNING 1
-)
+const sqlWritePair = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
 SELECT u.id, v.version, v.kind, v.step, v.payload, $15
 FROM u, (VALUES ($10::bigint - 1, $29::text, $30::integer, $31::jsonb), ($10::bigint, $32::text, $33::integer, $34::jsonb))
