@@ -71,10 +71,9 @@ func (r *Runner) processGroup(cs []claim) {
 		}
 		m := &member{w: w, hbDone: make(chan struct{}), hbStop: make(chan struct{})}
 		m.ctx, m.lose = context.WithCancelCause(r.baseCtx)
-		id := w.inst.ID // captured here: the worker replaces w.inst as it advances
 		go func() {
 			defer close(m.hbStop)
-			w.heartbeat(m.ctx, m.lose, m.hbDone, id)
+			w.heartbeat(m.ctx, m.lose, m.hbDone)
 		}()
 		ms = append(ms, m)
 	}

@@ -101,10 +101,9 @@ func (r *Runner) process(c claim) {
 	defer lose(nil)
 	hbDone := make(chan struct{})
 	hbStopped := make(chan struct{})
-	id := w.inst.ID // captured here: the worker replaces w.inst as it advances
 	go func() {
 		defer close(hbStopped)
-		w.heartbeat(leaseCtx, lose, hbDone, id)
+		w.heartbeat(leaseCtx, lose, hbDone)
 	}()
 	defer func() {
 		close(hbDone)
@@ -199,8 +198,8 @@ func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
 // lose cancels every context of the instance's work.
 //
 // It runs beside the worker, which replaces w.inst as the instance advances:
-// it reads only id (given, not w.inst.ID) and fields that do not change.
-func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}, id uuid.UUID) {
+// it reads only w.id (not w.inst.ID) and fields that do not change.
+func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
 	d := w.r.cfg.LeaseDuration
 	t := time.NewTicker(d / 3)
 	defer t.Stop()
@@ -215,7 +214,7 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 		}
 		sent := time.Now()
 		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, id, w.lease, d)
+		ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
 		cancel()
 		switch {
 		case err == nil && ok:

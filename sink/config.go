@@ -433,7 +433,7 @@ func (p *parser) webhook(n *yaml.Node) *WebhookSpec {
 	if v, ok := f["secret_env"]; ok {
 		if s, ok := p.str(v, "webhook.secret_env"); ok {
 			if !envName.MatchString(s) {
-				p.add(v.Line, v.Column, fmt.Sprintf("webhook.secret_env %q is not an environment variable name", s), "name the variable (e.g. RELAY_WEBHOOK_SECRET), not the secret itself")
+				p.add(v.Line, v.Column, "webhook.secret_env is not an environment variable name (its value is not shown: it may be the secret)", "name the variable (e.g. RELAY_WEBHOOK_SECRET), not the secret itself")
 			}
 			w.SecretEnv = s
 		}

@@ -57,7 +57,7 @@ func TestEveryProblemAtOnce(t *testing.T) {
 		`testdata/bad.yaml:3:14: unknown key "event_typs" in match; use one of: event_types, aggregate_types (did you mean "event_types"?)`,
 		`testdata/bad.yaml:3:59: glob "[order" in match.aggregate_types is malformed`,
 		`testdata/bad.yaml:5:12: webhook.url "ftp://127.0.0.1/events" is not an http(s) URL`,
-		`testdata/bad.yaml:6:19: webhook.secret_env "whsec_abc=" is not an environment variable name`,
+		`testdata/bad.yaml:6:19: webhook.secret_env is not an environment variable name (its value is not shown: it may be the secret)`,
 		`testdata/bad.yaml:7:16: webhook.timeout "10" is not a duration`,
 		`testdata/bad.yaml:10:7: nats has no "stream"`,
 		`testdata/bad.yaml:11:16: nats.subject "outbox.{aggregate}.{event_type}" uses unknown placeholder {aggregate}`,

@@ -166,7 +166,6 @@ type parkRow struct {
 	sink   string
 	ev     *Event
 	reason string
-	delay  time.Duration
 }
 
 type pending struct {
@@ -219,7 +218,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[j] = d.deliverBatch(ctx, per[j], held[d.spec.Name], b.Slot)
+			results[j] = d.deliverBatch(ctx, per[j], held[d.spec.Name])
 		}()
 	}
 	wg.Wait()
@@ -313,19 +312,18 @@ func (f *Fanout) backpressure(ctx context.Context, d *dest, n int) error {
 }
 
 // deliverBatch sends evs (this batch's events for d) and returns what to park.
-func (d *dest) deliverBatch(ctx context.Context, evs []*Event, held map[string]bool, slot string) pending {
+func (d *dest) deliverBatch(ctx context.Context, evs []*Event, held map[string]bool) pending {
 	out := pending{delivered: map[string]int{}}
 	d.mu.Lock()
 	state, reason := d.state, d.reason
 	d.mu.Unlock()
 	var direct []*Event
-	heldNow := map[string]bool{}
 	for _, ev := range evs {
 		k := ev.AggregateKey()
 		switch {
 		case state != StateUp:
 			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: "sink " + state + ": " + reason})
-		case held[k] || heldNow[k]:
+		case held[k]:
 			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: "queued behind a parked event of its aggregate"})
 		default:
 			direct = append(direct, ev)

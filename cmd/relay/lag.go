@@ -50,7 +50,7 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 				case err != nil:
 					// Following through a restart or a missing slot: say so
 					// and keep going.
-					fmt.Fprintln(cmd.ErrOrStderr(), "relay lag: "+redact(err.Error(), opts.databaseURL()))
+					fmt.Fprintln(cmd.ErrOrStderr(), "relay lag: "+redactAll(err.Error(), opts.secrets()))
 				default:
 					if werr := cdc.WriteLag(cmd.OutOrStdout(), rep, asJSON); werr != nil {
 						return werr

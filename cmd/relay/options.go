@@ -71,8 +71,6 @@ func (o *rootOptions) resolve(cmd *cobra.Command) error {
 	return err
 }
 
-func (o *rootOptions) databaseURL() string { return o.DatabaseURL }
-
 // requireDatabase returns the URL or an error that says how to give one.
 func (o *rootOptions) requireDatabase() (string, error) {
 	if o.DatabaseURL == "" {

@@ -7,10 +7,6 @@ import (
 	"github.com/compensa/compensa/internal/dbconn"
 )
 
-func passwordOf(dsn string) string { return dbconn.PasswordOf(dsn) }
-
-func redact(s, dsn string) string { return dbconn.Redact(s, dsn) }
-
 func redactAll(s string, secrets []string) string { return dbconn.RedactAll(s, secrets) }
 
 // redactingHandler scrubs secrets from every log message and string

@@ -198,7 +198,9 @@ func (p *parser) token(n *yaml.Node, getenv func(string) string) (Token, bool) {
 	case hasEnv:
 		switch {
 		case !envPattern.MatchString(env.Value):
-			p.add(env, "token_env %q is not an environment variable name (letters, digits, _)", env.Value)
+			// The value is not echoed: a token pasted here by mistake must
+			// not reach the terminal or a log.
+			p.add(env, "token_env is not an environment variable name (letters, digits, _): name the variable that holds the token, not the token itself")
 		case getenv(env.Value) == "":
 			p.add(env, "environment variable %s is not set or empty; export it with the token before starting the relay", env.Value)
 		default:

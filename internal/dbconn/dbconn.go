@@ -139,11 +139,6 @@ func PasswordOf(dsn string) string {
 	return ""
 }
 
-// Redact removes the DSN's passwords (raw and URL-escaped) from s.
-func Redact(s, dsn string) string {
-	return RedactAll(s, Passwords(dsn))
-}
-
 // RedactAll replaces each secret (raw and URL-escaped) in s where it stands
 // as a whole word (see replaceWhole).
 func RedactAll(s string, secrets []string) string {

@@ -55,9 +55,6 @@ func (s *Server) setTokens() error {
 // authRequired reports whether any token is configured.
 func (s *Server) authRequired() bool { return s.tokens.Len() > 0 }
 
-// tokenConfigured reports whether requests must authenticate.
-func (s *Server) tokenConfigured() bool { return s.authRequired() }
-
 // api wraps a /v1 handler with the method check, authentication, the
 // mutation rule and the tenant scope. method "" accepts any.
 func (s *Server) api(h apiHandler, method string) http.Handler {

@@ -146,7 +146,7 @@ func (s *Server) limited(h http.HandlerFunc) http.HandlerFunc {
 
 // guard runs the checks that apply to every route.
 func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
-	if !s.tokenConfigured() && !openPaths[r.URL.Path] && !s.hostAllowed(r) {
+	if !s.authRequired() && !openPaths[r.URL.Path] && !s.hostAllowed(r) {
 		writeError(w, http.StatusForbidden, "this relay has no API token, so it answers only requests addressed to an IP address or localhost; "+
 			"to reach it by the name in this request's Host header, start it with --http-allowed-hosts NAME (or set --api-token)")
 		return false

@@ -102,7 +102,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 // token is configured.
 func (s *Server) pageAuth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.tokenConfigured() && !s.hasSession(r) {
+		if s.authRequired() && !s.hasSession(r) {
 			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
@@ -401,7 +401,7 @@ type loginData struct {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	if !s.tokenConfigured() {
+	if !s.authRequired() {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -423,7 +423,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	next := safeNext(r.PostForm.Get("next"))
-	if !s.tokenConfigured() {
+	if !s.authRequired() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}

@@ -161,15 +161,20 @@ func readAction(r *http.Request) (actionBody, error) {
 	if dec.More() {
 		return b, saga.Errorf(saga.ErrInvalid, "body holds more than one JSON value")
 	}
-	// The reason is journaled and printed by `relay sagas show` in an
-	// operator's terminal, where escape sequences would be obeyed.
-	if hasControl(b.Reason) {
-		return b, saga.Errorf(saga.ErrInvalid, "reason holds control characters (escape sequences, NUL, newlines); send plain text on one line")
+	return b, checkReason(b.Reason)
+}
+
+// checkReason refuses a reason that a terminal would obey: it is journaled
+// and printed by `relay sagas show` in an operator's terminal, where escape
+// sequences take effect.
+func checkReason(reason string) error {
+	if hasControl(reason) {
+		return saga.Errorf(saga.ErrInvalid, "reason holds control characters (escape sequences, NUL, newlines); send plain text on one line")
 	}
-	if !utf8.ValidString(b.Reason) {
-		return b, saga.Errorf(saga.ErrInvalid, "reason is not valid UTF-8")
+	if !utf8.ValidString(reason) {
+		return saga.Errorf(saga.ErrInvalid, "reason is not valid UTF-8")
 	}
-	return b, nil
+	return nil
 }
 
 func (s *Server) retrySaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
@@ -267,7 +272,7 @@ func readBulk(r *http.Request) (bulkBody, error) {
 	if b.Limit < 0 {
 		return b, saga.Errorf(saga.ErrInvalid, "limit must be between 1 and %d, got %d", admin.MaxBulkLimit, b.Limit)
 	}
-	return b, nil
+	return b, checkReason(b.Reason)
 }
 
 func (s *Server) bulkRetry(w http.ResponseWriter, r *http.Request, a *admin.Admin) {

@@ -110,7 +110,7 @@ func sessionID(r *http.Request) string {
 }
 
 func (s *Server) hasSession(r *http.Request) bool {
-	return s.tokenConfigured() && s.sessions.valid(sessionID(r))
+	return s.authRequired() && s.sessions.valid(sessionID(r))
 }
 
 // startSession sets a new session's cookie on w, for a login with t.

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -57,6 +58,30 @@ type BulkResult struct {
 	Matched  int64            `json:"matched"`
 	Sample   []uuid.UUID      `json:"sample,omitempty"`
 	Outcomes map[string]int64 `json:"outcomes,omitempty"`
+}
+
+// MarshalJSON writes the answer's documented shape: a dry run always has
+// "sample" (an empty list when nothing matched, which omitempty would drop),
+// a real run always has "outcomes".
+func (r BulkResult) MarshalJSON() ([]byte, error) {
+	if r.DryRun {
+		if r.Sample == nil {
+			r.Sample = []uuid.UUID{}
+		}
+		return json.Marshal(struct {
+			DryRun  bool        `json:"dry_run"`
+			Matched int64       `json:"matched"`
+			Sample  []uuid.UUID `json:"sample"`
+		}{true, r.Matched, r.Sample})
+	}
+	if r.Outcomes == nil {
+		r.Outcomes = map[string]int64{}
+	}
+	return json.Marshal(struct {
+		DryRun   bool             `json:"dry_run"`
+		Matched  int64            `json:"matched"`
+		Outcomes map[string]int64 `json:"outcomes"`
+	}{false, r.Matched, r.Outcomes})
 }
 
 // errNoLongerMatches: between selection and row lock, the instance stopped

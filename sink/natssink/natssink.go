@@ -151,9 +151,17 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		return errs
 	}
 	futures := make([]jetstream.PubAckFuture, len(evs))
-	failed := map[string]bool{}
+	// refused: aggregates with an event refused before publishing; failed
+	// (after the acknowledgements): aggregates with any event not delivered.
+	refused, failed := map[string]bool{}, map[string]bool{}
 	maxPayload := s.nc.MaxPayload()
 	for i, ev := range evs {
+		// An event refused before publishing holds back the rest of its
+		// aggregate: publishing them would put them ahead of it.
+		if refused[ev.AggregateKey()] {
+			errs[i] = sink.ErrHeldBack
+			continue
+		}
 		msg := nats.NewMsg(s.Subject(ev))
 		msg.Data = ev.Payload
 		for _, h := range ev.MessageHeaders() {
@@ -165,11 +173,13 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		}
 		if size := int64(len(msg.Data) + len(msg.Subject) + headerSize(msg.Header)); maxPayload > 0 && size > maxPayload {
 			errs[i] = sink.EventError(fmt.Errorf("event of %d bytes is larger than the server's max_payload of %d bytes", size, maxPayload))
+			refused[ev.AggregateKey()] = true
 			continue
 		}
 		f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(s.cfg.Stream))
 		if err != nil {
 			errs[i] = classify(err)
+			refused[ev.AggregateKey()] = true
 			continue
 		}
 		futures[i] = f

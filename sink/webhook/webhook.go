@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,6 +175,12 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	}
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
+		// A *url.Error repeats the whole URL, query string included: keep
+		// only its cause beside the redacted URL.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return fmt.Errorf("POST %s: %w", redactURL(s.cfg.URL), err)
 	}
 	defer resp.Body.Close()
