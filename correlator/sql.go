@@ -11,11 +11,11 @@ VALUES ($1, $2::pg_lsn, now())
 ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
 WHERE c.lsn < EXCLUDED.lsn`
 
-// sqlStart starts one instance per (saga, version, trigger event); the unique
-// index saga_trigger_uq turns a second start into nothing, and
-// saga_trigger_any_version_uq does the same for a trigger replayed after a new
-// version was deployed (ON CONFLICT without a target covers both). It returns how
-// many instances it created, per saga.
+// sqlStart starts one instance per (saga, trigger event); the unique index
+// saga_trigger_once_uq (trigger_event_id, saga_name) turns a second start into
+// nothing, whatever the version (a trigger replayed after a new version was
+// deployed starts nothing either). It returns how many instances it created,
+// per saga.
 const sqlStart = `
 WITH ins AS (
   INSERT INTO saga_instances (tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,

@@ -62,8 +62,10 @@ const (
 	sqlWhereCreatedBefore = ` AND s.created_at < $%d::timestamptz`
 	// The keyset: strictly older than the last row of the previous page.
 	sqlWhereBefore = ` AND (s.created_at, s.id) < ($%d::timestamptz, $%d::uuid)`
-	// Only these statuses can be stuck; saga_due_idx serves it.
-	sqlWhereMaybeStuck = ` AND s.status IN ('RUNNING','COMPENSATING','FAILED')`
+	// Only these statuses can be stuck. Written as an OR so that PostgreSQL
+	// can serve it with two partial indexes (saga_claim_idx, saga_failed_idx:
+	// migration 0007), which no finished instance has an entry in.
+	sqlWhereMaybeStuck = ` AND (s.status IN ('RUNNING','COMPENSATING') OR s.status = 'FAILED')`
 	sqlListStuckOnly   = `) q WHERE q.stuck_reason <> ''`
 	sqlListAll         = `) q WHERE true`
 	sqlListTail        = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
@@ -106,11 +108,12 @@ SELECT version, global_seq, kind, step, payload, created_at FROM (
 ) e ORDER BY version`
 
 // sqlStuckCounts counts stuck instances by saga and reason, for the
-// metrics. It reads only the statuses that can be stuck (saga_due_idx).
+// metrics. It reads only the statuses that can be stuck (a bitmap OR of
+// saga_claim_idx and saga_failed_idx, as sqlWhereMaybeStuck).
 const sqlStuckCounts = `
 SELECT saga_name, stuck_reason, count(*) FROM (
   SELECT s.saga_name, ` + sqlStuckReason + ` AS stuck_reason
-  FROM saga_instances s WHERE s.status IN ('RUNNING','COMPENSATING','FAILED')
+  FROM saga_instances s WHERE (s.status IN ('RUNNING','COMPENSATING') OR s.status = 'FAILED')
 ) q WHERE stuck_reason <> '' GROUP BY 1, 2 ORDER BY 1, 2`
 
 // sqlParkedCount counts dead letters nobody has re-driven yet

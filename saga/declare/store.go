@@ -18,7 +18,9 @@ INSERT INTO saga_definitions (saga_name, saga_version, hash, body, source_file)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (saga_name, saga_version) DO NOTHING`
 	sqlStoredDefinitions = `SELECT saga_name, saga_version, hash, body, source_file FROM saga_definitions ORDER BY saga_name, saga_version`
-	sqlUnfinished        = `SELECT DISTINCT saga_name, saga_version FROM saga_instances WHERE status IN ('RUNNING', 'COMPENSATING', 'FAILED')`
+	// An OR, so that the partial indexes saga_claim_idx and saga_failed_idx
+	// serve it (migration 0007): finished instances are not read.
+	sqlUnfinished = `SELECT DISTINCT saga_name, saga_version FROM saga_instances WHERE status IN ('RUNNING', 'COMPENSATING') OR status = 'FAILED'`
 )
 
 // Beginner opens a transaction (a *pgxpool.Pool, a *pgx.Conn).

@@ -37,7 +37,7 @@ type entry struct {
 }
 
 // triggerKey: one instance per saga per trigger event, whatever the version
-// (saga_trigger_any_version_uq in PostgreSQL).
+// (saga_trigger_once_uq in PostgreSQL, migration 0007).
 type triggerKey struct {
 	name    string
 	trigger uuid.UUID
