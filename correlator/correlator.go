@@ -284,7 +284,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
 	if len(p.startSaga) > 0 {
 		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
-			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate)
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID)
 	}
 	if len(p.replyEvent) > 0 {
 		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer)
