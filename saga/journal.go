@@ -207,6 +207,42 @@ type TerminalAppender interface {
 	AppendTerminal(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event, final Status, reason string) (int64, error)
 }
 
+// DecideAppend is what a journal decides for Append (final empty) or
+// AppendTerminal (final set) on inst and cur, its current step's record, as
+// read under the journal's lock at now: the lease fence, then the
+// transitions to store, in order. Every journal decides through it, so that
+// they cannot differ.
+func DecideAppend(inst Instance, cur *StepRecord, leaseID uuid.UUID, ev Event, final Status, reason string, now time.Time) ([]Transition, error) {
+	if !HoldsLease(inst, leaseID, now) {
+		return nil, Errorf(ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", inst.ID, leaseID)
+	}
+	if !ev.Kind.Appendable() {
+		return nil, Errorf(ErrInvalid, "instance %s: %q events are not appended with Append", inst.ID, ev.Kind)
+	}
+	var kind EventKind
+	if final != "" {
+		k, err := TerminalKind(final)
+		if err != nil {
+			return nil, err
+		}
+		kind = k
+	}
+	first, err := Advance(inst, cur, ev, now)
+	if err != nil {
+		return nil, err
+	}
+	if final == "" {
+		return []Transition{first}, nil
+	}
+	// The terminal event sees the record of the step the first event left
+	// current (none after a step_completed), as a second read would.
+	end, err := Advance(first.Instance, CurrentRecord(first, cur), Event{Kind: kind, Step: -1, Reason: reason}, now)
+	if err != nil {
+		return nil, err
+	}
+	return []Transition{first, end}, nil
+}
+
 // GroupAppender is implemented by journals that append one entry for each
 // of several instances in one go, each fenced by its own lease and decided as
 // Append (or, with Final set, AppendTerminal) would decide it alone. In the

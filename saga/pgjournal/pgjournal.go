@@ -162,7 +162,7 @@ func (j *Journal) Append(ctx context.Context, id, leaseID uuid.UUID, ev saga.Eve
 		if len(rows) == 0 {
 			return nil, notFound(id)
 		}
-		trs, err := decideAppend(rows[0], id, leaseID, ev, "", "")
+		trs, err := decideAppend(rows[0], leaseID, ev, "", "")
 		if err != nil {
 			return nil, err
 		}
@@ -187,7 +187,7 @@ func (j *Journal) AppendTerminal(ctx context.Context, id, leaseID uuid.UUID, ev 
 		if len(rows) == 0 {
 			return nil, notFound(id)
 		}
-		trs, err := decideAppend(rows[0], id, leaseID, ev, final, reason)
+		trs, err := decideAppend(rows[0], leaseID, ev, final, reason)
 		if err != nil {
 			return nil, err
 		}
@@ -205,33 +205,9 @@ func notFound(id uuid.UUID) error {
 }
 
 // decideAppend is Append's decision on the locked row r (AppendTerminal's
-// when final is set): the fence, then the transition(s) to store.
-func decideAppend(r locked, id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) ([]saga.Transition, error) {
-	if !saga.HoldsLease(r.inst, leaseID, r.now) {
-		return nil, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
-	}
-	if !ev.Kind.Appendable() {
-		return nil, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
-	}
-	first, err := saga.Advance(r.inst, r.cur, ev, r.now)
-	if err != nil {
-		return nil, err
-	}
-	if final == "" {
-		return []saga.Transition{first}, nil
-	}
-	kind, err := saga.TerminalKind(final)
-	if err != nil {
-		return nil, err
-	}
-	// The terminal event sees the record of the step the first event left
-	// current (none after a step_completed), as a second read would.
-	cur := saga.CurrentRecord(first, r.cur)
-	end, err := saga.Advance(first.Instance, cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, r.now)
-	if err != nil {
-		return nil, err
-	}
-	return []saga.Transition{first, end}, nil
+// when final is set).
+func decideAppend(r locked, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) ([]saga.Transition, error) {
+	return saga.DecideAppend(r.inst, r.cur, leaseID, ev, final, reason, r.now)
 }
 
 // AppendGroup implements saga.GroupAppender in two round trips: the locking
@@ -275,7 +251,7 @@ func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) er
 			e.Err = notFound(e.InstanceID)
 			continue
 		}
-		t, err := decideAppend(r, e.InstanceID, e.LeaseID, e.Event, e.Final, e.Reason)
+		t, err := decideAppend(r, e.LeaseID, e.Event, e.Final, e.Reason)
 		if err != nil {
 			e.Err = err
 			continue
