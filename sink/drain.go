@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -117,8 +116,8 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	var id, body string
 	var n int
 	_, err = pgx.ForEachRow(rows, []any{&id, &body, &n}, func() error {
-		ev := new(Event)
-		if err := json.Unmarshal([]byte(body), ev); err != nil {
+		ev, err := decodeParked([]byte(body))
+		if err != nil {
 			return fmt.Errorf("parked event %s: %w", id, err)
 		}
 		ev.ID = id

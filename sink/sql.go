@@ -10,10 +10,11 @@ const (
 		FROM unnest($1::text[], $2::text[]) AS q(sink, aggregate_key)
 		JOIN relay_sink_parked p ON p.sink = q.sink AND p.aggregate_key = q.aggregate_key`
 
-	// Rows are numbered in the order given, so seq keeps commit order.
-	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason)
-		SELECT s, i, k, e::jsonb, r
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS x(s, i, k, e, r, n)
+	// Rows are numbered in the order given, so seq keeps commit order. A
+	// held row is never due until `relay sinks retry` makes it due.
+	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason, next_attempt_at)
+		SELECT s, i, k, e::jsonb, r, CASE WHEN h THEN 'infinity'::timestamptz ELSE now() END
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[]) WITH ORDINALITY AS x(s, i, k, e, r, h, n)
 		ORDER BY n
 		ON CONFLICT (sink, event_id) DO NOTHING`
 

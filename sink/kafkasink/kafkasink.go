@@ -73,7 +73,7 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	errs := make([]error, len(evs))
 	var wg sync.WaitGroup
 	for i, ev := range evs {
-		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Payload}
+		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Body()}
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: []byte(ev.ID)})
 		for _, h := range ev.MessageHeaders() {
 			if h.Key != "id" {

@@ -51,7 +51,7 @@ func readTopic(addrs []string, topic string) func() []sinktest.Received {
 				for _, x := range r.Headers {
 					h[x.Key] = string(x.Value)
 				}
-				out = append(out, sinktest.Received{ID: h["id"], Headers: h, Payload: r.Value})
+				out = append(out, sinktest.Received{ID: h["id"], Headers: h, Payload: r.Value, Raw: r.Value})
 			})
 			if n > 0 {
 				empty = 0
