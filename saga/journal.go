@@ -207,6 +207,39 @@ type TerminalAppender interface {
 	AppendTerminal(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event, final Status, reason string) (int64, error)
 }
 
+// GroupAppender is implemented by journals that append one entry for each
+// of several instances in one go, each fenced by its own lease and decided as
+// Append (or, with Final set, AppendTerminal) would decide it alone. In the
+// caller's transaction (ContextWithTx) the entries commit with it; without
+// one, the journal commits them in a transaction of its own. pgjournal does
+// it in two round trips whatever the number of instances: the locking read of
+// all of them (in id order, so that two groups never deadlock), then their
+// writes. The runner's group commit uses it for steps that wrote nothing of
+// their own.
+type GroupAppender interface {
+	// AppendGroup sets each entry's Err (nil: written) and Version. It
+	// returns an error, with nothing written, when the group as a whole
+	// failed (the database); without the caller's transaction, an error
+	// after the COMMIT was sent leaves the outcome unknown.
+	AppendGroup(ctx context.Context, entries []GroupEntry) error
+}
+
+// GroupEntry is one instance's part of AppendGroup.
+type GroupEntry struct {
+	InstanceID, LeaseID uuid.UUID
+	Event               Event
+	// Final, when not empty, ends the instance in that status (with
+	// Reason) after Event, as AppendTerminal does.
+	Final  Status
+	Reason string
+
+	// Err is the entry's own refusal, as Append would return it: an error
+	// wrapping ErrLeaseLost, ErrNotFound or ErrInvalid; nothing of this
+	// entry was written. Version is the instance's new version when written.
+	Err     error
+	Version int64
+}
+
 // CurrentRecord is the step record of tr's new current step, given prev, the
 // record of the step that was current before tr: tr's own step record when
 // it concerns that step, prev when prev is that step's, else none. Journals
