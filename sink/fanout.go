@@ -59,6 +59,14 @@ type Fanout struct {
 	dests []*dest
 	next  cdc.Sink
 	wake  chan struct{}
+
+	// noID numbers rows without an id per source transaction (commit LSN),
+	// so that they get stable, distinct ids. It carries over from a Partial
+	// batch to the next part of the same transaction, and restarts with
+	// each stream session, which replays a transaction from its start.
+	noID      map[uint64]int
+	noIDAfter cdc.Batch // the batch before: is the next one its sequel?
+	resynced  atomic.Bool
 }
 
 type dest struct {
@@ -189,6 +197,12 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	holds := make([]map[*Event]string, len(f.dests))
 	any := false
 	var noID map[uint64]int
+	if f.resynced.Swap(false) {
+		f.noIDAfter = cdc.Batch{}
+	}
+	if prev := f.noIDAfter; prev.Partial && prev.CommitLSN == b.CommitLSN {
+		noID = maps.Clone(f.noID) // kept only if this batch commits
+	}
 	for i := range b.Events {
 		oe := &b.Events[i]
 		var ev *Event
@@ -196,8 +210,8 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 			if ev == nil {
 				ev = FromOutbox(oe)
 				if oe.RawID == "" && oe.ID == uuid.Nil {
-					// Numbered within the source transaction; the id is
-					// fixed once the held row is written.
+					// Numbered within the source transaction (see noID);
+					// the id is fixed once the held row is written.
 					if noID == nil {
 						noID = map[uint64]int{}
 					}
@@ -225,7 +239,11 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 	}
 	if !any {
-		return f.next.HandleBatch(ctx, b)
+		if err := f.next.HandleBatch(ctx, b); err != nil {
+			return err
+		}
+		f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+		return nil
 	}
 	held, err := f.heldAggregates(ctx, per)
 	if err != nil {
@@ -262,6 +280,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	if err := f.next.HandleBatch(context.WithValue(ctx, pendingKey{}, p), b); err != nil {
 		return err
 	}
+	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
 	for j, d := range f.dests {
 		n := results[j].delivered[d.spec.Name]
 		d.delivered.Add(uint64(n))
@@ -513,6 +532,7 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 // the stream starts a session (from cdc.Config.LoadCheckpoint), since
 // another replica may have led the slot and parked events meanwhile.
 func (f *Fanout) Resync(ctx context.Context) error {
+	f.resynced.Store(true)
 	for _, d := range f.dests {
 		d.parkEpoch.Add(1)
 	}

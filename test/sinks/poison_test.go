@@ -219,6 +219,26 @@ func TestUndecidablePoisonIsHeldForTheOperator(t *testing.T) {
 		t.Fatalf("after retry the filtering sink delivered %v", got)
 	}
 
+	// Rows without an id in two parts of one large transaction get distinct
+	// ids: the numbering carries over from part to part.
+	end += 100
+	lsn := end - 1
+	for _, partial := range []bool{true, false} {
+		ev := noID
+		ev.LSN = uint64(lsn)
+		b := cdc.Batch{Slot: db.Slot, Events: []outbox.Event{ev}, CommitLSN: lsn, EndLSN: lsn + 1, Partial: partial}
+		if !partial {
+			b.EndLSN = lsn + 50
+		}
+		if err := handle.HandleBatch(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, db, `SELECT count(DISTINCT event_id) FROM relay_sink_parked WHERE sink = 'all' AND event_id LIKE $1`,
+		"(no id) "+lsn.String()+" #%"); n != 2 {
+		t.Fatalf("two rows without an id in two parts of one transaction: %d held, want 2", n)
+	}
+
 	// A payload every JSON parser accepts and jsonb refuses is parked whole.
 	filtered.status.Store(503)
 	nul := good("o-3", `{"note":"a\u0000b","big":1e200000}`)
