@@ -50,8 +50,8 @@ type Event struct {
 	// then): NATS and Kafka send these bytes as the body; the webhook
 	// envelope carries them in base64.
 	RawPayload []byte `json:"payload_base64,omitempty"`
-	// RawHeaders is a headers value that is not a JSON object, as read: no
-	// header is taken from it.
+	// RawHeaders is a headers value that is not JSON, in the text form
+	// PostgreSQL sent (a bytea column's in hex): no header is taken from it.
 	RawHeaders []byte `json:"headers_base64,omitempty"`
 }
 
