@@ -22,11 +22,9 @@ import (
 
 // member is one instance of a group.
 type member struct {
-	w      *work
-	ctx    context.Context // the lease's context
-	lose   context.CancelCauseFunc
-	hbDone chan struct{}
-	hbStop chan struct{}
+	w    *work
+	ctx  context.Context // the lease's context
+	lose context.CancelCauseFunc
 	// The round's outcome, applied after the group's commit.
 	ev        Event
 	last      bool
@@ -72,18 +70,19 @@ func (r *Runner) processGroup(cs []claim) {
 		if w == nil {
 			continue
 		}
-		m := &member{w: w, hbDone: make(chan struct{}), hbStop: make(chan struct{})}
+		m := &member{w: w}
 		m.ctx, m.lose = context.WithCancelCause(r.baseCtx)
-		go func() {
-			defer close(m.hbStop)
-			w.heartbeat(m.ctx, m.lose, m.hbDone)
-		}()
 		ms = append(ms, m)
 	}
+	hbDone, hbStopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(hbStopped)
+		r.groupHeartbeat(ms, hbDone)
+	}()
 	defer func() {
+		close(hbDone)
+		<-hbStopped
 		for _, m := range ms {
-			close(m.hbDone)
-			<-m.hbStop
 			m.lose(nil)
 		}
 	}()
@@ -99,6 +98,7 @@ func (r *Runner) processGroup(cs []claim) {
 		}
 		for _, m := range alone {
 			m.w.loop(m.ctx)
+			m.lose(nil) // done with it: the group's heartbeat skips it
 		}
 		if len(round) < 2 {
 			active = round
@@ -108,6 +108,35 @@ func (r *Runner) processGroup(cs []claim) {
 	}
 	for _, m := range active {
 		m.w.loop(m.ctx)
+	}
+}
+
+// groupHeartbeat keeps the leases of a group's members, one member after
+// the other on one connection at a time: a heartbeat per member, each on a
+// connection of its own, would hold up to Workers × GroupCommit connections
+// while they wait behind the row locks of their own group's transaction,
+// and exhaust a pool sized for the workers.
+func (r *Runner) groupHeartbeat(ms []*member, done <-chan struct{}) {
+	t := time.NewTicker(r.cfg.LeaseDuration / 3)
+	defer t.Stop()
+	last := make([]time.Time, len(ms))
+	for i, m := range ms {
+		last[i] = m.w.localAt
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		for i, m := range ms {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			m.w.beat(m.ctx, m.lose, &last[i])
+		}
 	}
 }
 
@@ -209,9 +238,11 @@ func (r *Runner) groupRound(round []*member) []*member {
 		switch n {
 		case nextContinue:
 			goOn = append(goOn, m)
+			continue
 		case nextYield:
 			w.release(m.ctx)
 		}
+		m.lose(nil) // done with it: the group's heartbeat skips it
 	}
 	return goOn
 }

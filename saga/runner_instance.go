@@ -200,8 +200,7 @@ func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
 // It runs beside the worker, which replaces w.inst as the instance advances:
 // it reads only w.id (not w.inst.ID) and fields that do not change.
 func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
-	d := w.r.cfg.LeaseDuration
-	t := time.NewTicker(d / 3)
+	t := time.NewTicker(w.r.cfg.LeaseDuration / 3)
 	defer t.Stop()
 	last := w.localAt
 	for {
@@ -212,28 +211,41 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 			return
 		case <-t.C:
 		}
-		sent := time.Now()
-		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
-		cancel()
-		switch {
-		case err == nil && ok:
-			last = sent
-		case err == nil:
-			w.log.Warn("saga lease lost: heartbeat refused")
-			lose(errLeaseGone)
+		if !w.beat(ctx, lose, &last) {
 			return
-		default:
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("saga heartbeat failed", "err", err)
-			if time.Since(last) >= d {
-				lose(errLeaseGone)
-				return
-			}
 		}
 	}
+}
+
+// beat extends the lease once; last is when the lease was last known held.
+// It reports false once the lease is lost (lose was called) or ctx ended.
+func (w *work) beat(ctx context.Context, lose context.CancelCauseFunc, last *time.Time) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	d := w.r.cfg.LeaseDuration
+	sent := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, d/3)
+	ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
+	cancel()
+	switch {
+	case err == nil && ok:
+		*last = sent
+	case err == nil:
+		w.log.Warn("saga lease lost: heartbeat refused")
+		lose(errLeaseGone)
+		return false
+	default:
+		if ctx.Err() != nil {
+			return false
+		}
+		w.log.Warn("saga heartbeat failed", "err", err)
+		if time.Since(*last) >= d {
+			lose(errLeaseGone)
+			return false
+		}
+	}
+	return true
 }
 
 // release gives the lease back so that the instance's next attempt, or
