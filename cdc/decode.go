@@ -128,11 +128,13 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 		switch {
 		case gone != nil && gone[f]:
 			bad = append(bad, fmt.Sprintf("column for %s is no longer in the table", outbox.Fields[f]))
+			ev.Unread = append(ev.Unread, outbox.Fields[f])
 			return "", false
 		case !v.present || v.null:
 			return "", false
 		case v.unchanged:
 			bad = append(bad, fmt.Sprintf("%s was not sent (unchanged TOAST value)", outbox.Fields[f]))
+			ev.Unread = append(ev.Unread, outbox.Fields[f])
 			return "", false
 		}
 		return string(v.data), true
@@ -170,6 +172,9 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 	switch p, reason := jsonField(row, typ, gone, fPayload); {
 	case reason != "":
 		bad = append(bad, reason)
+		if ev.RawPayload = p; p == nil {
+			ev.Unread = append(ev.Unread, outbox.Fields[fPayload])
+		}
 	case p == nil:
 		bad = append(bad, "payload is null")
 	default:
@@ -177,6 +182,9 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 	}
 	if h, reason := jsonField(row, typ, gone, fHeaders); reason != "" {
 		bad = append(bad, reason)
+		if h == nil {
+			ev.Unread = append(ev.Unread, outbox.Fields[fHeaders])
+		}
 	} else {
 		ev.Headers = h
 	}
@@ -191,8 +199,8 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 }
 
 // jsonField returns a JSON field's bytes (a copy), nil for NULL, or why it is
-// not JSON. jsonb and json values are JSON by construction; text and bytea
-// are checked.
+// not JSON (with the bytes when they could be read, nil when not). jsonb and
+// json values are JSON by construction; text and bytea are checked.
 func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f int) (json.RawMessage, string) {
 	v := &row[f]
 	name := outbox.Fields[f]
@@ -210,16 +218,16 @@ func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f
 	case oidBytea:
 		b, err := decodeBytea(v.data)
 		if err != nil {
-			return nil, name + " (bytea) cannot be decoded: " + err.Error()
+			return bytes.Clone(v.data), name + " (bytea) cannot be decoded: " + err.Error()
 		}
 		if err := validJSON(b); err != nil {
-			return nil, name + " (bytea) is not JSON text: " + err.Error()
+			return b, name + " (bytea) is not JSON text: " + err.Error()
 		}
 		return b, ""
 	default:
 		b := bytes.Clone(v.data)
 		if err := validJSON(b); err != nil {
-			return nil, name + " is not valid JSON: " + err.Error()
+			return b, name + " is not valid JSON: " + err.Error()
 		}
 		return b, ""
 	}

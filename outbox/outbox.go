@@ -167,6 +167,16 @@ type Event struct {
 	// Poison, when not empty, says why this row cannot be used (a payload
 	// that is not JSON, an id that is missing): the correlator parks it.
 	Poison string
+	// Unread lists the fields (as named in Fields) whose value the relay
+	// could not read: a column gone since start, an unchanged TOAST value
+	// the server did not send. A reader must not take them for NULL (a sink
+	// cannot tell whether its match selects an event whose event_type is
+	// unread).
+	Unread []string
+	// RawPayload holds, for a row whose payload is not JSON, the payload's
+	// bytes as read (a bytea decoded where it could be); Payload is nil
+	// then. Sinks still deliver them (a protobuf in a bytea column).
+	RawPayload []byte
 }
 
 // EventIDNamespace is the namespace of name-based UUIDs made from text ids.

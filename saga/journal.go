@@ -207,6 +207,75 @@ type TerminalAppender interface {
 	AppendTerminal(ctx context.Context, instanceID, leaseID uuid.UUID, ev Event, final Status, reason string) (int64, error)
 }
 
+// DecideAppend is what a journal decides for Append (final empty) or
+// AppendTerminal (final set) on inst and cur, its current step's record, as
+// read under the journal's lock at now: the lease fence, then the
+// transitions to store, in order. Every journal decides through it, so that
+// they cannot differ.
+func DecideAppend(inst Instance, cur *StepRecord, leaseID uuid.UUID, ev Event, final Status, reason string, now time.Time) ([]Transition, error) {
+	if !HoldsLease(inst, leaseID, now) {
+		return nil, Errorf(ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", inst.ID, leaseID)
+	}
+	if !ev.Kind.Appendable() {
+		return nil, Errorf(ErrInvalid, "instance %s: %q events are not appended with Append", inst.ID, ev.Kind)
+	}
+	var kind EventKind
+	if final != "" {
+		k, err := TerminalKind(final)
+		if err != nil {
+			return nil, err
+		}
+		kind = k
+	}
+	first, err := Advance(inst, cur, ev, now)
+	if err != nil {
+		return nil, err
+	}
+	if final == "" {
+		return []Transition{first}, nil
+	}
+	// The terminal event sees the record of the step the first event left
+	// current (none after a step_completed), as a second read would.
+	end, err := Advance(first.Instance, CurrentRecord(first, cur), Event{Kind: kind, Step: -1, Reason: reason}, now)
+	if err != nil {
+		return nil, err
+	}
+	return []Transition{first, end}, nil
+}
+
+// GroupAppender is implemented by journals that append one entry for each
+// of several instances in one go, each fenced by its own lease and decided as
+// Append (or, with Final set, AppendTerminal) would decide it alone. In the
+// caller's transaction (ContextWithTx) the entries commit with it; without
+// one, the journal commits them in a transaction of its own. pgjournal does
+// it in two round trips whatever the number of instances: the locking read of
+// all of them (in id order, so that two groups never deadlock), then their
+// writes. The runner's group commit uses it for steps that wrote nothing of
+// their own.
+type GroupAppender interface {
+	// AppendGroup sets each entry's Err (nil: written) and Version. It
+	// returns an error, with nothing written, when the group as a whole
+	// failed (the database); without the caller's transaction, an error
+	// after the COMMIT was sent leaves the outcome unknown.
+	AppendGroup(ctx context.Context, entries []GroupEntry) error
+}
+
+// GroupEntry is one instance's part of AppendGroup.
+type GroupEntry struct {
+	InstanceID, LeaseID uuid.UUID
+	Event               Event
+	// Final, when not empty, ends the instance in that status (with
+	// Reason) after Event, as AppendTerminal does.
+	Final  Status
+	Reason string
+
+	// Err is the entry's own refusal, as Append would return it: an error
+	// wrapping ErrLeaseLost, ErrNotFound or ErrInvalid; nothing of this
+	// entry was written. Version is the instance's new version when written.
+	Err     error
+	Version int64
+}
+
 // CurrentRecord is the step record of tr's new current step, given prev, the
 // record of the step that was current before tr: tr's own step record when
 // it concerns that step, prev when prev is that step's, else none. Journals

@@ -30,15 +30,15 @@ type RunnerConfig struct {
 	// backlog exists it claims up to ClaimBatch ahead of them, so that a
 	// claim query serves a batch rather than one instance.
 	ClaimBatch int
-	// GroupCommit, above 1, turns on group commit while a backlog exists
-	// (the last claim came back full): a worker takes up to GroupCommit
-	// claimed instances and runs one step of each in one transaction, each
-	// inside its own SAVEPOINT, fenced by its own lease, so that one commit
-	// serves several steps. A step that fails or loses its lease rolls back
-	// to its savepoint only. Waits, replies, deadlines and compensations
-	// still run one per transaction. Default 0 (off): one step per
-	// transaction always. Each held instance heartbeats on a connection of
-	// its own, so size the pool for Workers × GroupCommit instances.
+	// GroupCommit is how many claimed instances a worker advances in one
+	// transaction while a backlog exists (the last claim came back full):
+	// one step of each, so that one commit (one WAL flush) serves several
+	// steps (default 8; 1 turns it off). Each step's writes, outbox rows and
+	// journal entry still commit together, fenced by its own lease: a step
+	// that fails or loses its lease takes nothing of its batch-mates with it
+	// (see the package doc). Waits, replies, deadlines and compensations run
+	// one per transaction, and an idle runner (no backlog) always does, so
+	// that it keeps the latency of one step per transaction.
 	GroupCommit int
 	// LeaseDuration is how long a claim holds an instance (default 30s). A
 	// worker heartbeats every third of it while it still works on the
@@ -73,6 +73,7 @@ func (c *RunnerConfig) WithDefaults() *RunnerConfig {
 	}
 	out.Workers = cmp.Or(out.Workers, 8)
 	out.ClaimBatch = cmp.Or(out.ClaimBatch, out.Workers)
+	out.GroupCommit = cmp.Or(out.GroupCommit, 8)
 	out.LeaseDuration = cmp.Or(out.LeaseDuration, 30*time.Second)
 	out.PollInterval = cmp.Or(out.PollInterval, 500*time.Millisecond)
 	out.MaxPollInterval = cmp.Or(out.MaxPollInterval, max(5*time.Second, out.PollInterval))

@@ -22,11 +22,9 @@ import (
 
 // member is one instance of a group.
 type member struct {
-	w      *work
-	ctx    context.Context // the lease's context
-	lose   context.CancelCauseFunc
-	hbDone chan struct{}
-	hbStop chan struct{}
+	w    *work
+	ctx  context.Context // the lease's context
+	lose context.CancelCauseFunc
 	// The round's outcome, applied after the group's commit.
 	ev        Event
 	last      bool
@@ -38,6 +36,9 @@ type member struct {
 	timedOut  bool
 	writeErr  error // the journal refused the entry (not a lost lease)
 	committed bool
+	// solo: the member's last round failed as a whole; it leaves the group
+	// and runs alone, so that one bad entry cannot fail every round.
+	solo bool
 }
 
 // groupable reports whether the next unit of work of w is a plain attempt of
@@ -69,18 +70,19 @@ func (r *Runner) processGroup(cs []claim) {
 		if w == nil {
 			continue
 		}
-		m := &member{w: w, hbDone: make(chan struct{}), hbStop: make(chan struct{})}
+		m := &member{w: w}
 		m.ctx, m.lose = context.WithCancelCause(r.baseCtx)
-		go func() {
-			defer close(m.hbStop)
-			w.heartbeat(m.ctx, m.lose, m.hbDone)
-		}()
 		ms = append(ms, m)
 	}
+	hbDone, hbStopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(hbStopped)
+		r.groupHeartbeat(ms, hbDone)
+	}()
 	defer func() {
+		close(hbDone)
+		<-hbStopped
 		for _, m := range ms {
-			close(m.hbDone)
-			<-m.hbStop
 			m.lose(nil)
 		}
 	}()
@@ -88,7 +90,7 @@ func (r *Runner) processGroup(cs []claim) {
 	for len(active) > 1 && !r.isStopping() {
 		var round, alone []*member
 		for _, m := range active {
-			if _, ok := m.w.groupable(); ok {
+			if _, ok := m.w.groupable(); ok && !m.solo {
 				round = append(round, m)
 			} else {
 				alone = append(alone, m)
@@ -96,6 +98,7 @@ func (r *Runner) processGroup(cs []claim) {
 		}
 		for _, m := range alone {
 			m.w.loop(m.ctx)
+			m.lose(nil) // done with it: the group's heartbeat skips it
 		}
 		if len(round) < 2 {
 			active = round
@@ -108,22 +111,102 @@ func (r *Runner) processGroup(cs []claim) {
 	}
 }
 
+// groupHeartbeat keeps the leases of a group's members, one member after
+// the other on one connection at a time: a heartbeat per member, each on a
+// connection of its own, would hold up to Workers × GroupCommit connections
+// while they wait behind the row locks of their own group's transaction,
+// and exhaust a pool sized for the workers.
+func (r *Runner) groupHeartbeat(ms []*member, done <-chan struct{}) {
+	t := time.NewTicker(r.cfg.LeaseDuration / 3)
+	defer t.Stop()
+	last := make([]time.Time, len(ms))
+	for i, m := range ms {
+		last[i] = m.w.localAt
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		for i, m := range ms {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			m.w.beat(m.ctx, m.lose, &last[i])
+		}
+	}
+}
+
 // groupRound runs one step of each member in one transaction and returns
 // the members that go on (nextContinue).
+//
+// The transaction is lazy, as a single step's is: it begins when a member's
+// Do first uses the database, and that member's work then runs inside a
+// savepoint of it (created on that first use, released once its journal
+// entry is written). The entries of the members that wrote nothing of their
+// own go to the journal together at the end (GroupAppender): with none of
+// the members using the database, the whole round is the journal's two round
+// trips, BEGIN with the locking read of every member, COMMIT with their
+// writes, and one WAL flush for all of them.
 func (r *Runner) groupRound(round []*member) []*member {
 	// Under baseCtx, as a single step's commit is: a hard stop cancels the
 	// steps (their Do), which then roll back to their savepoints and are
 	// released, while the steps that finished still commit.
 	ctx := r.baseCtx
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		r.log.Error("saga group: begin transaction", "err", err)
-		return nil // leases expire; the instances are claimed again
-	}
+	tx := &lazyTx{begin: r.pool.Begin}
+	ga, _ := r.journal.(GroupAppender)
+	var pending []*member
 	for _, m := range round {
-		r.groupStep(ctx, tx, m)
+		if r.groupStep(ctx, tx, m, ga != nil) {
+			pending = append(pending, m)
+		}
 	}
-	commitErr := tx.Commit(ctx)
+	var groupErr error
+	if len(pending) > 0 {
+		entries := make([]GroupEntry, len(pending))
+		for i, m := range pending {
+			entries[i] = GroupEntry{InstanceID: m.w.id, LeaseID: m.w.lease, Event: m.ev}
+			if m.last {
+				entries[i].Final = StatusCompleted
+			}
+		}
+		jctx := ctx
+		if tx.tx != nil {
+			jctx = ContextWithTx(ctx, tx.tx)
+		}
+		groupErr = ga.AppendGroup(jctx, entries)
+		for i, m := range pending {
+			switch err := entries[i].Err; {
+			case groupErr != nil:
+			case err == nil:
+				m.committed = true
+			case errors.Is(err, ErrLeaseLost):
+				m.w.hook(m.step, false, m.attempt, OutcomeLeaseLost, false, time.Since(m.began), err)
+				m.w.log.Warn("saga step not written: lease lost", "step", m.step.Name, "attempt", m.attempt)
+			default:
+				m.writeErr = err
+			}
+		}
+	}
+	var commitErr error
+	switch {
+	case tx.tx == nil:
+		// Nothing began: the journal committed the entries itself.
+		commitErr = groupErr
+	case groupErr != nil:
+		tx.rollback()
+		commitErr = groupErr
+	default:
+		if err := tx.tx.Commit(ctx); err != nil {
+			commitErr = fmt.Errorf("commit: %w", err)
+		}
+	}
+	if commitErr != nil {
+		r.log.Error("saga group: the round failed: its steps run alone next", "instances", len(round), "err", commitErr)
+	}
 	var goOn []*member
 	for _, m := range round {
 		w := m.w
@@ -134,11 +217,15 @@ func (r *Runner) groupRound(round []*member) []*member {
 			n = w.afterFailedAttempt(m.ctx, m.step, m.attempt, m.failed, m.cause, m.timedOut, "", took)
 		case m.writeErr != nil:
 			n = w.afterFailedCommit(m.ctx, m.step, m.attempt, m.writeErr, nextContinue, "", took)
+		case commitErr != nil:
+			// Nothing of the round committed, or (the journal's own COMMIT
+			// failed) its outcome is unknown: the member runs its step
+			// alone, from a fresh read of its instance, so that one bad
+			// entry cannot fail every round it is in.
+			m.solo = true
+			n = w.reload(m.ctx)
 		case !m.committed:
 			n = nextDrop // its lease was lost: rolled back to its savepoint
-		case commitErr != nil:
-			w.log.Error("saga group commit failed: outcome unknown, left to the next claim", "step", m.step.Name, "err", commitErr)
-			n = nextDrop
 		default:
 			w.hook(m.step, false, m.attempt, OutcomeCompleted, false, took, nil)
 			if m.last {
@@ -151,29 +238,32 @@ func (r *Runner) groupRound(round []*member) []*member {
 		switch n {
 		case nextContinue:
 			goOn = append(goOn, m)
+			continue
 		case nextYield:
 			w.release(m.ctx)
 		}
+		m.lose(nil) // done with it: the group's heartbeat skips it
 	}
 	return goOn
 }
 
-// groupStep runs one attempt of m's current step inside its own savepoint of
-// tx and releases the savepoint when the step and its journal entry
-// succeeded; otherwise it rolls back to the savepoint and notes why.
-func (r *Runner) groupStep(ctx context.Context, tx pgx.Tx, m *member) {
+// groupStep runs one attempt of m's current step. Its Do sees a lazy
+// savepoint of the group's transaction: when Do used the database (or
+// toJournal is false), the step's journal entry is written inside that
+// savepoint and the savepoint released, or rolled back when anything failed.
+// When Do wrote nothing and toJournal is true, groupStep reports true: the
+// entry goes to the journal with the group's (groupRound).
+func (r *Runner) groupStep(ctx context.Context, tx *lazyTx, m *member, toJournal bool) bool {
 	w := m.w
 	step, _ := w.groupable()
 	m.step, m.attempt, m.began = step, w.inst.Attempt+1, time.Now()
 	m.failed, m.writeErr, m.committed = nil, nil, false
-	sp, err := tx.Begin(ctx) // SAVEPOINT
-	if err != nil {
-		m.writeErr = fmt.Errorf("savepoint: %w", err)
-		return
-	}
+	// The savepoint is begun under the group's context: Do's own context
+	// ends with the attempt.
+	sp := &lazyTx{begin: func(context.Context) (pgx.Tx, error) { return tx.Begin(ctx) }}
 	x := w.stepTx(sp, step, m.attempt)
 	sctx, cancel := w.forwardCtx(m.ctx, step.Timeout)
-	err = w.call(func() error { return step.Do(sctx, x) })
+	err := w.call(func() error { return step.Do(sctx, x) })
 	m.cause = context.Cause(sctx)
 	m.timedOut = sctx.Err() != nil && errors.Is(m.cause, errStepTimeout)
 	cancel()
@@ -181,14 +271,24 @@ func (r *Runner) groupStep(ctx context.Context, tx pgx.Tx, m *member) {
 	if err == nil {
 		err = checkJSON(x)
 	}
+	if err == nil && sp.err != nil {
+		err = sp.err // Do swallowed the failed SAVEPOINT
+	}
 	if err != nil {
-		rollback(sp)
+		sp.rollback()
 		m.failed = err
-		return
+		return false
 	}
 	m.last = w.inst.CurrentStep == len(w.def.Steps)-1
 	m.ev = Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name, State: x.State, Output: x.Output}
-	jctx := ContextWithTx(m.ctx, sp)
+	if sp.tx == nil && toJournal {
+		return true
+	}
+	if _, err := sp.get(ctx); err != nil {
+		m.writeErr = fmt.Errorf("savepoint: %w", err)
+		return false
+	}
+	jctx := ContextWithTx(m.ctx, sp.tx)
 	if m.last {
 		err = w.appendEnding(jctx, m.ev, StatusCompleted, "")
 	} else {
@@ -198,18 +298,19 @@ func (r *Runner) groupStep(ctx context.Context, tx pgx.Tx, m *member) {
 		err = errLeaseGone // the heartbeat lost the lease meanwhile
 	}
 	if err != nil {
-		rollback(sp)
+		sp.rollback()
 		if errors.Is(err, ErrLeaseLost) || errors.Is(context.Cause(m.ctx), ErrLeaseLost) {
 			w.hook(step, false, m.attempt, OutcomeLeaseLost, false, time.Since(m.began), err)
 			w.log.Warn("saga step rolled back to its savepoint: lease lost", "step", step.Name, "attempt", m.attempt)
-			return
+			return false
 		}
 		m.writeErr = err
-		return
+		return false
 	}
-	if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
+	if err := sp.tx.Commit(ctx); err != nil { // RELEASE SAVEPOINT
 		m.writeErr = fmt.Errorf("release savepoint: %w", err)
-		return
+		return false
 	}
 	m.committed = true
+	return false
 }

@@ -200,8 +200,7 @@ func (w *work) now() time.Time { return w.dbAt.Add(time.Since(w.localAt)) }
 // It runs beside the worker, which replaces w.inst as the instance advances:
 // it reads only w.id (not w.inst.ID) and fields that do not change.
 func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done <-chan struct{}) {
-	d := w.r.cfg.LeaseDuration
-	t := time.NewTicker(d / 3)
+	t := time.NewTicker(w.r.cfg.LeaseDuration / 3)
 	defer t.Stop()
 	last := w.localAt
 	for {
@@ -212,28 +211,41 @@ func (w *work) heartbeat(ctx context.Context, lose context.CancelCauseFunc, done
 			return
 		case <-t.C:
 		}
-		sent := time.Now()
-		hctx, cancel := context.WithTimeout(ctx, d/3)
-		ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
-		cancel()
-		switch {
-		case err == nil && ok:
-			last = sent
-		case err == nil:
-			w.log.Warn("saga lease lost: heartbeat refused")
-			lose(errLeaseGone)
+		if !w.beat(ctx, lose, &last) {
 			return
-		default:
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("saga heartbeat failed", "err", err)
-			if time.Since(last) >= d {
-				lose(errLeaseGone)
-				return
-			}
 		}
 	}
+}
+
+// beat extends the lease once; last is when the lease was last known held.
+// It reports false once the lease is lost (lose was called) or ctx ended.
+func (w *work) beat(ctx context.Context, lose context.CancelCauseFunc, last *time.Time) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	d := w.r.cfg.LeaseDuration
+	sent := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, d/3)
+	ok, err := w.r.journal.Heartbeat(hctx, w.id, w.lease, d)
+	cancel()
+	switch {
+	case err == nil && ok:
+		*last = sent
+	case err == nil:
+		w.log.Warn("saga lease lost: heartbeat refused")
+		lose(errLeaseGone)
+		return false
+	default:
+		if ctx.Err() != nil {
+			return false
+		}
+		w.log.Warn("saga heartbeat failed", "err", err)
+		if time.Since(*last) >= d {
+			lose(errLeaseGone)
+			return false
+		}
+	}
+	return true
 }
 
 // release gives the lease back so that the instance's next attempt, or
@@ -344,18 +356,14 @@ func (w *work) call(f func() error) (err error) {
 func (w *work) runDo(ctx context.Context, step Step) next {
 	attempt := w.inst.Attempt + 1
 	began := time.Now()
-	tx, err := w.r.pool.Begin(ctx)
-	if err != nil {
-		w.log.Error("saga step: begin transaction", "step", step.Name, "err", err)
-		return nextDrop
-	}
+	tx := &lazyTx{begin: w.r.pool.Begin}
 	x := w.stepTx(tx, step, attempt)
 	if step.awaitsReply() {
 		x.CommandID = uuid.New()
 		x.command = x.CommandID
 	}
 	sctx, cancel := w.forwardCtx(ctx, step.Timeout)
-	err = w.call(func() error { return step.Do(sctx, x) })
+	err := w.call(func() error { return step.Do(sctx, x) })
 	cause := context.Cause(sctx)
 	timedOut := sctx.Err() != nil && errors.Is(cause, errStepTimeout)
 	cancel()
@@ -367,7 +375,7 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 		err = checkJSON(x)
 	}
 	if err != nil {
-		rollback(tx)
+		tx.rollback()
 		return w.afterFailedAttempt(ctx, step, attempt, err, cause, timedOut, "", time.Since(began))
 	}
 
@@ -385,7 +393,7 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 		ev = Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name,
 			State: x.State, Output: x.Output}
 	}
-	n, err := w.commit(ctx, tx, func(jctx context.Context) error {
+	n, err := w.commitLazy(ctx, tx, func(jctx context.Context) error {
 		if last && ev.Kind == EventStepCompleted {
 			return w.appendEnding(jctx, ev, StatusCompleted, "")
 		}
@@ -469,6 +477,29 @@ func (w *work) commit(ctx context.Context, tx pgx.Tx, f func(jctx context.Contex
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nextDrop, fmt.Errorf("commit: %w", err)
+	}
+	return nextContinue, nil
+}
+
+// commitLazy is commit for a step's lazy transaction. When the step never
+// used the database, f runs without a transaction in its context: the
+// journal fences, writes and commits the entry in a transaction of its own
+// (pgjournal: BEGIN with the locking read, COMMIT with the write). Any error
+// but a refused entry then leaves the outcome unknown (the COMMIT may have
+// been sent): nextDrop, and the next claim finds out.
+func (w *work) commitLazy(ctx context.Context, tx *lazyTx, f func(jctx context.Context) error) (next, error) {
+	if tx.tx != nil {
+		return w.commit(ctx, tx.tx, f)
+	}
+	if ctx.Err() != nil {
+		// The heartbeat lost the lease: never write after that.
+		return nextDrop, errLeaseGone
+	}
+	if err := f(ctx); err != nil {
+		if errors.Is(err, ErrInvalid) && !errors.Is(err, ErrLeaseLost) {
+			return nextContinue, err
+		}
+		return nextDrop, err
 	}
 	return nextContinue, nil
 }

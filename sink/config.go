@@ -82,6 +82,10 @@ type KafkaSpec struct {
 	Brokers []string
 	Topic   Template
 	Timeout time.Duration
+	// MaxMessageBytes is the largest record batch the topics accept (their
+	// max.message.bytes); 0 means Kafka's default, 1,000,012. A larger
+	// record is parked with the reason and never sent.
+	MaxMessageBytes int
 }
 
 // Problem is one mistake in a sinks file.
@@ -536,6 +540,12 @@ func (p *parser) kafka(n *yaml.Node) *KafkaSpec {
 	if v, ok := f["timeout"]; ok {
 		if d, ok := p.duration(v, "kafka.timeout", 100*time.Millisecond, 5*time.Minute); ok {
 			k.Timeout = d
+		}
+	}
+	if v, ok := f["max_message_bytes"]; ok {
+		// franz-go's bounds for ProducerBatchMaxBytes.
+		if m, ok := p.integer(v, "kafka.max_message_bytes", 512, 1<<30); ok {
+			k.MaxMessageBytes = m
 		}
 	}
 	return k

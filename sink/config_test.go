@@ -38,8 +38,13 @@ func TestParseIssueExample(t *testing.T) {
 	if !b.Match.Selects(&sink.Event{EventType: "anything"}) {
 		t.Error("an omitted match must select everything")
 	}
-	if k.Kind() != "kafka" || k.Kafka.Brokers[0] != "127.0.0.1:9092" || k.Kafka.Topic.Expand(&sink.Event{AggregateType: "order"}, nil) != "outbox.event.order" {
+	if k.Kind() != "kafka" || k.Kafka.Brokers[0] != "127.0.0.1:9092" || k.Kafka.Topic.Expand(&sink.Event{AggregateType: "order"}, nil) != "outbox.event.order" ||
+		k.Kafka.MaxMessageBytes != 0 {
 		t.Errorf("kafka: %+v", k.Kafka)
+	}
+	cfg, err = sink.Parse("k.yaml", []byte("sinks:\n  - name: k\n    kafka: {brokers: ['h:9092'], max_message_bytes: 5242880}\n"))
+	if err != nil || cfg.Sinks[0].Kafka.MaxMessageBytes != 5242880 {
+		t.Fatalf("kafka.max_message_bytes: %v %+v", err, cfg)
 	}
 }
 
@@ -89,6 +94,7 @@ func TestSyntaxAndShapeErrors(t *testing.T) {
 		{"sink:\n  - name: a\n", `x.yaml:1:1: unknown key "sink" in the file; use one of: sinks (did you mean "sinks"?)`},
 		{"sinks: []\n", "x.yaml:1:8: sinks is empty"},
 		{"sinks:\n  - name: a\n    webhook: {url: 'http://h/x'}\n  - name: a\n    webhook: {url: 'http://h/y'}\n", `x.yaml:4:5: sink name "a" is declared twice (first at line 2)`},
+		{"sinks:\n  - name: k\n    kafka: {brokers: ['h:9092'], max_message_bytes: 100}\n", `x.yaml:3:53: kafka.max_message_bytes "100" is not a whole number between 512 and 1073741824`},
 	} {
 		_, err := sink.Parse("x.yaml", []byte(c.in))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

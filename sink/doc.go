@@ -14,6 +14,9 @@
 //   - Never dropped. A sink known to be down parks without trying and is
 //     probed; a sink at max_parked slows the stream down; a webhook answering
 //     410 is disabled (loudly) and keeps parking until `relay sinks retry`.
+//     A row the relay cannot decode (a dead letter for the sagas) is still
+//     delivered with what could be read (Event.Poison, RawPayload); one whose
+//     match or id cannot be known is held for the operator (routePoison).
 //
 // Wiring: the correlator's Config.InBatchTx is Fanout.WriteParked, the
 // stream's sink is Fanout.Sink(correlator), the stream's LoadCheckpoint

@@ -2,7 +2,6 @@ package sink
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -117,8 +116,8 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	var id, body string
 	var n int
 	_, err = pgx.ForEachRow(rows, []any{&id, &body, &n}, func() error {
-		ev := new(Event)
-		if err := json.Unmarshal([]byte(body), ev); err != nil {
+		ev, err := decodeParked([]byte(body))
+		if err != nil {
 			return fmt.Errorf("parked event %s: %w", id, err)
 		}
 		ev.ID = id
@@ -135,7 +134,8 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		return false, err
 	}
 	errs := d.deliver(ctx, evs)
-	var done []string
+	var done, deferred, reasons []string
+	var waits []int64
 	for i, ev := range evs {
 		if errs[i] == nil {
 			done = append(done, ev.ID)
@@ -154,8 +154,13 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		if kind == kindDown {
 			wait = 0 // the sink's probe interval paces it
 		}
-		if _, err := conn.Exec(ctx, sqlDeferred, d.spec.Name, ev.ID, errs[i].Error(), wait.Milliseconds()); err != nil {
-			return false, fmt.Errorf("defer parked event %s: %w", ev.ID, err)
+		deferred, reasons, waits = append(deferred, ev.ID), append(reasons, errs[i].Error()), append(waits, wait.Milliseconds())
+	}
+	if len(deferred) > 0 {
+		// One statement for the page: a sink refusing many aggregates' heads
+		// costs one round trip, not one per aggregate.
+		if _, err := conn.Exec(ctx, sqlDeferred, d.spec.Name, deferred, reasons, waits); err != nil {
+			return false, fmt.Errorf("defer %d parked events: %w", len(deferred), err)
 		}
 	}
 	if len(done) > 0 {

@@ -3,19 +3,22 @@ package sink
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/outbox"
 )
 
 // Destination is a configured sink and its connection.
@@ -56,6 +59,14 @@ type Fanout struct {
 	dests []*dest
 	next  cdc.Sink
 	wake  chan struct{}
+
+	// noID numbers rows without an id per source transaction (commit LSN),
+	// so that they get stable, distinct ids. It carries over from a Partial
+	// batch to the next part of the same transaction, and restarts with
+	// each stream session, which replays a transaction from its start.
+	noID      map[uint64]int
+	noIDAfter cdc.Batch // the batch before: is the next one its sequel?
+	resynced  atomic.Bool
 }
 
 type dest struct {
@@ -166,6 +177,9 @@ type parkRow struct {
 	sink   string
 	ev     *Event
 	reason string
+	// hold parks it for the operator: the drainer leaves it (and the later
+	// events of its aggregate) until `relay sinks retry`.
+	hold bool
 }
 
 type pending struct {
@@ -180,25 +194,56 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		return errors.New("sink: Fanout.Sink was not given the next sink")
 	}
 	per := make([][]*Event, len(f.dests))
+	holds := make([]map[*Event]string, len(f.dests))
 	any := false
+	var noID map[uint64]int
+	if f.resynced.Swap(false) {
+		f.noIDAfter = cdc.Batch{}
+	}
+	if prev := f.noIDAfter; prev.Partial && prev.CommitLSN == b.CommitLSN {
+		noID = maps.Clone(f.noID) // kept only if this batch commits
+	}
 	for i := range b.Events {
 		oe := &b.Events[i]
-		if oe.Poison != "" {
-			continue // a dead letter: the correlator parks it with its reason
-		}
 		var ev *Event
 		for j, d := range f.dests {
 			if ev == nil {
 				ev = FromOutbox(oe)
+				if oe.RawID == "" && oe.ID == uuid.Nil {
+					// Numbered within the source transaction (see noID);
+					// the id is fixed once the held row is written.
+					if noID == nil {
+						noID = map[uint64]int{}
+					}
+					noID[oe.LSN]++
+					ev.ID = fmt.Sprintf("(no id) %s #%d", pglogrepl.LSN(oe.LSN), noID[oe.LSN])
+				}
 			}
-			if d.spec.Match.Selects(ev) {
-				per[j] = append(per[j], ev)
-				any = true
+			// A poison event (the correlator makes it a dead letter) still
+			// goes to every sink that selects it; see routePoison.
+			selects, hold := d.spec.Match.Selects(ev), ""
+			if oe.Poison != "" {
+				selects, hold = routePoison(d.spec.Match, oe, ev)
 			}
+			if !selects {
+				continue
+			}
+			if hold != "" {
+				if holds[j] == nil {
+					holds[j] = map[*Event]string{}
+				}
+				holds[j][ev] = hold
+			}
+			per[j] = append(per[j], ev)
+			any = true
 		}
 	}
 	if !any {
-		return f.next.HandleBatch(ctx, b)
+		if err := f.next.HandleBatch(ctx, b); err != nil {
+			return err
+		}
+		f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+		return nil
 	}
 	held, err := f.heldAggregates(ctx, per)
 	if err != nil {
@@ -218,7 +263,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[j] = d.deliverBatch(ctx, per[j], held[d.spec.Name])
+			results[j] = d.deliverBatch(ctx, per[j], held[d.spec.Name], holds[j])
 		}()
 	}
 	wg.Wait()
@@ -235,6 +280,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	if err := f.next.HandleBatch(context.WithValue(ctx, pendingKey{}, p), b); err != nil {
 		return err
 	}
+	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
 	for j, d := range f.dests {
 		n := results[j].delivered[d.spec.Name]
 		d.delivered.Add(uint64(n))
@@ -242,6 +288,12 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		if k := len(results[j].parks); k > 0 {
 			d.parkEpoch.Add(1)
 			d.mParked.Set(float64(d.parked.Add(int64(k))))
+		}
+		for _, r := range results[j].parks {
+			if r.hold {
+				d.log.Error("EVENT HELD for the operator: parked, not delivered, and the later events of its aggregate wait behind it until `relay sinks retry "+d.spec.Name+"`",
+					"event_id", r.ev.ID, "reason", r.reason)
+			}
 		}
 	}
 	if len(p.parks) > 0 {
@@ -311,16 +363,47 @@ func (f *Fanout) backpressure(ctx context.Context, d *dest, n int) error {
 	return nil
 }
 
-// deliverBatch sends evs (this batch's events for d) and returns what to park.
-func (d *dest) deliverBatch(ctx context.Context, evs []*Event, held map[string]bool) pending {
+// routePoison decides for an event the relay could not decode whether m
+// selects it, and gives a reason to hold it for the operator when that
+// cannot be told (event_type or aggregate_type unread while m filters on
+// it) or when the row has no id to deliver it under. Everything else that
+// was read is delivered like any event: at least once, never dropped.
+func routePoison(m Match, oe *outbox.Event, ev *Event) (selects bool, hold string) {
+	for _, f := range oe.Unread {
+		if (f == "event_type" && len(m.EventTypes) > 0) || (f == "aggregate_type" && len(m.AggregateTypes) > 0) {
+			return true, "held: " + f + " could not be read, so whether this sink's match selects the event is unknown (" +
+				oe.Poison + "); `relay sinks retry` delivers it as it is"
+		}
+	}
+	if !m.Selects(ev) {
+		return false, ""
+	}
+	if oe.RawID == "" && oe.ID == uuid.Nil {
+		return true, "held: the row has no id to deliver it under (" + oe.Poison + "); `relay sinks retry` delivers it with the id " + ev.ID
+	}
+	return true, ""
+}
+
+// deliverBatch sends evs (this batch's events for d) and returns what to
+// park; holds are the events to park for the operator (see routePoison).
+func (d *dest) deliverBatch(ctx context.Context, evs []*Event, held map[string]bool, holds map[*Event]string) pending {
 	out := pending{delivered: map[string]int{}}
 	d.mu.Lock()
 	state, reason := d.state, d.reason
 	d.mu.Unlock()
+	if len(holds) > 0 {
+		held = maps.Clone(held)
+		if held == nil {
+			held = map[string]bool{}
+		}
+	}
 	var direct []*Event
 	for _, ev := range evs {
 		k := ev.AggregateKey()
 		switch {
+		case holds[ev] != "":
+			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: holds[ev], hold: true})
+			held[k] = true // the aggregate's later events queue behind it
 		case state != StateUp:
 			out.parks = append(out.parks, parkRow{sink: d.spec.Name, ev: ev, reason: "sink " + state + ": " + reason})
 		case held[k]:
@@ -419,15 +502,16 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 	if len(p.parks) > 0 {
 		n := len(p.parks)
 		sinks, ids, keys, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		events := make([]string, n)
+		events, holds := make([]string, n), make([]bool, n)
 		for i, r := range p.parks {
-			body, err := json.Marshal(r.ev)
+			body, err := encodeParked(r.ev)
 			if err != nil {
 				return fmt.Errorf("sink: encode parked event %s: %w", r.ev.ID, err)
 			}
 			sinks[i], ids[i], keys[i], reasons[i], events[i] = r.sink, r.ev.ID, r.ev.AggregateKey(), r.reason, string(body)
+			holds[i] = r.hold
 		}
-		batch.Queue(sqlPark, sinks, ids, keys, events, reasons)
+		batch.Queue(sqlPark, sinks, ids, keys, events, reasons, holds)
 	}
 	if len(p.delivered) > 0 {
 		var names []string
@@ -448,6 +532,7 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 // the stream starts a session (from cdc.Config.LoadCheckpoint), since
 // another replica may have led the slot and parked events meanwhile.
 func (f *Fanout) Resync(ctx context.Context) error {
+	f.resynced.Store(true)
 	for _, d := range f.dests {
 		d.parkEpoch.Add(1)
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -39,6 +41,27 @@ type Event struct {
 	CorrelationID string          `json:"correlation_id,omitempty"`
 	CausationID   string          `json:"causation_id,omitempty"`
 	CreatedAt     time.Time       `json:"created_at,omitzero"`
+	// Poison, when set, says why the relay could not decode the row (the
+	// saga side has it as a dead letter). It is delivered all the same, with
+	// what could be read: a field that was not a UUID as its text, a payload
+	// or headers that are not JSON in RawPayload and RawHeaders.
+	Poison string `json:"poison,omitempty"`
+	// RawPayload is a payload that is not JSON, as read (Payload is null
+	// then): NATS and Kafka send these bytes as the body; the webhook
+	// envelope carries them in base64.
+	RawPayload []byte `json:"payload_base64,omitempty"`
+	// RawHeaders is a headers value that is not JSON, in the text form
+	// PostgreSQL sent (a bytea column's in hex): no header is taken from it.
+	RawHeaders []byte `json:"headers_base64,omitempty"`
+}
+
+// Body is what NATS and Kafka send as the message body: the payload, or the
+// bytes of a payload that is not JSON.
+func (e *Event) Body() []byte {
+	if e.RawPayload != nil {
+		return e.RawPayload
+	}
+	return e.Payload
 }
 
 // FromOutbox converts a decoded outbox row.
@@ -62,6 +85,20 @@ func FromOutbox(e *outbox.Event) *Event {
 	if len(ev.Payload) == 0 {
 		ev.Payload = json.RawMessage("null")
 	}
+	if e.Poison != "" {
+		ev.Poison = e.Poison
+		ev.RawPayload = e.RawPayload
+		// A field that did not decode is sent as the text that was read.
+		for name, dst := range map[string]*string{"tenant_id": &ev.TenantID,
+			"correlation_id": &ev.CorrelationID, "causation_id": &ev.CausationID} {
+			if s, ok := e.Raw[name].(string); ok && *dst == "" && uuid.Validate(s) != nil {
+				*dst = s
+			}
+		}
+		if s, ok := e.Raw["headers"].(string); ok && len(e.Headers) == 0 {
+			ev.RawHeaders = []byte(s)
+		}
+	}
 	return ev
 }
 
@@ -74,7 +111,8 @@ func (e *Event) AggregateKey() string {
 type Header struct{ Key, Value string }
 
 // MessageHeaders are the headers every sink sends: the row's fields (empty
-// ones left out) and each key of the row's headers object (a value that is
+// ones left out), "poison" with the reason for a row the relay could not
+// decode, and each key of the row's headers object (a value that is
 // not a string is sent as its JSON text). The row's fields win over a header
 // key of the same name, so a producer cannot forge event_type.
 func (e *Event) MessageHeaders() []Header {
@@ -90,6 +128,7 @@ func (e *Event) MessageHeaders() []Header {
 	add("tenant_id", e.TenantID)
 	add("correlation_id", e.CorrelationID)
 	add("causation_id", e.CausationID)
+	add("poison", e.Poison)
 	fixed := len(out)
 	var hs map[string]json.RawMessage
 	if len(e.Headers) > 0 && json.Unmarshal(e.Headers, &hs) == nil {

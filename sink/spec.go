@@ -58,6 +58,7 @@ var (
 		{Key: "brokers", Type: "list", Required: true, Doc: "seed brokers, host:port", Example: `["127.0.0.1:9092"]`},
 		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type})", Example: "outbox.event.{aggregate_type}"},
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
+		{Key: "max_message_bytes", Type: "integer", Doc: "the topics' max.message.bytes (default 1000012, Kafka's); a larger record is parked, never sent", Example: "1000012"},
 	}}
 	sinkSpec = &fieldSpec{Key: "sink", Type: "object", OneOf: [][]string{{"webhook"}, {"nats"}, {"kafka"}}, Fields: []*fieldSpec{
 		{Key: "name", Type: "string", Required: true, Doc: "unique; names the sink in metrics, commands and the parked table", Example: "payments", Pattern: `^[a-z0-9][a-z0-9_-]{0,62}$`},

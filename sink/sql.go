@@ -10,10 +10,11 @@ const (
 		FROM unnest($1::text[], $2::text[]) AS q(sink, aggregate_key)
 		JOIN relay_sink_parked p ON p.sink = q.sink AND p.aggregate_key = q.aggregate_key`
 
-	// Rows are numbered in the order given, so seq keeps commit order.
-	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason)
-		SELECT s, i, k, e::jsonb, r
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS x(s, i, k, e, r, n)
+	// Rows are numbered in the order given, so seq keeps commit order. A
+	// held row is never due until `relay sinks retry` makes it due.
+	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason, next_attempt_at)
+		SELECT s, i, k, e::jsonb, r, CASE WHEN h THEN 'infinity'::timestamptz ELSE now() END
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[]) WITH ORDINALITY AS x(s, i, k, e, r, h, n)
 		ORDER BY n
 		ON CONFLICT (sink, event_id) DO NOTHING`
 
@@ -32,9 +33,12 @@ const (
 	sqlDrained = `WITH gone AS (DELETE FROM relay_sink_parked WHERE sink = $1 AND event_id = ANY($2::text[]) RETURNING 1)
 		UPDATE relay_sinks SET delivered = delivered + (SELECT count(*) FROM gone) WHERE name = $1`
 
-	sqlDeferred = `UPDATE relay_sink_parked SET attempts = attempts + 1, reason = $3,
-		next_attempt_at = now() + $4::bigint * interval '1 millisecond'
-		WHERE sink = $1 AND event_id = $2`
+	// Each failed head gets its own reason and wait (its attempts drive its
+	// backoff); the rows behind a head are left as they are.
+	sqlDeferred = `UPDATE relay_sink_parked p SET attempts = p.attempts + 1, reason = d.reason,
+		next_attempt_at = now() + d.wait_ms * interval '1 millisecond'
+		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS d(event_id, reason, wait_ms)
+		WHERE p.sink = $1 AND p.event_id = d.event_id`
 
 	sqlSetState = `UPDATE relay_sinks SET state = $2, reason = NULLIF($3, ''), changed_at = now() WHERE name = $1`
 

@@ -17,15 +17,16 @@ import (
 	"github.com/compensa/compensa/saga/pgjournal"
 )
 
-// runCompensa (group: RunnerConfig.GroupCommit, 0 for the default) starts n three-step sagas through the correlator (the real
+// runCompensa (group: RunnerConfig.GroupCommit, 0 for the default of 8, 1
+// for one step per transaction always) starts n three-step sagas through the correlator (the real
 // start path, 1,000 trigger events per transaction, all submitted at t0 like
 // River's backlog) while the step runner, with its default settings, runs
 // them. Completion is the commit of the saga's last step (OnTerminal is
 // called after it).
 func runCompensa(ctx context.Context, dsn string, n, group int) (Result, error) {
-	res := Result{Mode: "backlog: all started at t0 through the correlator, runner defaults (8 workers, one step per transaction)"}
-	if group > 1 {
-		res.Mode = fmt.Sprintf("the same, with group commit (RunnerConfig.GroupCommit %d)", group)
+	res := Result{Mode: "backlog: all started at t0 through the correlator, runner defaults (8 workers, group commit of 8 while a backlog exists)"}
+	if group == 1 {
+		res.Mode = "the same, without group commit (RunnerConfig.GroupCommit 1: one step per transaction)"
 	}
 	rt := &roundTrips{}
 	cfg := (&saga.RunnerConfig{}).WithDefaults()

@@ -25,7 +25,7 @@ import (
 )
 
 // allSystems are the systems in the order each round runs them.
-var allSystems = []string{"compensa", "compensa-group", "dbos", "river", "river-fast", "pgbench"}
+var allSystems = []string{"compensa", "compensa-single", "dbos", "river", "river-fast", "pgbench"}
 
 func main() {
 	var (

@@ -97,8 +97,8 @@ func (s *server) runOne(ctx context.Context, sys string, round, n int, pgbT time
 	switch sys {
 	case "compensa":
 		res, err = runCompensa(ctx, dsn, n, 0)
-	case "compensa-group":
-		res, err = runCompensa(ctx, dsn, n, 8)
+	case "compensa-single":
+		res, err = runCompensa(ctx, dsn, n, 1)
 	case "dbos":
 		res, err = runDBOS(ctx, dsn, n)
 	case "river":

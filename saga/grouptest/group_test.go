@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 // hooks lets a test act inside a step (on its first attempt of step 0).
 type hooks struct {
 	onFirst func(ctx context.Context, x *saga.StepTx, xid string) error
+	// journalOnly: the steps write nothing through their transaction, so
+	// that a group's entries go to the journal together (AppendGroup).
+	journalOnly bool
 }
 
 // definition is three steps that each record their effect in effects, in
@@ -45,6 +48,12 @@ func definition(h *hooks) saga.Definition {
 			Name:  name,
 			Retry: saga.RetryPolicy{MaxAttempts: 5, Base: 10 * time.Millisecond, Factor: 1, Max: 10 * time.Millisecond, Jitter: -1},
 			Do: func(ctx context.Context, x *saga.StepTx) error {
+				if h != nil && h.journalOnly {
+					if h.onFirst != nil && x.Step == 0 && x.Attempt == 1 {
+						return h.onFirst(ctx, x, "")
+					}
+					return nil
+				}
 				var xid string
 				if err := x.Tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
 					return err
@@ -144,6 +153,25 @@ func exactlyOnce(t *testing.T, pool *pgxpool.Pool, n int) {
 	if got := count(t, pool, `SELECT count(*) FROM saga_events WHERE kind IN ('step_completed', 'completed')`); got != 4*n {
 		t.Fatalf("%d step_completed/completed events, want %d", got, 4*n)
 	}
+}
+
+// journalOnce checks, for steps that write nothing of their own, that every
+// instance has each step's completion and its ending in the journal once.
+func journalOnce(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	if got := count(t, pool, `SELECT count(*) FROM (SELECT instance_id, step, kind FROM saga_events WHERE kind IN ('step_completed', 'completed') GROUP BY 1, 2, 3 HAVING count(*) <> 1) d`); got != 0 {
+		t.Fatalf("%d (instance, step) completions journaled other than once", got)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM saga_events WHERE kind IN ('step_completed', 'completed')`); got != 4*n {
+		t.Fatalf("%d step_completed/completed events, want %d", got, 4*n)
+	}
+}
+
+// grouped counts the transactions that wrote the first step of two or more
+// instances: group commits.
+func grouped(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	return count(t, pool, `SELECT count(*) FROM (SELECT xid FROM saga_events WHERE kind = 'step_completed' AND step = 0 GROUP BY xid HAVING count(*) > 1) g`)
 }
 
 // mates are the instances whose first step committed in transaction xid
@@ -283,6 +311,118 @@ func TestGroupCommitKilledMidBatchLosesAndDoublesNothing(t *testing.T) {
 	t.Logf("killed with %d of %d sagas completed", done, n)
 }
 
+// TestGroupCommitJournalOnlyFailingStep: steps that write nothing of their
+// own go to the journal as one group (AppendGroup, two round trips and one
+// commit for the round). A step that fails in such a round is not written,
+// its batch-mates are, and it is retried.
+func TestGroupCommitJournalOnlyFailingStep(t *testing.T) {
+	db := pgtest.NewDB(t)
+	const n = 24
+	startMany(t, db.Pool, n)
+	var victim uuid.UUID
+	var once sync.Once
+	def := definition(&hooks{journalOnly: true, onFirst: func(_ context.Context, x *saga.StepTx, _ string) error {
+		once.Do(func() { victim = x.Instance.ID })
+		if x.Instance.ID == victim {
+			return errors.New("boom")
+		}
+		return nil
+	}})
+	runner(t, db.Pool, def, saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8})
+	waitCompleted(t, db.Pool, n, 2*time.Minute)
+	journalOnce(t, db.Pool, n)
+	if g := grouped(t, db.Pool); g == 0 {
+		t.Fatal("no transaction wrote the first step of two instances: no group commit happened")
+	}
+	if got := count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE instance_id = $1 AND kind = 'step_failed'`, victim); got != 1 {
+		t.Fatalf("%d step_failed events for the victim, want 1", got)
+	}
+	if got := count(t, db.Pool, `SELECT attempts FROM saga_steps WHERE saga_instance_id = $1 AND sequence = 0`, victim); got != 2 {
+		t.Fatalf("the victim's first step completed on attempt %d, want 2", got)
+	}
+}
+
+// TestGroupCommitJournalOnlyLostLease: an instance whose lease is taken away
+// while its round runs is refused by the journal's fence (its entry alone);
+// the round's other entries commit; it runs again under a new claim.
+func TestGroupCommitJournalOnlyLostLease(t *testing.T) {
+	db := pgtest.NewDB(t)
+	const n = 24
+	startMany(t, db.Pool, n)
+	var victim uuid.UUID
+	var fired atomic.Bool
+	var lost atomic.Int64
+	def := definition(&hooks{journalOnly: true, onFirst: func(ctx context.Context, x *saga.StepTx, _ string) error {
+		if !fired.CompareAndSwap(false, true) {
+			return nil
+		}
+		victim = x.Instance.ID
+		_, err := db.Pool.Exec(ctx, `UPDATE saga_instances SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = $1`, x.Instance.ID)
+		return err
+	}})
+	cfg := saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8}
+	cfg.Hooks.OnStep = func(ev saga.StepEvent) {
+		if ev.Outcome == saga.OutcomeLeaseLost {
+			lost.Add(1)
+		}
+	}
+	runner(t, db.Pool, def, cfg)
+	waitCompleted(t, db.Pool, n, 2*time.Minute)
+	journalOnce(t, db.Pool, n)
+	if lost.Load() != 1 {
+		t.Fatalf("%d lease-lost outcomes, want 1", lost.Load())
+	}
+	if g := grouped(t, db.Pool); g == 0 {
+		t.Fatal("no group commit happened")
+	}
+	// The victim's first step was written once, by a later claim: its
+	// attempt counter says a second attempt (the first was fenced out).
+	if got := count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE instance_id = $1 AND kind = 'step_completed' AND step = 0`, victim); got != 1 {
+		t.Fatalf("the victim's first step journaled %d times, want 1", got)
+	}
+}
+
+// TestGroupCommitJournalOnlyKilledMidBatch is the kill test for rounds that
+// go to the journal as one group.
+func TestGroupCommitJournalOnlyKilledMidBatch(t *testing.T) {
+	db := pgtest.NewDB(t)
+	const n = 600
+	startMany(t, db.Pool, n)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+db.URL, childJournalOnlyEnv+"=1")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE kind = 'step_completed'`) < n {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatal("the child runner made no progress")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	done := count(t, db.Pool, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`)
+	if done == n {
+		t.Fatalf("all %d sagas completed before the kill: nothing was in flight", n)
+	}
+	runner(t, db.Pool, definition(&hooks{journalOnly: true}), saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second})
+	waitCompleted(t, db.Pool, n, 3*time.Minute)
+	journalOnce(t, db.Pool, n)
+	if g := grouped(t, db.Pool); g == 0 {
+		t.Fatal("no group commit happened")
+	}
+	t.Logf("killed with %d of %d sagas completed", done, n)
+}
+
+// childJournalOnlyEnv makes the child run steps that write nothing.
+const childJournalOnlyEnv = "COMPENSA_GROUPTEST_CHILD_JOURNAL_ONLY"
+
 // runChild is the child process of the kill test: a group-commit runner
 // with a short lease, until it is killed.
 func runChild(url string) int {
@@ -298,7 +438,7 @@ func runChild(url string) int {
 		return 1
 	}
 	reg := saga.NewRegistry()
-	reg.MustRegister(definition(nil))
+	reg.MustRegister(definition(&hooks{journalOnly: os.Getenv(childJournalOnlyEnv) != ""}))
 	r, err := saga.NewRunner(j, pool, reg, &saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second,
 		PollInterval: 20 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond})
 	if err != nil {

@@ -52,6 +52,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Append/OnlyAppendableKinds", testAppendKinds},
 		{"Append/IllegalTransitionChangesNothing", testAppendIllegal},
 		{"Append/EventRoundTrip", testAppendRoundTrip},
+		{"AppendGroup/EachEntryFencedAndDecidedAlone", testAppendGroup},
 		{"Heartbeat/ExtendsFromNow", testHeartbeatExtends},
 		{"MarkTerminal/ReleasesLeaseAndRecords", testMarkTerminal},
 		{"MarkTerminal/NonTerminalAndIllegalAreInvalid", testMarkTerminalInvalid},

@@ -152,59 +152,47 @@ func claimsBefore(a, b *entry) bool {
 func (j *Journal) Append(_ context.Context, id, leaseID uuid.UUID, ev saga.Event) (int64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	e, ok := j.instances[id]
-	if !ok {
-		return 0, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
-	}
-	now := j.clock()
-	if !saga.HoldsLease(e.inst, leaseID, now) {
-		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
-	}
-	if !ev.Kind.Appendable() {
-		return 0, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
-	}
-	tr, err := saga.Advance(e.inst, e.current(), ev, now)
-	if err != nil {
-		return 0, err
-	}
-	j.apply(e, tr)
-	return tr.Instance.Version, nil
+	return j.appendLocked(id, leaseID, ev, "", "")
 }
 
 // AppendTerminal implements saga.TerminalAppender: Append, then
 // MarkTerminal, atomically.
 func (j *Journal) AppendTerminal(_ context.Context, id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) (int64, error) {
+	if final == "" {
+		return 0, saga.Errorf(saga.ErrInvalid, "instance %s: AppendTerminal needs a terminal status", id)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	return j.appendLocked(id, leaseID, ev, final, reason)
+}
+
+// AppendGroup implements saga.GroupAppender: each entry decided and applied
+// as Append (or AppendTerminal) would, all under one lock.
+func (j *Journal) AppendGroup(_ context.Context, entries []saga.GroupEntry) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for i := range entries {
+		e := &entries[i]
+		e.Version, e.Err = j.appendLocked(e.InstanceID, e.LeaseID, e.Event, e.Final, e.Reason)
+	}
+	return nil
+}
+
+// appendLocked decides (saga.DecideAppend) and applies one entry; j.mu is
+// held.
+func (j *Journal) appendLocked(id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) (int64, error) {
 	e, ok := j.instances[id]
 	if !ok {
 		return 0, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
 	}
-	now := j.clock()
-	if !saga.HoldsLease(e.inst, leaseID, now) {
-		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
-	}
-	if !ev.Kind.Appendable() {
-		return 0, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
-	}
-	kind, err := saga.TerminalKind(final)
+	trs, err := saga.DecideAppend(e.inst, e.current(), leaseID, ev, final, reason, j.clock())
 	if err != nil {
 		return 0, err
 	}
-	first, err := saga.Advance(e.inst, e.current(), ev, now)
-	if err != nil {
-		return 0, err
+	for _, tr := range trs {
+		j.apply(e, tr)
 	}
-	// The terminal event sees the record of the step the first event
-	// left current (none after a step_completed), as a second read would.
-	cur := saga.CurrentRecord(first, e.current())
-	end, err := saga.Advance(first.Instance, cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, now)
-	if err != nil {
-		return 0, err
-	}
-	j.apply(e, first)
-	j.apply(e, end)
-	return end.Instance.Version, nil
+	return trs[len(trs)-1].Instance.Version, nil
 }
 
 // Heartbeat implements saga.Journal.

@@ -158,23 +158,16 @@ func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.D
 // transaction itself).
 func (j *Journal) Append(ctx context.Context, id, leaseID uuid.UUID, ev saga.Event) (int64, error) {
 	var version int64
-	err := j.mutate(ctx, sqlLockByID, id, func(rows []locked) (*saga.Transition, error) {
+	err := j.mutateAll(ctx, sqlLockByID, id, func(rows []locked) ([]saga.Transition, error) {
 		if len(rows) == 0 {
-			return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+			return nil, notFound(id)
 		}
-		r := rows[0]
-		if !saga.HoldsLease(r.inst, leaseID, r.now) {
-			return nil, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
-		}
-		if !ev.Kind.Appendable() {
-			return nil, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
-		}
-		tr, err := saga.Advance(r.inst, r.cur, ev, r.now)
+		trs, err := decideAppend(rows[0], leaseID, ev, "", "")
 		if err != nil {
 			return nil, err
 		}
-		version = tr.Instance.Version
-		return &tr, nil
+		version = trs[len(trs)-1].Instance.Version
+		return trs, nil
 	})
 	if err != nil {
 		return 0, err
@@ -184,43 +177,116 @@ func (j *Journal) Append(ctx context.Context, id, leaseID uuid.UUID, ev saga.Eve
 
 // AppendTerminal implements saga.TerminalAppender: Append's event and
 // MarkTerminal's terminal event from one locking read, written in one
-// round trip (two statements in a batch), instead of two reads and two
-// writes.
+// statement (sqlWritePair), instead of two reads and two writes.
 func (j *Journal) AppendTerminal(ctx context.Context, id, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) (int64, error) {
+	if final == "" {
+		return 0, saga.Errorf(saga.ErrInvalid, "instance %s: AppendTerminal needs a terminal status", id)
+	}
 	var version int64
 	err := j.mutateAll(ctx, sqlLockByID, id, func(rows []locked) ([]saga.Transition, error) {
 		if len(rows) == 0 {
-			return nil, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+			return nil, notFound(id)
 		}
-		r := rows[0]
-		if !saga.HoldsLease(r.inst, leaseID, r.now) {
-			return nil, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held (expired, released or taken over); nothing was written", id, leaseID)
-		}
-		if !ev.Kind.Appendable() {
-			return nil, saga.Errorf(saga.ErrInvalid, "instance %s: %q events are not appended with Append", id, ev.Kind)
-		}
-		kind, err := saga.TerminalKind(final)
+		trs, err := decideAppend(rows[0], leaseID, ev, final, reason)
 		if err != nil {
 			return nil, err
 		}
-		first, err := saga.Advance(r.inst, r.cur, ev, r.now)
-		if err != nil {
-			return nil, err
-		}
-		// The terminal event sees the record of the step the first event
-		// left current (none after a step_completed), as a second read would.
-		cur := saga.CurrentRecord(first, r.cur)
-		end, err := saga.Advance(first.Instance, cur, saga.Event{Kind: kind, Step: -1, Reason: reason}, r.now)
-		if err != nil {
-			return nil, err
-		}
-		version = end.Instance.Version
-		return []saga.Transition{first, end}, nil
+		version = trs[len(trs)-1].Instance.Version
+		return trs, nil
 	})
 	if err != nil {
 		return 0, err
 	}
 	return version, nil
+}
+
+func notFound(id uuid.UUID) error {
+	return saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
+}
+
+// decideAppend is Append's decision on the locked row r (AppendTerminal's
+// when final is set).
+func decideAppend(r locked, leaseID uuid.UUID, ev saga.Event, final saga.Status, reason string) ([]saga.Transition, error) {
+	return saga.DecideAppend(r.inst, r.cur, leaseID, ev, final, reason, r.now)
+}
+
+// AppendGroup implements saga.GroupAppender in two round trips: the locking
+// read of every instance (sqlLockByIDs), then one batch with each written
+// entry's statement (and BEGIN and COMMIT riding along when the journal
+// opens the transaction itself).
+func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	ids := make([][16]byte, len(entries))
+	for i, e := range entries {
+		ids[i] = e.InstanceID
+	}
+	s, err := j.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+
+	read := &pgx.Batch{}
+	if s.own() {
+		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	}
+	read.Queue(sqlLockByIDs, ids, j.clock())
+	rows, err := s.readLocked(ctx, read)
+	if err != nil {
+		return fmt.Errorf("pgjournal: read a group of %d instances: %w", len(entries), err)
+	}
+	byID := make(map[uuid.UUID]locked, len(rows))
+	for _, r := range rows {
+		byID[r.inst.ID] = r
+	}
+	write := &pgx.Batch{}
+	var written []int
+	var trs [][]saga.Transition
+	for i := range entries {
+		e := &entries[i]
+		r, ok := byID[e.InstanceID]
+		if !ok {
+			e.Err = notFound(e.InstanceID)
+			continue
+		}
+		t, err := decideAppend(r, e.LeaseID, e.Event, e.Final, e.Reason)
+		if err != nil {
+			e.Err = err
+			continue
+		}
+		queueWrite(write, t)
+		written = append(written, i)
+		trs = append(trs, t)
+	}
+	if len(written) == 0 {
+		return nil // nothing to write: close rolls the empty transaction back
+	}
+	if s.own() {
+		write.Queue("COMMIT")
+	}
+	br := s.q.SendBatch(ctx, write)
+	for k, i := range written {
+		if err = readWrite(br, trs[k]); err != nil {
+			break
+		}
+		entries[i].Version = trs[k][len(trs[k])-1].Instance.Version
+	}
+	if err == nil && s.own() {
+		if _, err = br.Exec(); err != nil {
+			err = fmt.Errorf("pgjournal: commit a group of %d instances: %w", len(written), err)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("pgjournal: write a group of %d instances: %w", len(written), cerr)
+	}
+	if err != nil {
+		for _, i := range written {
+			entries[i].Version = 0
+		}
+	}
+	return err
 }
 
 // MarkTerminal implements saga.Journal, in two round trips like Append.
@@ -344,35 +410,12 @@ func (j *Journal) mutateAll(ctx context.Context, lockSQL string, key uuid.UUID, 
 	}
 
 	write := &pgx.Batch{}
-	pair := len(trs) == 2 && trs[1].Step == nil
-	if pair {
-		// One statement: the projection updated once (one row version,
-		// one set of index entries), both events inserted.
-		write.Queue(sqlWritePair, pairArgs(trs[0], trs[1])...)
-	} else {
-		for _, tr := range trs {
-			write.Queue(sqlWrite, writeArgs(tr)...)
-		}
-	}
+	queueWrite(write, trs)
 	if s.own() {
 		write.Queue("COMMIT")
 	}
 	br := s.q.SendBatch(ctx, write)
-	if pair {
-		err = readPair(br, trs[0])
-	} else {
-		for _, tr := range trs {
-			var seq int64
-			err = br.QueryRow().Scan(&seq)
-			if errors.Is(err, pgx.ErrNoRows) {
-				err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
-			}
-			if err != nil {
-				err = fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
-				break
-			}
-		}
-	}
+	err = readWrite(br, trs)
 	if err == nil && s.own() {
 		if _, err = br.Exec(); err != nil {
 			err = fmt.Errorf("pgjournal: commit %s: %w", key, err)
@@ -453,6 +496,40 @@ func (s *session) readLocked(ctx context.Context, b *pgx.Batch) ([]locked, error
 		err = cerr
 	}
 	return out, err
+}
+
+// queueWrite queues the statement(s) that store trs, transitions of one
+// instance each applied to the previous one's result. A step's event and the
+// terminal event that follows it are one statement (sqlWritePair: the
+// projection updated once, one row version and one set of index entries).
+func queueWrite(b *pgx.Batch, trs []saga.Transition) {
+	if isPair(trs) {
+		b.Queue(sqlWritePair, pairArgs(trs[0], trs[1])...)
+		return
+	}
+	for _, tr := range trs {
+		b.Queue(sqlWrite, writeArgs(tr)...)
+	}
+}
+
+func isPair(trs []saga.Transition) bool { return len(trs) == 2 && trs[1].Step == nil }
+
+// readWrite reads the results of queueWrite's statements.
+func readWrite(br pgx.BatchResults, trs []saga.Transition) error {
+	if isPair(trs) {
+		return readPair(br, trs[0])
+	}
+	for _, tr := range trs {
+		var seq int64
+		err := br.QueryRow().Scan(&seq)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = fmt.Errorf("instance %s changed under its row lock (version %d expected): nothing was written", tr.Instance.ID, tr.Instance.Version-1)
+		}
+		if err != nil {
+			return fmt.Errorf("pgjournal: write %s (%s): %w", tr.Instance.ID, tr.Event.Kind, err)
+		}
+	}
+	return nil
 }
 
 // writeArgs are sqlWrite's parameters for a transition.

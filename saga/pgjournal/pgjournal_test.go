@@ -382,6 +382,26 @@ func TestRoundTrips(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A group: four instances of its own, two per call; the first call
+	// warms the statement cache.
+	g1, g2, g3, g4 := b.claimed(t, time.Minute), b.claimed(t, time.Minute), b.claimed(t, time.Minute), b.claimed(t, time.Minute)
+	group := func(x, y saga.Instance) error {
+		es := []saga.GroupEntry{{InstanceID: x.ID, LeaseID: x.LeaseID.UUID, Event: stepDone(0)}, {InstanceID: y.ID, LeaseID: y.LeaseID.UUID, Event: stepDone(0), Final: saga.StatusCompleted}}
+		if err := j.AppendGroup(ctx, es); err != nil {
+			return err
+		}
+		return errors.Join(es[0].Err, es[1].Err)
+	}
+	if err := group(g1, g2); err != nil {
+		t.Fatal(err)
+	}
+	before := writes.Load()
+	if err := group(g3, g4); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes.Load() - before; got != 2 {
+		t.Fatalf("a group of two appends took %d round trips, want 2", got)
+	}
 	measure("mark terminal", 2, func(i saga.Instance) error {
 		ok, err := j.MarkTerminal(ctx, i.ID, i.LeaseID.UUID, saga.StatusCompleted, "")
 		if !ok && err == nil {

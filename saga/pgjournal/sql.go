@@ -80,6 +80,17 @@ LEFT JOIN saga_steps s ON s.saga_instance_id = i.id AND s.sequence = i.current_s
 WHERE i.id = $1
 FOR UPDATE OF i`
 
+// sqlLockByIDs is sqlLockByID for several instances ($1, an array), locked
+// in id order: every statement that locks several instances takes them in
+// that order, so that two never wait for each other.
+const sqlLockByIDs = `
+SELECT ` + instanceCols + `, ` + stepCols + `, COALESCE($2::timestamptz, clock_timestamp())
+FROM saga_instances i
+LEFT JOIN saga_steps s ON s.saga_instance_id = i.id AND s.sequence = i.current_step
+WHERE i.id = ANY($1::uuid[])
+ORDER BY i.id
+FOR UPDATE OF i`
+
 // sqlLockByCorrelation is sqlLockByID for the instances waiting on a
 // correlation id (at most two are read: one is expected).
 const sqlLockByCorrelation = `

@@ -66,7 +66,7 @@ func open(s sink.Spec, getenv func(string) string) (sink.Sink, error) {
 			DuplicateWindow: n.DuplicateWindow, Timeout: n.Timeout, Name: "compensa-relay/" + s.Name})
 	case s.Kafka != nil:
 		k := s.Kafka
-		return kafkasink.New(kafkasink.Config{Brokers: k.Brokers, Topic: k.Topic, Timeout: k.Timeout})
+		return kafkasink.New(kafkasink.Config{Brokers: k.Brokers, Topic: k.Topic, Timeout: k.Timeout, MaxMessageBytes: k.MaxMessageBytes})
 	}
 	return nil, errors.New("no destination (webhook, nats or kafka)")
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,9 @@ type Config struct {
 	Topic   sink.Template
 	// Timeout bounds each record's delivery (retries included).
 	Timeout time.Duration
+	// MaxMessageBytes is the topics' max.message.bytes (0: Kafka's default,
+	// 1,000,012); it becomes the producer's ProducerBatchMaxBytes.
+	MaxMessageBytes int
 	// Opts are extra client options (tests: a shorter metadata refresh).
 	Opts []kgo.Opt
 }
@@ -32,6 +36,8 @@ type Config struct {
 type Sink struct {
 	cfg Config
 	cl  *kgo.Client
+	// maxBytes is the producer's cap on a record batch per topic.
+	maxBytes func(topic string) int32
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -49,11 +55,36 @@ func New(cfg Config) (*Sink, error) {
 		kgo.RecordDeliveryTimeout(cfg.Timeout),
 		kgo.ProducerLinger(0),
 	}, cfg.Opts...)
+	if cfg.MaxMessageBytes > 0 {
+		opts = append(opts, kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka sink: %w", err)
 	}
-	return &Sink{cfg: cfg, cl: cl}, nil
+	maxBytes, _ := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	return &Sink{cfg: cfg, cl: cl, maxBytes: maxBytes}, nil
+}
+
+// recordBatchOverhead is the wire size of a record batch holding no
+// record (franz-go's constant, plus room for a flexible request's varints).
+const recordBatchOverhead = 61 + 5
+
+// batchBytes is the size of a record batch holding rec alone, as franz-go
+// counts it against ProducerBatchMaxBytes (first record: both deltas 0).
+func batchBytes(rec *kgo.Record) int {
+	l := 1 + 1 + 1 + // attributes, timestamp delta, offset delta
+		varintLen(len(rec.Key)) + len(rec.Key) + varintLen(len(rec.Value)) + len(rec.Value) + varintLen(len(rec.Headers))
+	for _, h := range rec.Headers {
+		l += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+	}
+	return recordBatchOverhead + varintLen(l) + l
+}
+
+// varintLen is the length of n as a zig-zag varint.
+func varintLen(n int) int {
+	u := uint64(n)<<1 ^ uint64(int64(n)>>63)
+	return max(1, (bits.Len64(u)+6)/7)
 }
 
 // Topic is the topic an event is produced to.
@@ -72,12 +103,29 @@ func (s *Sink) Topic(ev *sink.Event) string {
 func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	errs := make([]error, len(evs))
 	var wg sync.WaitGroup
+	// Aggregates with an event refused before producing: producing their
+	// later events would put them ahead of it.
+	refused := map[string]bool{}
 	for i, ev := range evs {
-		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Payload}
+		if refused[ev.AggregateKey()] {
+			errs[i] = sink.ErrHeldBack
+			continue
+		}
+		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Body()}
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: []byte(ev.ID)})
 		for _, h := range ev.MessageHeaders() {
 			if h.Key != "id" {
 				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
+			}
+		}
+		// franz-go fails a record larger than its batch cap, but only from
+		// the callback, after the aggregate's later records were handed
+		// over: check first, so a too-large record is never produced.
+		if s.maxBytes != nil {
+			if size, limit := batchBytes(rec), int(s.maxBytes(rec.Topic)); size > limit {
+				errs[i] = sink.EventError(fmt.Errorf("record of %d bytes is larger than the %d bytes topic %s takes (kafka.max_message_bytes)", size, limit, rec.Topic))
+				refused[ev.AggregateKey()] = true
+				continue
 			}
 		}
 		wg.Add(1)

@@ -2,6 +2,8 @@ package kafkasink_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +53,7 @@ func readTopic(addrs []string, topic string) func() []sinktest.Received {
 				for _, x := range r.Headers {
 					h[x.Key] = string(x.Value)
 				}
-				out = append(out, sinktest.Received{ID: h["id"], Headers: h, Payload: r.Value})
+				out = append(out, sinktest.Received{ID: h["id"], Headers: h, Payload: r.Value, Raw: r.Value})
 			})
 			if n > 0 {
 				empty = 0
@@ -131,4 +133,66 @@ func TestInjectedProduceFaults(t *testing.T) {
 	}
 	sinktest.RequireOrder(t, evs, got)
 	t.Logf("%d fault hits, %d failed deliveries resent over %d rounds, %d records for %d events", h.Hits(), failures, rounds, len(got), len(evs))
+}
+
+// TestTooLargeRecordIsRefusedBeforeProducing: a record larger than the
+// producer's cap is refused as an event error (parked with the reason),
+// never produced, and the later events of its aggregate are held back
+// rather than produced ahead of it; other aggregates go on. The check is
+// never laxer than franz-go's own: the largest record it lets through is
+// acknowledged.
+func TestTooLargeRecordIsRefusedBeforeProducing(t *testing.T) {
+	c := cluster(t)
+	const limit = 2048
+	topic := "big" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate(topic), Timeout: 3 * time.Second,
+		MaxMessageBytes: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(4, 1)
+	evs[3].AggregateID = "other"
+	evs[1].Payload = json.RawMessage(`"` + strings.Repeat("x", 4*limit) + `"`)
+	errs := s.Deliver(t.Context(), evs)
+	if errs[0] != nil || errs[3] != nil {
+		t.Fatalf("events that fit were not delivered: %v", errs)
+	}
+	if errs[1] == nil || sink.Classify(errs[1]) != "event" || !strings.Contains(errs[1].Error(), "larger than") {
+		t.Fatalf("too-large record: %v (kind %s), want an event error naming the size", errs[1], sink.Classify(errs[1]))
+	}
+	if !errors.Is(errs[2], sink.ErrHeldBack) {
+		t.Fatalf("the event after the too-large one in its aggregate: %v, want held back", errs[2])
+	}
+	var got []sinktest.Received
+	for deadline := time.Now().Add(15 * time.Second); len(got) < 2 && time.Now().Before(deadline); {
+		got = readTopic(c.ListenAddrs(), topic)()
+	}
+	if len(got) != 2 || got[0].ID == evs[2].ID || got[1].ID == evs[2].ID {
+		ids := []string{}
+		for _, r := range got {
+			ids = append(ids, r.ID)
+		}
+		t.Fatalf("topic holds %v, want only the events that fit (not the later event of the refused one's aggregate)", ids)
+	}
+
+	// The boundary: the largest payload the check lets through is produced.
+	fits := func(n int) error {
+		ev := sinktest.Events(1, 1)[0]
+		ev.Payload = json.RawMessage(`"` + strings.Repeat("y", n) + `"`)
+		return s.Deliver(t.Context(), []*sink.Event{ev})[0]
+	}
+	lo, hi := 0, limit // fits(lo) passes the check, fits(hi) does not
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if err := fits(mid); err != nil && strings.Contains(err.Error(), "kafka.max_message_bytes") {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	if err := fits(lo); err != nil {
+		t.Fatalf("a payload of %d bytes passed the size check and franz-go refused it: %v", lo, err)
+	}
+	t.Logf("cap %d bytes: payloads up to %d bytes are produced, %d is parked", limit, lo, hi)
 }

@@ -163,7 +163,7 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			continue
 		}
 		msg := nats.NewMsg(s.Subject(ev))
-		msg.Data = ev.Payload
+		msg.Data = ev.Body()
 		for _, h := range ev.MessageHeaders() {
 			// Nats-* headers steer the server (Nats-Msg-Id, expectations):
 			// only the sink sets them.

@@ -48,7 +48,7 @@ func readStream(t *testing.T, url, stream string) func() []sinktest.Received {
 			for k := range m.Header {
 				h[k] = m.Header.Get(k)
 			}
-			out = append(out, sinktest.Received{ID: m.Header.Get(jetstream.MsgIDHeader), Headers: h, Payload: m.Data})
+			out = append(out, sinktest.Received{ID: m.Header.Get(jetstream.MsgIDHeader), Headers: h, Payload: m.Data, Raw: m.Data})
 		}
 		return out
 	}

@@ -5,6 +5,7 @@
 package sinktest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +25,9 @@ type Received struct {
 	// Payload is the event's payload as received (for a webhook, taken out
 	// of the envelope).
 	Payload json.RawMessage
+	// Raw is what a consumer gets of a payload that is not JSON: the body
+	// (NATS, Kafka) or the envelope's payload_base64 (webhook).
+	Raw []byte
 }
 
 // Harness connects the suite to one kind of destination.
@@ -82,6 +86,32 @@ func Run(t *testing.T, h Harness) {
 				}
 			}
 		}
+	})
+	t.Run("PoisonEventDeliveredAsRead", func(t *testing.T) {
+		// A row the relay could not decode still reaches the sink: its
+		// payload's bytes as read, the reason in the poison header.
+		s, read := h.New(t)
+		evs := Events(3, 1)
+		bad := evs[1]
+		bad.Poison = "payload is not valid JSON: invalid character 'o'"
+		bad.Payload, bad.RawPayload = json.RawMessage("null"), []byte("not json \x00\xff{")
+		bad.Headers, bad.RawHeaders = nil, []byte("{trace:")
+		requireDelivered(t, s.Deliver(context.Background(), evs))
+		got := waitFor(t, read, len(evs))
+		RequireOrder(t, evs, got)
+		for _, r := range got {
+			if r.ID != bad.ID {
+				continue
+			}
+			if !bytes.Equal(r.Raw, bad.RawPayload) {
+				t.Fatalf("poison event's payload: got %q, want the bytes as read %q", r.Raw, bad.RawPayload)
+			}
+			if r.Headers["poison"] != bad.Poison || r.Headers["event_type"] != bad.EventType {
+				t.Fatalf("poison event's headers %v: want poison %q and the row's fields", r.Headers, bad.Poison)
+			}
+			return
+		}
+		t.Fatal("the poison event was not received")
 	})
 	t.Run("OrderPerAggregate", func(t *testing.T) {
 		s, read := h.New(t)

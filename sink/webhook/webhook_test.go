@@ -67,11 +67,11 @@ func newEndpoint(t *testing.T) *endpoint {
 		for k := range r.Header {
 			h[k] = r.Header.Get(k)
 		}
-		for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "trace", "attempt"} {
+		for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "trace", "attempt", "poison"} {
 			h[k] = r.Header.Get(k)
 		}
 		e.mu.Lock()
-		e.got = append(e.got, sinktest.Received{ID: id, Headers: h, Payload: env.Payload})
+		e.got = append(e.got, sinktest.Received{ID: id, Headers: h, Payload: env.Payload, Raw: env.RawPayload})
 		e.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	}))

@@ -43,12 +43,13 @@ type endpoint struct {
 	hang    chan struct{}
 	hanging atomic.Bool
 	mu      sync.Mutex
-	arrived []string // webhook-id in arrival order
+	arrived []string          // webhook-id in arrival order
+	bodies  map[string][]byte // the first body received per webhook-id
 	bad     atomic.Int32
 }
 
 func newEndpoint(t *testing.T) *endpoint {
-	e := &endpoint{hang: make(chan struct{})}
+	e := &endpoint{hang: make(chan struct{}), bodies: map[string][]byte{}}
 	key, _ := webhook.DecodeSecret(secret)
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -71,6 +72,9 @@ func newEndpoint(t *testing.T) *endpoint {
 		}
 		e.mu.Lock()
 		e.arrived = append(e.arrived, id)
+		if _, ok := e.bodies[id]; !ok {
+			e.bodies[id] = body
+		}
 		e.mu.Unlock()
 		w.WriteHeader(204)
 	}))
@@ -113,8 +117,14 @@ func checkoutRegistry() *saga.Registry {
 
 func setupWith(t *testing.T, timeout time.Duration, maxParked int) *bundle {
 	t.Helper()
+	return setupOn(t, pgtest.NewDB(t), timeout, maxParked)
+}
+
+// setupOn runs the stream, the fan-out (one webhook sink, "hook") and the
+// correlator on db.
+func setupOn(t *testing.T, db *pgtest.DB, timeout time.Duration, maxParked int) *bundle {
+	t.Helper()
 	ctx := context.Background()
-	db := pgtest.NewDB(t)
 	ep := newEndpoint(t)
 	wh, err := webhook.New(webhook.Config{URL: ep.srv.URL, Secret: secret, Timeout: timeout, Concurrency: 4})
 	if err != nil {
