@@ -260,6 +260,47 @@ type GroupAppender interface {
 	AppendGroup(ctx context.Context, entries []GroupEntry) error
 }
 
+// CheckGroup refuses a group that names an instance twice: its entries
+// would be decided against one read. Journals call it first.
+func CheckGroup(entries []GroupEntry) error {
+	seen := make(map[uuid.UUID]struct{}, len(entries))
+	for _, e := range entries {
+		if _, dup := seen[e.InstanceID]; dup {
+			return Errorf(ErrInvalid, "AppendGroup: instance %s appears twice in one group; append its entries one after the other", e.InstanceID)
+		}
+		seen[e.InstanceID] = struct{}{}
+	}
+	return nil
+}
+
+// GroupHeartbeater is implemented by journals that extend several leases in
+// one statement. Unlike Heartbeat it never waits for a row lock: a row
+// another transaction holds locked (the caller's own group commit, mostly)
+// is reported LeaseBusy, neither extended nor refused; no claimer can take
+// a locked row meanwhile, and every write stays fenced by the lease.
+type GroupHeartbeater interface {
+	// HeartbeatGroup returns one state per lease, in order.
+	HeartbeatGroup(ctx context.Context, leases []LeaseRef, d time.Duration) ([]LeaseState, error)
+}
+
+// LeaseRef names a lease: the instance and the lease id its claim gave.
+type LeaseRef struct {
+	InstanceID, LeaseID uuid.UUID
+}
+
+// LeaseState is what HeartbeatGroup did with one lease.
+type LeaseState int
+
+const (
+	// LeaseRefused: the lease is not held (expired, released, taken over).
+	LeaseRefused LeaseState = iota
+	// LeaseExtended: held, and now expires d after the journal's clock.
+	LeaseExtended
+	// LeaseBusy: the instance's row is locked by a transaction; its lease
+	// was held as last committed, and was not extended.
+	LeaseBusy
+)
+
 // GroupEntry is one instance's part of AppendGroup.
 type GroupEntry struct {
 	InstanceID, LeaseID uuid.UUID

@@ -44,20 +44,14 @@ func (l *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return tx.Begin(ctx)
 }
 
-// Commit and Rollback belong to the runner (see StepTx.Tx); on a transaction
-// that was never begun there is nothing to end.
-func (l *lazyTx) Commit(ctx context.Context) error {
-	if l.tx == nil {
-		return nil
-	}
-	return l.tx.Commit(ctx)
+// Commit and Rollback belong to the runner (see StepTx.Tx): a step that
+// ended its transaction would commit its writes without its journal entry.
+func (l *lazyTx) Commit(context.Context) error {
+	return Errorf(ErrInvalid, "a step must not commit its transaction: the runner commits it with the step's journal entry")
 }
 
-func (l *lazyTx) Rollback(ctx context.Context) error {
-	if l.tx == nil {
-		return nil
-	}
-	return l.tx.Rollback(ctx)
+func (l *lazyTx) Rollback(context.Context) error {
+	return Errorf(ErrInvalid, "a step must not roll back its transaction: return an error from Do instead")
 }
 
 func (l *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {

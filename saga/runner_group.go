@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Group commit: while a backlog exists, a worker that holds several claimed
@@ -35,7 +36,12 @@ type member struct {
 	cause     error
 	timedOut  bool
 	writeErr  error // the journal refused the entry (not a lost lease)
-	committed bool
+	committed bool  // its entry was written by AppendGroup
+	// savepointed: its step and entry were written in its savepoint,
+	// released into the round's transaction (committed with it).
+	savepointed bool
+	// broken: the round's transaction broke under it, not by its doing.
+	broken bool
 	// solo: the member's last round failed as a whole; it leaves the group
 	// and runs alone, so that one bad entry cannot fail every round.
 	solo bool
@@ -108,34 +114,76 @@ func (r *Runner) processGroup(cs []claim) {
 	}
 	for _, m := range active {
 		m.w.loop(m.ctx)
+		m.lose(nil)
 	}
 }
 
-// groupHeartbeat keeps the leases of a group's members, one member after
-// the other on one connection at a time: a heartbeat per member, each on a
-// connection of its own, would hold up to Workers × GroupCommit connections
-// while they wait behind the row locks of their own group's transaction,
-// and exhaust a pool sized for the workers.
+// groupHeartbeat keeps the leases of a group's members with one statement
+// per beat when the journal can (GroupHeartbeater), else one member after
+// the other, on one connection at a time either way: a heartbeat per member
+// on a connection of its own would hold up to Workers × GroupCommit
+// connections. The group statement skips the rows its own round holds
+// locked (no claimer can take those meanwhile) instead of waiting for the
+// round to commit, so that one slow round does not starve the others'
+// leases.
 func (r *Runner) groupHeartbeat(ms []*member, done <-chan struct{}) {
-	t := time.NewTicker(r.cfg.LeaseDuration / 3)
+	d := r.cfg.LeaseDuration
+	t := time.NewTicker(d / 3)
 	defer t.Stop()
 	last := make([]time.Time, len(ms))
 	for i, m := range ms {
 		last[i] = m.w.localAt
 	}
+	gh, _ := r.journal.(GroupHeartbeater)
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
 		}
-		for i, m := range ms {
-			select {
-			case <-done:
-				return
-			default:
+		if gh == nil {
+			for i, m := range ms {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				m.w.beat(m.ctx, m.lose, &last[i])
 			}
-			m.w.beat(m.ctx, m.lose, &last[i])
+			continue
+		}
+		var live []int
+		var leases []LeaseRef
+		for i, m := range ms {
+			if m.ctx.Err() == nil {
+				live = append(live, i)
+				leases = append(leases, LeaseRef{InstanceID: m.w.id, LeaseID: m.w.lease})
+			}
+		}
+		if len(live) == 0 {
+			continue
+		}
+		sent := time.Now()
+		hctx, cancel := context.WithTimeout(r.baseCtx, d/3)
+		states, err := gh.HeartbeatGroup(hctx, leases, d)
+		cancel()
+		for k, i := range live {
+			m := ms[i]
+			switch {
+			case err != nil:
+				m.w.log.Warn("saga heartbeat failed", "err", err)
+				if time.Since(last[i]) >= d {
+					m.lose(errLeaseGone)
+				}
+			case states[k] == LeaseExtended:
+				last[i] = sent
+			case states[k] == LeaseBusy:
+				// Locked by this group's round (or briefly by another
+				// writer): held, not extended.
+			default:
+				m.w.log.Warn("saga lease lost: heartbeat refused")
+				m.lose(errLeaseGone)
+			}
 		}
 	}
 }
@@ -161,6 +209,11 @@ func (r *Runner) groupRound(round []*member) []*member {
 	var pending []*member
 	for _, m := range round {
 		if r.groupStep(ctx, tx, m, ga != nil) {
+			if m.ctx.Err() != nil {
+				// The heartbeat lost the lease meanwhile: never write.
+				m.w.hook(m.step, false, m.attempt, OutcomeLeaseLost, false, time.Since(m.began), errLeaseGone)
+				continue
+			}
 			pending = append(pending, m)
 		}
 	}
@@ -191,41 +244,56 @@ func (r *Runner) groupRound(round []*member) []*member {
 			}
 		}
 	}
-	var commitErr error
+	// Whether the round's failure left anything committed: known (nothing
+	// was, the members run alone from a fresh read) or unknown (the COMMIT
+	// was sent, the answer lost: left to the next claim, as a single step's).
+	var roundErr error
+	unknown := false
 	switch {
 	case tx.tx == nil:
 		// Nothing began: the journal committed the entries itself.
-		commitErr = groupErr
+		roundErr = groupErr
+		unknown = groupErr != nil && ownCommitNext(groupErr) == nextDrop
 	case groupErr != nil:
 		tx.rollback()
-		commitErr = groupErr
+		roundErr = groupErr
 	default:
 		if err := tx.tx.Commit(ctx); err != nil {
-			commitErr = fmt.Errorf("commit: %w", err)
+			roundErr = fmt.Errorf("commit: %w", err)
+			var pgErr *pgconn.PgError
+			unknown = !errors.As(err, &pgErr)
 		}
 	}
-	if commitErr != nil {
-		r.log.Error("saga group: the round failed: its steps run alone next", "instances", len(round), "err", commitErr)
+	if roundErr != nil {
+		r.log.Error("saga group: the round failed: its members run alone next", "instances", len(round), "outcome_unknown", unknown, "err", roundErr)
 	}
 	var goOn []*member
 	for _, m := range round {
 		w := m.w
 		took := time.Since(m.began)
 		var n next
+		written := m.committed || m.savepointed
 		switch {
+		case m.broken:
+			// The round's transaction broke under it (not its own doing):
+			// no attempt counted; it runs alone, from a fresh read.
+			m.solo = true
+			n = w.reload(m.ctx)
 		case m.failed != nil:
 			n = w.afterFailedAttempt(m.ctx, m.step, m.attempt, m.failed, m.cause, m.timedOut, "", took)
-		case m.writeErr != nil:
-			n = w.afterFailedCommit(m.ctx, m.step, m.attempt, m.writeErr, nextContinue, "", took)
-		case commitErr != nil:
-			// Nothing of the round committed, or (the journal's own COMMIT
-			// failed) its outcome is unknown: the member runs its step
+		case roundErr != nil && unknown && written:
+			w.log.Error("saga group commit failed: outcome unknown, left to the next claim", "step", m.step.Name, "err", roundErr)
+			n = nextDrop
+		case roundErr != nil && m.writeErr == nil:
+			// Nothing of the round committed: the member runs its step
 			// alone, from a fresh read of its instance, so that one bad
 			// entry cannot fail every round it is in.
 			m.solo = true
 			n = w.reload(m.ctx)
-		case !m.committed:
-			n = nextDrop // its lease was lost: rolled back to its savepoint
+		case m.writeErr != nil:
+			n = w.afterFailedCommit(m.ctx, m.step, m.attempt, m.writeErr, nextContinue, "", took)
+		case !written:
+			n = nextDrop // its lease was lost: nothing of it was written
 		default:
 			w.hook(m.step, false, m.attempt, OutcomeCompleted, false, took, nil)
 			if m.last {
@@ -257,7 +325,7 @@ func (r *Runner) groupStep(ctx context.Context, tx *lazyTx, m *member, toJournal
 	w := m.w
 	step, _ := w.groupable()
 	m.step, m.attempt, m.began = step, w.inst.Attempt+1, time.Now()
-	m.failed, m.writeErr, m.committed = nil, nil, false
+	m.failed, m.writeErr, m.committed, m.savepointed, m.broken = nil, nil, false, false, false
 	// The savepoint is begun under the group's context: Do's own context
 	// ends with the attempt.
 	sp := &lazyTx{begin: func(context.Context) (pgx.Tx, error) { return tx.Begin(ctx) }}
@@ -266,8 +334,16 @@ func (r *Runner) groupStep(ctx context.Context, tx *lazyTx, m *member, toJournal
 	err := w.call(func() error { return step.Do(sctx, x) })
 	m.cause = context.Cause(sctx)
 	m.timedOut = sctx.Err() != nil && errors.Is(m.cause, errStepTimeout)
+	ownEnd := sctx.Err() != nil
 	cancel()
 	x.closed = true
+	if sp.err != nil && !ownEnd {
+		// Its SAVEPOINT (or the group's BEGIN) failed: the round's
+		// transaction is broken, by an earlier member's cancelled
+		// statement or the connection. Not this step's failure.
+		m.broken = true
+		return false
+	}
 	if err == nil {
 		err = checkJSON(x)
 	}
@@ -285,7 +361,7 @@ func (r *Runner) groupStep(ctx context.Context, tx *lazyTx, m *member, toJournal
 		return true
 	}
 	if _, err := sp.get(ctx); err != nil {
-		m.writeErr = fmt.Errorf("savepoint: %w", err)
+		m.broken = true
 		return false
 	}
 	jctx := ContextWithTx(m.ctx, sp.tx)
@@ -308,9 +384,9 @@ func (r *Runner) groupStep(ctx context.Context, tx *lazyTx, m *member, toJournal
 		return false
 	}
 	if err := sp.tx.Commit(ctx); err != nil { // RELEASE SAVEPOINT
-		m.writeErr = fmt.Errorf("release savepoint: %w", err)
+		m.broken = true
 		return false
 	}
-	m.committed = true
+	m.savepointed = true
 	return false
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Compensation reasons the runner writes in compensation_started.
@@ -374,6 +375,11 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 	if err == nil {
 		err = checkJSON(x)
 	}
+	if err == nil && tx.err != nil {
+		// Do swallowed the failed BEGIN: what it meant to write is not in
+		// any transaction, so its entry must not be written alone.
+		err = fmt.Errorf("begin the step's transaction: %w", tx.err)
+	}
 	if err != nil {
 		tx.rollback()
 		return w.afterFailedAttempt(ctx, step, attempt, err, cause, timedOut, "", time.Since(began))
@@ -484,24 +490,40 @@ func (w *work) commit(ctx context.Context, tx pgx.Tx, f func(jctx context.Contex
 // commitLazy is commit for a step's lazy transaction. When the step never
 // used the database, f runs without a transaction in its context: the
 // journal fences, writes and commits the entry in a transaction of its own
-// (pgjournal: BEGIN with the locking read, COMMIT with the write). Any error
-// but a refused entry then leaves the outcome unknown (the COMMIT may have
-// been sent): nextDrop, and the next claim finds out.
+// (pgjournal: BEGIN with the locking read, COMMIT with the write).
 func (w *work) commitLazy(ctx context.Context, tx *lazyTx, f func(jctx context.Context) error) (next, error) {
 	if tx.tx != nil {
 		return w.commit(ctx, tx.tx, f)
+	}
+	if tx.err != nil {
+		return nextDrop, tx.err
 	}
 	if ctx.Err() != nil {
 		// The heartbeat lost the lease: never write after that.
 		return nextDrop, errLeaseGone
 	}
 	if err := f(ctx); err != nil {
-		if errors.Is(err, ErrInvalid) && !errors.Is(err, ErrLeaseLost) {
-			return nextContinue, err
-		}
-		return nextDrop, err
+		return ownCommitNext(err), err
 	}
 	return nextContinue, nil
+}
+
+// ownCommitNext classifies the error of a journal write that ran in the
+// journal's own transaction. A refusal (the lease aside) or an error the
+// server answered means nothing was committed: a failed attempt
+// (nextContinue), as in the step's own transaction. Anything else (the
+// connection, a cancelled context) either happened before anything was sent
+// or leaves the COMMIT's outcome unknown: nextDrop, and the next claim
+// finds out from the journal.
+func ownCommitNext(err error) next {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		return nextDrop
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound), errors.As(err, &pgErr):
+		return nextContinue
+	}
+	return nextDrop
 }
 
 // inTx runs journal writes in a transaction of their own.

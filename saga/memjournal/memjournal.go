@@ -169,6 +169,9 @@ func (j *Journal) AppendTerminal(_ context.Context, id, leaseID uuid.UUID, ev sa
 // AppendGroup implements saga.GroupAppender: each entry decided and applied
 // as Append (or AppendTerminal) would, all under one lock.
 func (j *Journal) AppendGroup(_ context.Context, entries []saga.GroupEntry) error {
+	if err := saga.CheckGroup(entries); err != nil {
+		return err
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for i := range entries {

@@ -1,6 +1,7 @@
 package pgjournal_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -93,5 +94,58 @@ func TestAppendGroupJoinsTheCallersTransaction(t *testing.T) {
 	}
 	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM saga_events WHERE instance_id IN ($1, $2)`, a.ID, c.ID).Scan(&outside); err != nil || outside != 0 {
 		t.Fatalf("%d events after the caller's rollback (err %v), want 0", outside, err)
+	}
+}
+
+// TestHeartbeatGroupNeverWaitsForARowLock: one statement extends the held
+// leases, reports a row locked by another transaction as busy (without
+// waiting for it) and a lease not held as refused.
+func TestHeartbeatGroupNeverWaitsForARowLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held, locked, stale := b.claimed(t, time.Minute), b.claimed(t, time.Minute), b.claimed(t, time.Minute)
+	tx := begin(t, b.db.Pool)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM saga_instances WHERE id = $1 FOR UPDATE`, locked.ID); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	states, err := b.j.HeartbeatGroup(hctx, []saga.LeaseRef{
+		{InstanceID: held.ID, LeaseID: held.LeaseID.UUID},
+		{InstanceID: locked.ID, LeaseID: locked.LeaseID.UUID},
+		{InstanceID: stale.ID, LeaseID: uuid.New()},
+	}, time.Hour)
+	if err != nil {
+		t.Fatalf("HeartbeatGroup (it must not wait for the locked row): %v", err)
+	}
+	want := []saga.LeaseState{saga.LeaseExtended, saga.LeaseBusy, saga.LeaseRefused}
+	for i := range want {
+		if states[i] != want[i] {
+			t.Fatalf("states %v, want %v", states, want)
+		}
+	}
+	var left time.Duration
+	if err := b.db.Pool.QueryRow(ctx, `SELECT extract(epoch FROM lease_expires_at - clock_timestamp()) * interval '1 second' FROM saga_instances WHERE id = $1`, held.ID).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left < 50*time.Minute {
+		t.Fatalf("the held lease expires in %s, want about an hour", left)
+	}
+}
+
+// TestAppendGroupRefusesAnInstanceTwice: a group naming an instance twice
+// is refused whole, nothing written.
+func TestAppendGroupRefusesAnInstanceTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := b.claimed(t, time.Minute)
+	e := saga.GroupEntry{InstanceID: a.ID, LeaseID: a.LeaseID.UUID, Event: stepDone(0)}
+	err := b.j.AppendGroup(ctx, []saga.GroupEntry{e, e})
+	if !errors.Is(err, saga.ErrInvalid) {
+		t.Fatalf("err %v, want ErrInvalid", err)
+	}
+	var n int
+	if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM saga_events WHERE instance_id = $1`, a.ID).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d events written (err %v), want 0", n, err)
 	}
 }

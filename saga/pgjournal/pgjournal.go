@@ -153,6 +153,43 @@ func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.D
 	return tag.RowsAffected() == 1, nil
 }
 
+// HeartbeatGroup implements saga.GroupHeartbeater in one statement.
+func (j *Journal) HeartbeatGroup(ctx context.Context, leases []saga.LeaseRef, d time.Duration) ([]saga.LeaseState, error) {
+	if d <= 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "lease duration must be positive, got %s", d)
+	}
+	ids := make([][16]byte, len(leases))
+	lids := make([][16]byte, len(leases))
+	at := make(map[uuid.UUID]int, len(leases))
+	for i, l := range leases {
+		ids[i], lids[i] = l.InstanceID, l.LeaseID
+		at[l.InstanceID] = i
+	}
+	rows, err := j.q(ctx).Query(ctx, sqlHeartbeatGroup, ids, lids, d.Microseconds(), j.clock())
+	if err != nil {
+		return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
+	}
+	out := make([]saga.LeaseState, len(leases))
+	for rows.Next() {
+		var id uuid.UUID
+		var extended, held bool
+		if err := rows.Scan(&id, &extended, &held); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
+		}
+		switch {
+		case extended:
+			out[at[id]] = saga.LeaseExtended
+		case held:
+			out[at[id]] = saga.LeaseBusy
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
+	}
+	return out, nil
+}
+
 // Append implements saga.Journal in two round trips: the locked read, then
 // the write (with BEGIN and COMMIT riding along when the journal opens the
 // transaction itself).
@@ -221,6 +258,9 @@ func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) er
 	ids := make([][16]byte, len(entries))
 	for i, e := range entries {
 		ids[i] = e.InstanceID
+	}
+	if err := saga.CheckGroup(entries); err != nil {
+		return err
 	}
 	s, err := j.open(ctx)
 	if err != nil {

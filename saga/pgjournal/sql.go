@@ -64,6 +64,30 @@ UPDATE saga_instances i SET lease_expires_at = c.now + $3 * interval '1 microsec
 FROM clock c
 WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now`
 
+// sqlHeartbeatGroup extends the live leases of $1/$2 (instance and lease
+// id arrays) without waiting for a row lock (SKIP LOCKED), and says per
+// lease whether it was extended and whether it is held as last committed:
+// not extended but held means the row is locked (LeaseBusy).
+const sqlHeartbeatGroup = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($4::timestamptz, clock_timestamp()) AS now),
+want AS (SELECT w.id, w.lease_id FROM unnest($1::uuid[], $2::uuid[]) AS w (id, lease_id)),
+free AS (
+	SELECT i.id FROM saga_instances i
+	JOIN want w ON w.id = i.id AND w.lease_id = i.lease_id, clock c
+	WHERE i.lease_expires_at >= c.now
+	FOR UPDATE OF i SKIP LOCKED
+),
+ext AS (
+	UPDATE saga_instances i SET lease_expires_at = c.now + $3 * interval '1 microsecond'
+	FROM free f, clock c
+	WHERE i.id = f.id
+	RETURNING i.id
+)
+SELECT w.id, EXISTS (SELECT 1 FROM ext WHERE ext.id = w.id),
+	EXISTS (SELECT 1 FROM saga_instances i, clock c
+		WHERE i.id = w.id AND i.lease_id = w.lease_id AND i.lease_expires_at >= c.now)
+FROM want w`
+
 const sqlHoldsLease = `
 SELECT EXISTS (SELECT 1 FROM saga_instances i
 	WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= COALESCE($3::timestamptz, clock_timestamp()))`

@@ -88,6 +88,19 @@ func firstFailure(out string) string {
 			return clipText(l, 240)
 		}
 	}
+	// No failing input: the fuzzing engine itself gave up (a worker that
+	// hung or died, a deadline). Its own lines say why; the progress lines
+	// before them do not.
+	var why []string
+	for _, l := range strings.Split(out, "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.HasPrefix(l, "fuzz: elapsed:") {
+			why = append(why, l)
+		}
+	}
+	if len(why) > 0 {
+		return clipText(strings.Join(why, " | "), 240)
+	}
 	return clipText(strings.TrimSpace(out), 240)
 }
 
