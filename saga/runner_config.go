@@ -26,9 +26,11 @@ type RunnerConfig struct {
 	// pool at Workers + 2 (claims, heartbeats).
 	Workers int
 	// ClaimBatch caps the instances one claim query leases (default
-	// Workers). An idle runner claims no more than its idle workers; while a
-	// backlog exists it claims up to ClaimBatch ahead of them, so that a
-	// claim query serves a batch rather than one instance.
+	// Workers × GroupCommit: while a backlog exists, one claim serves a
+	// group for every worker). An idle runner claims no more than its idle
+	// workers; while a backlog exists it claims up to ClaimBatch ahead of
+	// them, so that a claim query (a transaction and a commit of its own,
+	// one at a time) serves a batch rather than one instance or one group.
 	ClaimBatch int
 	// GroupCommit is how many claimed instances a worker advances in one
 	// transaction while a backlog exists (the last claim came back full):
@@ -72,8 +74,8 @@ func (c *RunnerConfig) WithDefaults() *RunnerConfig {
 		out = *c
 	}
 	out.Workers = cmp.Or(out.Workers, 8)
-	out.ClaimBatch = cmp.Or(out.ClaimBatch, out.Workers)
 	out.GroupCommit = cmp.Or(out.GroupCommit, 8)
+	out.ClaimBatch = cmp.Or(out.ClaimBatch, out.Workers*out.GroupCommit)
 	out.LeaseDuration = cmp.Or(out.LeaseDuration, 30*time.Second)
 	out.PollInterval = cmp.Or(out.PollInterval, 500*time.Millisecond)
 	out.MaxPollInterval = cmp.Or(out.MaxPollInterval, max(5*time.Second, out.PollInterval))

@@ -831,7 +831,7 @@ func TestRunnerConfigValidation(t *testing.T) {
 		}
 	}
 	c := (*saga.RunnerConfig)(nil).WithDefaults()
-	if c.Workers != 8 || c.ClaimBatch != 8 || c.LeaseDuration != 30*time.Second || c.OutboxTable != "outbox" || c.WakeChannel != saga.WakeChannel {
+	if c.Workers != 8 || c.GroupCommit != 8 || c.ClaimBatch != 64 || c.LeaseDuration != 30*time.Second || c.OutboxTable != "outbox" || c.WakeChannel != saga.WakeChannel {
 		t.Fatalf("defaults %+v", c)
 	}
 	if _, err := saga.NewRunner(nil, db.Pool, reg, nil); !errors.Is(err, saga.ErrInvalid) {
