@@ -17,7 +17,7 @@ import (
 // claimScenario measures whether a backlog makes the runner's claim or the
 // correlator's start slower: with 1,000 and then 1,000,000 due instances
 // (RUNNING, next_attempt_at in the past, no lease), the median time of a
-// claim of ClaimBatch (8) instances, and of the correlator's transaction
+// claim of 8 instances (an idle runner's batch with 8 workers), and of the correlator's transaction
 // starting 1,000 more. A flat cost is the promise; a cost that grows with
 // the backlog feeds the backlog.
 func (r *run) claimScenario(ctx context.Context) error {

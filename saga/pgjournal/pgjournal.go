@@ -268,12 +268,7 @@ func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) er
 	}
 	defer s.close()
 
-	read := &pgx.Batch{}
-	if s.own() {
-		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	}
-	read.Queue(sqlLockByIDs, ids, j.clock())
-	rows, err := s.readLocked(ctx, read)
+	rows, err := s.lockRead(ctx, sqlLockByIDs, ids, j.clock())
 	if err != nil {
 		return fmt.Errorf("pgjournal: read a group of %d instances: %w", len(entries), err)
 	}
@@ -281,7 +276,6 @@ func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) er
 	for _, r := range rows {
 		byID[r.inst.ID] = r
 	}
-	write := &pgx.Batch{}
 	var written []int
 	var trs [][]saga.Transition
 	for i := range entries {
@@ -296,37 +290,19 @@ func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) er
 			e.Err = err
 			continue
 		}
-		queueWrite(write, t)
 		written = append(written, i)
 		trs = append(trs, t)
 	}
 	if len(written) == 0 {
 		return nil // nothing to write: close rolls the empty transaction back
 	}
-	if s.own() {
-		write.Queue("COMMIT")
+	if err = s.write(ctx, trs, fmt.Sprintf("a group of %d instances", len(written))); err != nil {
+		return err
 	}
-	br := s.q.SendBatch(ctx, write)
 	for k, i := range written {
-		if err = readWrite(br, trs[k]); err != nil {
-			break
-		}
 		entries[i].Version = trs[k][len(trs[k])-1].Instance.Version
 	}
-	if err == nil && s.own() {
-		if _, err = br.Exec(); err != nil {
-			err = fmt.Errorf("pgjournal: commit a group of %d instances: %w", len(written), err)
-		}
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("pgjournal: write a group of %d instances: %w", len(written), cerr)
-	}
-	if err != nil {
-		for _, i := range written {
-			entries[i].Version = 0
-		}
-	}
-	return err
+	return nil
 }
 
 // MarkTerminal implements saga.Journal, in two round trips like Append.
@@ -435,12 +411,7 @@ func (j *Journal) mutateAll(ctx context.Context, lockSQL string, key uuid.UUID, 
 	}
 	defer s.close()
 
-	read := &pgx.Batch{}
-	if s.own() {
-		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	}
-	read.Queue(lockSQL, key, j.clock())
-	rows, err := s.readLocked(ctx, read)
+	rows, err := s.lockRead(ctx, lockSQL, key, j.clock())
 	if err != nil {
 		return fmt.Errorf("pgjournal: read %s: %w", key, err)
 	}
@@ -448,21 +419,44 @@ func (j *Journal) mutateAll(ctx context.Context, lockSQL string, key uuid.UUID, 
 	if err != nil || len(trs) == 0 {
 		return err
 	}
+	return s.write(ctx, [][]saga.Transition{trs}, key.String())
+}
 
-	write := &pgx.Batch{}
-	queueWrite(write, trs)
+// lockRead runs a locking read (lockSQL with key and the clock), with BEGIN
+// riding along when the session opens its own transaction.
+func (s *session) lockRead(ctx context.Context, lockSQL string, key, clock any) ([]locked, error) {
+	read := &pgx.Batch{}
 	if s.own() {
-		write.Queue("COMMIT")
+		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	}
-	br := s.q.SendBatch(ctx, write)
-	err = readWrite(br, trs)
+	read.Queue(lockSQL, key, clock)
+	return s.readLocked(ctx, read)
+}
+
+// write stores each instance's transitions (trss, one slice per instance)
+// in one batch, with COMMIT riding along when the session opened its own
+// transaction; what names the write in errors.
+func (s *session) write(ctx context.Context, trss [][]saga.Transition, what string) (err error) {
+	b := &pgx.Batch{}
+	for _, trs := range trss {
+		queueWrite(b, trs)
+	}
+	if s.own() {
+		b.Queue("COMMIT")
+	}
+	br := s.q.SendBatch(ctx, b)
+	for _, trs := range trss {
+		if err = readWrite(br, trs); err != nil {
+			break
+		}
+	}
 	if err == nil && s.own() {
 		if _, err = br.Exec(); err != nil {
-			err = fmt.Errorf("pgjournal: commit %s: %w", key, err)
+			err = fmt.Errorf("pgjournal: commit %s: %w", what, err)
 		}
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("pgjournal: write %s: %w", key, cerr)
+		err = fmt.Errorf("pgjournal: write %s: %w", what, cerr)
 	}
 	return err
 }
