@@ -282,29 +282,7 @@ func TestGroupCommitKilledMidBatchLosesAndDoublesNothing(t *testing.T) {
 	}
 	const n = 300
 	startMany(t, db.Pool, n)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+db.URL)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for count(t, db.Pool, `SELECT count(*) FROM effects`) < n/2 {
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			t.Fatal("the child runner made no progress")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	done := count(t, db.Pool, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`)
-	if done == n {
-		t.Fatalf("all %d sagas completed before the kill: nothing was in flight", n)
-	}
+	done := killChildMidway(t, db, n, `SELECT count(*) FROM effects`, n/2)
 	runner(t, db.Pool, definition(nil), saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second})
 	waitCompleted(t, db.Pool, n, 3*time.Minute)
 	exactlyOnce(t, db.Pool, n)
@@ -388,14 +366,29 @@ func TestGroupCommitJournalOnlyKilledMidBatch(t *testing.T) {
 	db := pgtest.NewDB(t)
 	const n = 600
 	startMany(t, db.Pool, n)
+	done := killChildMidway(t, db, n, `SELECT count(*) FROM saga_events WHERE kind = 'step_completed'`, n, childJournalOnlyEnv+"=1")
+	runner(t, db.Pool, definition(&hooks{journalOnly: true}), saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second})
+	waitCompleted(t, db.Pool, n, 3*time.Minute)
+	journalOnce(t, db.Pool, n)
+	if g := grouped(t, db.Pool); g == 0 {
+		t.Fatal("no group commit happened")
+	}
+	t.Logf("killed with %d of %d sagas completed", done, n)
+}
+
+// killChildMidway starts the child runner (env added to its environment),
+// kills it with SIGKILL once progressSQL counts at least at, and returns how
+// many of the n sagas were COMPLETED then (fewer than n: some were in flight).
+func killChildMidway(t *testing.T, db *pgtest.DB, n int, progressSQL string, at int, env ...string) int {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+db.URL, childJournalOnlyEnv+"=1")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+db.URL), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	for count(t, db.Pool, `SELECT count(*) FROM saga_events WHERE kind = 'step_completed'`) < n {
+	for count(t, db.Pool, progressSQL) < at {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
@@ -411,13 +404,7 @@ func TestGroupCommitJournalOnlyKilledMidBatch(t *testing.T) {
 	if done == n {
 		t.Fatalf("all %d sagas completed before the kill: nothing was in flight", n)
 	}
-	runner(t, db.Pool, definition(&hooks{journalOnly: true}), saga.RunnerConfig{Workers: 2, ClaimBatch: 8, GroupCommit: 8, LeaseDuration: time.Second})
-	waitCompleted(t, db.Pool, n, 3*time.Minute)
-	journalOnce(t, db.Pool, n)
-	if g := grouped(t, db.Pool); g == 0 {
-		t.Fatal("no group commit happened")
-	}
-	t.Logf("killed with %d of %d sagas completed", done, n)
+	return done
 }
 
 // childJournalOnlyEnv makes the child run steps that write nothing.
