@@ -174,3 +174,56 @@ func missingPublicationError(srv *serverInfo, t *tableInfo, pub string) error {
 			qp, srv.role, t.quoted(), db, db, r, create)
 	}
 }
+
+// EnsurePublication creates the publication when it is missing and the
+// role may (it owns the outbox table and has CREATE on the database), and
+// reports whether it did. When it may not, the ErrPublication error names
+// the role that may and the statement to run. `relay migrate --grant-to`
+// calls it: the relay's own role, which does not own the outbox table,
+// cannot create the publication itself.
+func EnsurePublication(ctx context.Context, q Querier, cfg Config) (bool, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(false); err != nil {
+		return false, err
+	}
+	srv, err := inspectServer(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	t, err := inspectTable(ctx, q, &cfg)
+	if err != nil {
+		return false, err
+	}
+	exists, err := checkPublication(ctx, q, t, cfg.Publication)
+	if exists || err != nil {
+		return false, err
+	}
+	if !t.owner || !srv.createInDB {
+		return false, missingPublicationError(srv, t, cfg.Publication)
+	}
+	return ensurePublication(ctx, q, t, cfg.Publication)
+}
+
+// ReplicationPrivilege reports whether role may stream (the REPLICATION
+// attribute, superuser, or on Amazon RDS membership in rds_replication),
+// and when not, the statements that give it.
+func ReplicationPrivilege(ctx context.Context, q Querier, role string) (ok bool, fix string, err error) {
+	var repl, super, rds, hasRDS bool
+	err = q.QueryRow(ctx, `
+SELECT r.rolreplication, r.rolsuper,
+       EXISTS (SELECT 1 FROM pg_roles m WHERE m.rolname = 'rds_replication' AND pg_has_role(r.oid, m.oid, 'MEMBER')),
+       EXISTS (SELECT 1 FROM pg_roles m WHERE m.rolname = 'rds_replication')
+FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&repl, &super, &rds, &hasRDS)
+	if err != nil {
+		return false, "", fmt.Errorf("cdc: look up role %q: %w", role, err)
+	}
+	if repl || super || rds {
+		return true, "", nil
+	}
+	r := pgx.Identifier{role}.Sanitize()
+	fix = fmt.Sprintf("as a superuser: ALTER ROLE %s REPLICATION;", r)
+	if hasRDS {
+		fix = fmt.Sprintf("as rds_superuser: GRANT rds_replication TO %s;", r)
+	}
+	return false, fix, nil
+}

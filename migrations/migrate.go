@@ -126,6 +126,16 @@ func ensureTable(ctx context.Context, db Conn) (role string, err error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return role, fmt.Errorf("migrate: advisory lock: %w", err)
 	}
+	// CREATE TABLE IF NOT EXISTS needs CREATE on the schema even when the
+	// table exists: a role without it (the relay's own) migrating an
+	// up-to-date schema must get a no-op, not "permission denied".
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('compensa_schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return role, fmt.Errorf("migrate: look up compensa_schema_migrations: %w", err)
+	}
+	if exists {
+		return role, tx.Commit(ctx)
+	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS compensa_schema_migrations (
 		set_name   text NOT NULL,
 		version    integer NOT NULL,

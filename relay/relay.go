@@ -101,6 +101,12 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{}), sinksCfg: sinks}
+	// Every privilege the features need, all at once, before a statement
+	// of theirs could fail on one.
+	if err := r.checkPrivileges(ctx, table); err != nil {
+		r.closePools()
+		return nil, err
+	}
 	if cfg.Sagas != "" {
 		// Before the correlator and the runner exist: they see the declared
 		// sagas from their first batch and claim on.

@@ -96,6 +96,14 @@ func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) 
 			// all in one go.
 			return problemsExit(os.Stderr, ps)
 		}
+		var pe *relay.PrivilegeError
+		if errors.As(err, &pe) {
+			// Every missing privilege on its own line, with its GRANT.
+			for _, m := range pe.Missing {
+				fmt.Fprintln(os.Stderr, "relay: "+m)
+			}
+			return exitError{code: 2, msg: fmt.Sprintf("role %q lacks %d privilege(s) relay run needs; nothing was started", pe.Role, len(pe.Missing))}
+		}
 		return exitError{code: 2, msg: err.Error()}
 	}
 	if err := r.Start(ctx); err != nil {
