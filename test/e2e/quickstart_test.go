@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,8 +116,8 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	for _, b := range blocks {
 		langs = append(langs, b.lang)
 	}
-	if strings.Join(langs, ",") != "sql,sh,sql,sh" {
-		t.Fatalf("the quickstart's blocks are %v; this test follows superuser SQL, migrate, owner SQL, run", langs)
+	if strings.Join(langs, ",") != "sql,sh,yaml,sh" {
+		t.Fatalf("the quickstart's blocks are %v; this test follows superuser SQL, migrate --grant-to, the sinks file, run --sinks", langs)
 	}
 	shCommand := func(b readmeBlock, want string) []string {
 		f := strings.Fields(local(b.body))
@@ -124,7 +127,26 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		return f[1:]
 	}
 	migrate := shCommand(blocks[1], "migrate")
+	if !slices.Contains(migrate, "--grant-to") {
+		t.Fatalf("the quickstart's migrate does not grant the relay's role: %v", migrate)
+	}
+	// The webhook the sinks file names: it answers 503 until the test lets
+	// it through, so that the relay's role parks an event first.
+	hook := newQuickstartHook()
+	srv := httptest.NewServer(hook)
+	defer srv.Close()
+	sinksFile := filepath.Join(t.TempDir(), "sinks.yaml")
+	if !strings.Contains(blocks[2].body, "http://127.0.0.1:8099/events") {
+		t.Fatalf("the quickstart's sinks file does not name the webhook this test serves:\n%s", blocks[2].body)
+	}
+	if err := os.WriteFile(sinksFile, []byte(strings.ReplaceAll(blocks[2].body, "http://127.0.0.1:8099", srv.URL)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	run := shCommand(blocks[3], "run")
+	if i := slices.Index(run, "sinks.yaml"); i < 0 || run[i-1] != "--sinks" {
+		t.Fatalf("the quickstart's run has no --sinks sinks.yaml: %v", run)
+	}
+	run[slices.Index(run, "sinks.yaml")] = sinksFile
 
 	// 1. As a superuser. Right after the owner's role exists, before its
 	//    grants, relay migrate says what is missing and how to grant it.
@@ -143,8 +165,15 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 
 	// 2. As the schema owner.
 	out, code := relaytest.Run(t, nil, migrate...)
-	if code != 0 || !strings.Contains(out, "applied core 0001") {
-		t.Fatalf("relay migrate as the schema owner: code %d\n%s", code, out)
+	if code != 0 || !strings.Contains(out, "applied core 0001") ||
+		!strings.Contains(out, `GRANT USAGE ON SEQUENCE relay_sink_parked_seq_seq TO "relay";`) ||
+		!strings.Contains(out, "created publication relay_outbox_pub") {
+		t.Fatalf("relay migrate --grant-to as the schema owner: code %d; want the migrations, the grants and the publication:\n%s", code, out)
+	}
+	// Idempotent: a second run migrates and grants nothing.
+	out, code = relaytest.Run(t, nil, migrate...)
+	if code != 0 || !strings.Contains(out, "schema is up to date") || !strings.Contains(out, "role relay already has every privilege relay run needs") || strings.Contains(out, "GRANT") {
+		t.Fatalf("relay migrate --grant-to, again: code %d\n%s", code, out)
 	}
 	ownerURL := local("postgres://app_owner:owner-secret@db:5432/app")
 	owner, err := pgx.Connect(ctx, ownerURL)
@@ -152,10 +181,16 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer owner.Close(ctx)
-	for _, st := range sqlStatements(local(blocks[2].body)) {
-		if _, err := owner.Exec(ctx, st); err != nil {
-			t.Fatalf("owner block: %s: %v", st, err)
+	// The relay's role migrating the up-to-date schema: a no-op.
+	relayMigrate := slices.Clone(migrate)
+	for i, a := range relayMigrate {
+		if strings.HasPrefix(a, "postgres://") {
+			relayMigrate[i] = local("postgres://relay:relay-secret@db:5432/app")
 		}
+	}
+	relayMigrate = slices.DeleteFunc(relayMigrate, func(a string) bool { return a == "--grant-to" || a == "relay" })
+	if out, code := relaytest.Run(t, nil, relayMigrate...); code != 0 || !strings.Contains(out, "schema is up to date") {
+		t.Fatalf("relay migrate as the relay's role on an up-to-date schema: code %d\n%s", code, out)
 	}
 
 	// 3. As the relay's role: it streams, and an event no saga listens to
@@ -173,6 +208,22 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	waitFor(t, 30*time.Second, `compensa_events_total{outcome="ignored"} to count the event no saga listens to`, func() bool {
 		return metricValue(t, p.Addr, `compensa_events_total{outcome="ignored"}`) >= 1
 	})
+	// The webhook is down: the relay's role parks the event (a row and its
+	// sequence), then delivers it once the webhook is back.
+	waitFor(t, 30*time.Second, "the event parked while the webhook answers 503", func() bool {
+		var n int
+		super.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'events'`).Scan(&n)
+		return n == 1
+	})
+	hook.up.Store(true)
+	waitFor(t, 60*time.Second, "the parked event delivered once the webhook is back", func() bool {
+		var n int
+		super.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&n)
+		return n == 0 && hook.delivered.Load() >= 1
+	})
+	if strings.Contains(p.Output(), "permission denied") {
+		t.Fatalf("the relay's role met a permission error:\n%s", p.Output())
+	}
 	p.Stop(30 * time.Second)
 	if !strings.Contains(p.Output(), "no sagas registered") {
 		t.Errorf("a relay with no sagas does not say so at start:\n%s", p.Output())
@@ -227,4 +278,22 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		t.Fatalf(`compensa_events_total{outcome="started"} = %v after a saga started`, v)
 	}
 	p.Stop(30 * time.Second)
+}
+
+// quickstartHook is the quickstart's webhook: 503 until up is set, then 200.
+type quickstartHook struct {
+	up        atomic.Bool
+	delivered atomic.Int64
+}
+
+func newQuickstartHook() *quickstartHook { return &quickstartHook{} }
+
+func (h *quickstartHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	if !h.up.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	h.delivered.Add(1)
+	w.WriteHeader(http.StatusOK)
 }
