@@ -227,3 +227,17 @@ FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&repl, &super, &rds, &hasRDS)
 	}
 	return false, fix, nil
 }
+
+// CheckWALLevel returns ErrWALLevel, with the fix, when the server's
+// wal_level is not logical: checked before anything else, since nothing
+// else can be fixed without a restart.
+func CheckWALLevel(ctx context.Context, q Querier) error {
+	srv, err := inspectServer(ctx, q)
+	if err != nil {
+		return err
+	}
+	if srv.walLevel != "logical" {
+		return srv.check()
+	}
+	return nil
+}

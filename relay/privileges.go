@@ -57,6 +57,11 @@ func (c Config) features() []migrations.Feature {
 // checkPrivileges reads, before anything runs, every privilege the Config's
 // features need, and returns them all at once when some are missing.
 func (r *Relay) checkPrivileges(ctx context.Context, table outbox.TableName) error {
+	if !r.cfg.NoStream {
+		if err := cdc.CheckWALLevel(ctx, r.pool); err != nil {
+			return err
+		}
+	}
 	var role string
 	if err := r.pool.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
 		return fmt.Errorf("relay: read the current role: %w", err)

@@ -97,6 +97,9 @@ func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) 
 			return problemsExit(os.Stderr, ps)
 		}
 		var pe *relay.PrivilegeError
+		if errors.As(err, &pe) && len(pe.Missing) == 1 {
+			return exitError{code: 2, msg: pe.Missing[0]}
+		}
 		if errors.As(err, &pe) {
 			// Every missing privilege on its own line, with its GRANT.
 			for _, m := range pe.Missing {

@@ -208,6 +208,13 @@ func TestBadInputExitsWithOneClearLineAndNoPassword(t *testing.T) {
 		db.Pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY norepl_%s; DROP ROLE IF EXISTS norepl_%s`, db.Name, db.Name))
 	})
 	noReplURL := strings.Replace(db.URL, "postgres@", fmt.Sprintf("norepl_%s:%s@", db.Name, planted), 1)
+	// It has every grant relay run needs, REPLICATION taken back.
+	if out, code := relaytest.Run(t, nil, "migrate", "--grant-to", "norepl_"+db.Name, "--database-url", db.URL, "--publication", db.Publication); code != 0 {
+		t.Fatalf("relay migrate --grant-to: %d\n%s", code, out)
+	}
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`ALTER ROLE norepl_%s NOREPLICATION`, db.Name)); err != nil {
+		t.Fatal(err)
+	}
 
 	// A server without wal_level=logical.
 	replica, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"wal_level": "replica"}})
