@@ -66,7 +66,8 @@ type Relay struct {
 }
 
 // New checks cfg, connects, and checks the database before anything runs:
-// wal_level, the role's privileges, the outbox table and its columns, the
+// wal_level, every privilege the features cfg turns on need (all missing
+// ones at once, as a *PrivilegeError), the outbox table and its columns, the
 // publication and the slot (see the Err variables). It starts nothing; the
 // pool it opened is closed by Stop, or at once when New fails.
 func New(ctx context.Context, cfg Config) (*Relay, error) {
