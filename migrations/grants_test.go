@@ -281,3 +281,64 @@ func TestTriggerFunctionsNeedNoExecute(t *testing.T) {
 		t.Fatalf("the trigger wrote %d deltas (%v)", n, err)
 	}
 }
+
+// Run by a role that owns the relay's tables but not the application's
+// outbox table, GrantTo grants what it can and names each privilege it could
+// not, with the statement the outbox's owner must run.
+func TestGrantToNamesWhatOnlyTheOutboxOwnerCanGrant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewEmptyDB(t)
+	super, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer super.Close(ctx)
+	relayRole, _ := loginRole(t, db, super)
+	owner := db.Name + "_owner"
+	for _, st := range []string{
+		`CREATE ROLE ` + owner + ` LOGIN PASSWORD 'owner-secret'`,
+		`GRANT CREATE ON SCHEMA public TO ` + owner,
+		`CREATE TABLE app_events (id uuid PRIMARY KEY, event_type text NOT NULL, payload jsonb NOT NULL)`,
+	} {
+		if _, err := super.Exec(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		admin, err := pgx.Connect(ctx, db.Cluster.URL)
+		if err != nil {
+			return
+		}
+		defer admin.Close(ctx)
+		pgtest.Drop(db.Cluster, db.Name)
+		admin.Exec(ctx, `DROP ROLE IF EXISTS `+owner)
+	})
+	u, _ := url.Parse(db.URL)
+	u.User = url.UserPassword(owner, "owner-secret")
+	oc, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close(ctx)
+	if _, err := migrations.Apply(ctx, oc, migrations.Options{CustomOutbox: true}); err != nil {
+		t.Fatal(err)
+	}
+	ran, err := migrations.GrantTo(ctx, oc, relayRole, "app_events")
+	if !errors.Is(err, migrations.ErrPrivilege) {
+		t.Fatalf("GrantTo on an outbox the migrating role does not own: %v", err)
+	}
+	for _, w := range []string{
+		`INSERT on table app_events (as the object's owner: GRANT INSERT ON app_events TO "` + relayRole + `";)`,
+		`SELECT on table app_events (as the object's owner: GRANT SELECT ON app_events TO "` + relayRole + `";)`,
+		`DELETE on table app_events (as the object's owner: GRANT DELETE ON app_events TO "` + relayRole + `";)`,
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error does not name %q: %v", w, err)
+		}
+	}
+	if strings.Contains(err.Error(), "saga_instances") || !slices.Contains(ran, `GRANT SELECT, UPDATE, INSERT ON saga_instances TO "`+relayRole+`";`) {
+		t.Fatalf("the relay's own tables were not granted: ran %v, err %v", ran, err)
+	}
+}
