@@ -346,6 +346,15 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 			if got := parkedIDs(t, s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "")); !slices.Equal(got, []string{"ev-a1", "ev-b1", "ev-a2", "ev-none"}) {
 				t.Errorf("the * token sees parked events %v, want all four in delivery order", got)
 			}
+			all := s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "").json(t)["items"].([]any)
+			for i, want := range []struct {
+				head, held bool
+			}{{true, false}, {true, false}, {false, false}, {true, true}} {
+				it := all[i].(map[string]any)
+				if it["head"] != want.head || (it["next_attempt_at"] == nil) != want.held {
+					t.Errorf("parked event %v: want head %v, held (next_attempt_at null) %v", it, want.head, want.held)
+				}
+			}
 			if got := parkedIDs(t, s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "", xB...)); !slices.Equal(got, []string{"ev-b1"}) {
 				t.Errorf("the * token narrowed to B sees %v", got)
 			}
@@ -480,8 +489,9 @@ func (s *scoped) seedParked(t *testing.T) {
 		('hook', 'ev-a1', 'a', '{"id": "ev-a1", "tenant_id": "`+tenantA.String()+`", "aggregate_type": "order", "aggregate_id": "a", "event_type": "order.placed", "payload": {}}', 'POST answered 422', 3),
 		('hook', 'ev-b1', 'b', '{"id": "ev-b1", "tenant_id": "`+tenantB.String()+`", "aggregate_type": "order", "aggregate_id": "b", "event_type": "order.placed", "payload": {}}', 'POST answered 422', 1),
 		('hook', 'ev-a2', 'a', '{"id": "ev-a2", "tenant_id": "`+tenantA.String()+`", "aggregate_type": "order", "aggregate_id": "a", "event_type": "order.paid", "payload": {}}', 'queued', 0),
-		('hook', 'ev-none', 'n', '{"id": "ev-none", "event_type": "ping", "payload": {}}', 'queued', 0)
-		ON CONFLICT DO NOTHING`)
+		('hook', 'ev-none', 'n', '{"id": "ev-none", "event_type": "ping", "payload": {}}', 'held: no id', 0)
+		ON CONFLICT DO NOTHING;
+		UPDATE relay_sink_parked SET next_attempt_at = 'infinity' WHERE event_id = 'ev-none'`)
 	if err != nil {
 		t.Fatal(err)
 	}
