@@ -17,6 +17,10 @@
 //     A row the relay cannot decode (a dead letter for the sagas) is still
 //     delivered with what could be read (Event.Poison, RawPayload); one whose
 //     match or id cannot be known is held for the operator (routePoison).
+//   - Given up only by an operator, never silently. ListParked shows what
+//     waits and why; Skip moves one parked event to relay_sink_skipped with
+//     who, when and why in one transaction, and its aggregate flows again.
+//     Refusals are logged once per status and interval, not per event.
 //
 // Wiring: the correlator's Config.InBatchTx is Fanout.WriteParked, the
 // stream's sink is Fanout.Sink(correlator), the stream's LoadCheckpoint

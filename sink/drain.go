@@ -83,6 +83,9 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	if d.dirty.Swap(false) {
 		f.saveState(ctx, d)
 	}
+	if d.failureDirty.Load() {
+		f.saveLastFailure(ctx, d)
+	}
 	d.mu.Lock()
 	state, until := d.state, d.until
 	d.mu.Unlock()

@@ -82,6 +82,10 @@ type dest struct {
 	lastRetry time.Time   // newest retry request acted on
 	dirty     atomic.Bool // state changed since relay_sinks was written
 
+	refusals     refusals    // refused events, logged once per status and interval
+	lastFailure  string      // reason of the latest failed delivery
+	failureDirty atomic.Bool // lastFailure changed since relay_sinks was written
+
 	parked atomic.Int64 // approximate: refreshed by the drainer
 	// parkEpoch moves after each commit that parked events for this sink
 	// and at each stream session (Resync); emptyAt is the epoch at which
@@ -442,8 +446,11 @@ func (d *dest) deliver(ctx context.Context, evs []*Event) []error {
 		if err == nil || errors.Is(err, ErrHeldBack) {
 			continue
 		}
+		d.noteFailure(err.Error())
 		kind, after := kindOf(err)
 		switch kind {
+		case kindEvent:
+			d.refusals.note(d.log, err)
 		case kindDown:
 			d.setState(StateDown, err.Error(), time.Second)
 		case kindGone:

@@ -48,7 +48,7 @@ const (
 	sqlDrainUnlock = `SELECT pg_advisory_unlock(hashtextextended('compensa.sink.' || $1, 0))`
 
 	sqlList = `SELECT s.name, s.kind, s.state, coalesce(s.reason, ''), s.delivered,
-			coalesce(p.n, 0), extract(epoch FROM now() - p.oldest)::float8
+			coalesce(p.n, 0), extract(epoch FROM now() - p.oldest)::float8, coalesce(s.last_reason, '')
 		FROM relay_sinks s
 		LEFT JOIN (SELECT sink, count(*) AS n, min(parked_at) AS oldest FROM relay_sink_parked GROUP BY sink) p
 			ON p.sink = s.name
@@ -59,4 +59,39 @@ const (
 			WHERE name = $1 RETURNING name),
 		p AS (UPDATE relay_sink_parked SET next_attempt_at = now() WHERE sink IN (SELECT name FROM s) RETURNING 1)
 		SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM p)`
+)
+
+// Parked events seen and skipped by an operator, and the sinks' last failure.
+const (
+	sqlSinkExists = `SELECT EXISTS (SELECT 1 FROM relay_sinks WHERE name = $1)`
+
+	// The page is cut in commit order first; whether a row is the head of
+	// its aggregate is then looked up for the page's rows only.
+	sqlListParked = `SELECT p.event_id, coalesce(p.event->>'tenant_id', ''), coalesce(p.event->>'aggregate_type', ''),
+			coalesce(p.event->>'aggregate_id', ''), coalesce(p.event->>'event_type', ''), p.reason, p.attempts,
+			NOT EXISTS (SELECT 1 FROM relay_sink_parked q WHERE q.sink = p.sink AND q.aggregate_key = p.aggregate_key AND q.seq < p.seq),
+			p.parked_at, extract(epoch FROM now() - p.parked_at)::float8,
+			CASE WHEN p.next_attempt_at = 'infinity' THEN NULL ELSE p.next_attempt_at END
+		FROM (SELECT * FROM relay_sink_parked WHERE sink = $1 AND ($2::text IS NULL OR event->>'tenant_id' = $2)
+			ORDER BY seq LIMIT $3) p
+		ORDER BY p.seq`
+
+	// The drainer's lock (sqlDrainLock), for the skip's transaction: a skip
+	// waits for a drain round in progress.
+	sqlSkipLock = `SELECT pg_advisory_xact_lock(hashtextextended('compensa.sink.' || $1, 0))`
+
+	sqlSkipFind = `SELECT coalesce(event->>'tenant_id', '') FROM relay_sink_parked WHERE sink = $1 AND event_id = $2 FOR UPDATE`
+
+	sqlParkedElsewhere = `SELECT coalesce(array_agg(sink ORDER BY sink), '{}') FROM relay_sink_parked WHERE event_id = $1`
+
+	// One statement moves the row: it is in exactly one of the two tables
+	// in every snapshot.
+	sqlSkip = `WITH gone AS (DELETE FROM relay_sink_parked WHERE sink = $1 AND event_id = $2
+			RETURNING sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at)
+		INSERT INTO relay_sink_skipped (sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at, skipped_by, skip_reason)
+		SELECT sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at, $3, $4 FROM gone
+		RETURNING sink, event_id, coalesce(event->>'aggregate_type', ''), coalesce(event->>'aggregate_id', ''),
+			coalesce(event->>'event_type', ''), reason, attempts, parked_at, skipped_by, skipped_role, skipped_at, skip_reason`
+
+	sqlSetLastReason = `UPDATE relay_sinks SET last_reason = $2 WHERE name = $1`
 )

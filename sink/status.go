@@ -19,6 +19,9 @@ type Status struct {
 	// OldestParkedSeconds is the age of the oldest parked event; nil when
 	// nothing is parked.
 	OldestParkedSeconds *float64 `json:"oldest_parked_seconds"`
+	// LastReason is the reason of the sink's most recent failed delivery
+	// (a refusal of one event included); it stays after the sink recovers.
+	LastReason string `json:"last_reason"`
 }
 
 // Querier is what List and RequestRetry need: a pool, a connection or a tx.
@@ -39,7 +42,7 @@ func List(ctx context.Context, q Querier) ([]Status, error) {
 	}
 	out := []Status{}
 	var s Status
-	_, err = pgx.ForEachRow(rows, []any{&s.Name, &s.Kind, &s.State, &s.Reason, &s.Delivered, &s.Parked, &s.OldestParkedSeconds}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&s.Name, &s.Kind, &s.State, &s.Reason, &s.Delivered, &s.Parked, &s.OldestParkedSeconds, &s.LastReason}, func() error {
 		out = append(out, s)
 		s.OldestParkedSeconds = nil
 		return nil

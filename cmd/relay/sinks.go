@@ -70,13 +70,14 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tSTATE\tDELIVERED\tPARKED\tOLDEST PARKED\tREASON")
+			fmt.Fprintln(tw, "NAME\tKIND\tSTATE\tDELIVERED\tPARKED\tOLDEST PARKED\tREASON\tLAST REASON")
 			for _, s := range st {
 				age := "-"
 				if s.OldestParkedSeconds != nil {
 					age = strconv.FormatFloat(*s.OldestParkedSeconds, 'f', 0, 64) + "s"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Kind, s.State, s.Delivered, s.Parked, age, terminalSafe(s.Reason))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Name, s.Kind, s.State, s.Delivered, s.Parked, age,
+					dash(terminalSafe(s.Reason)), dash(terminalSafe(s.LastReason)))
 			}
 			return tw.Flush()
 		},
@@ -103,7 +104,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(validate, list, retry)
+	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts))
 	return cmd
 }
 

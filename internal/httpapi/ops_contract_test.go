@@ -338,6 +338,52 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("sink retry as a tenant-scoped token: %d, want 403", r.status)
 			}
 		},
+		"GET /v1/sinks/{name}/parked": func(t *testing.T) {
+			s.seedParked(t)
+			if got := parkedIDs(t, s.call(t, acmeToken, "GET", "/v1/sinks/hook/parked", "")); !slices.Equal(got, []string{"ev-a1", "ev-a2"}) {
+				t.Errorf("tenant A sees parked events %v, want only its own [ev-a1 ev-a2]", got)
+			}
+			if got := parkedIDs(t, s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "")); !slices.Equal(got, []string{"ev-a1", "ev-b1", "ev-a2", "ev-none"}) {
+				t.Errorf("the * token sees parked events %v, want all four in delivery order", got)
+			}
+			all := s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "").json(t)["items"].([]any)
+			for i, want := range []struct {
+				head, held bool
+			}{{true, false}, {true, false}, {false, false}, {true, true}} {
+				it := all[i].(map[string]any)
+				if it["head"] != want.head || (it["next_attempt_at"] == nil) != want.held {
+					t.Errorf("parked event %v: want head %v, held (next_attempt_at null) %v", it, want.head, want.held)
+				}
+			}
+			if got := parkedIDs(t, s.call(t, opsToken, "GET", "/v1/sinks/hook/parked", "", xB...)); !slices.Equal(got, []string{"ev-b1"}) {
+				t.Errorf("the * token narrowed to B sees %v", got)
+			}
+			if r := s.call(t, acmeToken, "GET", "/v1/sinks/hook/parked", "", xB...); r.status != http.StatusForbidden {
+				t.Errorf("tenant A's token with X-Tenant-ID B: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sinks/{name}/parked/{id}/skip": func(t *testing.T) {
+			s.seedParked(t)
+			for _, id := range []string{"ev-b1", "ev-none"} {
+				if r := s.call(t, acmeToken, "POST", "/v1/sinks/hook/parked/"+id+"/skip", `{"reason": "r"}`); r.status != http.StatusForbidden {
+					t.Errorf("tenant A skips %s: %d %s, want 403", id, r.status, r.body)
+				}
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sinks/hook/parked/ev-a1/skip", `{"reason": "r"}`); r.status != http.StatusForbidden {
+				t.Errorf("a read token skips: %d, want 403", r.status)
+			}
+			if n := s.count(t, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'hook'`); n != 4 {
+				t.Fatalf("%d events parked after refused skips, want 4", n)
+			}
+			r := s.call(t, acmeToken, "POST", "/v1/sinks/hook/parked/ev-a1/skip", `{"reason": "the receiver dropped this order type"}`)
+			if r.status != http.StatusOK || r.json(t)["skipped_by"] != "acme-ops" {
+				t.Fatalf("tenant A skips its own event: %d %s", r.status, r.body)
+			}
+			if n := s.count(t, `SELECT count(*) FROM relay_sink_skipped WHERE event_id = 'ev-a1' AND skipped_by = 'acme-ops'
+				AND skip_reason = 'the receiver dropped this order type' AND reason = 'POST answered 422'`); n != 1 {
+				t.Errorf("%d rows in relay_sink_skipped for the skip, want 1", n)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -409,7 +455,12 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
 		"GET /v1/sinks":               {{"/v1/sinks", ""}},
 		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
+		"GET /v1/sinks/{name}/parked": {{"/v1/sinks/hook/parked", ""}, {"/v1/sinks/hook/parked?limit=1", ""},
+			{"/v1/sinks/hook/parked?limit=0", ""}, {"/v1/sinks/nope/parked", ""}},
+		"POST /v1/sinks/{name}/parked/{id}/skip": {{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`},
+			{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`}, {"/v1/sinks/hook/parked/ev-a1/skip", `{}`}},
 	}
+	s.seedParked(t)
 	for _, rt := range s.srv.Routes() {
 		reqs, ok := requests[rt.Method+" "+rt.Path]
 		if !ok {
@@ -427,4 +478,48 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		}
 		s.conforms(t, rt, r)
 	}
+}
+
+// seedParked parks four events for a sink "hook": two of tenant A, one of
+// tenant B, one without a tenant, in the order ev-a1, ev-b1, ev-a2, ev-none.
+func (s *scoped) seedParked(t *testing.T) {
+	t.Helper()
+	_, err := s.db.Pool.Exec(context.Background(), `INSERT INTO relay_sinks (name, kind) VALUES ('hook', 'webhook') ON CONFLICT DO NOTHING;
+		INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason, attempts) VALUES
+		('hook', 'ev-a1', 'a', '{"id": "ev-a1", "tenant_id": "`+tenantA.String()+`", "aggregate_type": "order", "aggregate_id": "a", "event_type": "order.placed", "payload": {}}', 'POST answered 422', 3),
+		('hook', 'ev-b1', 'b', '{"id": "ev-b1", "tenant_id": "`+tenantB.String()+`", "aggregate_type": "order", "aggregate_id": "b", "event_type": "order.placed", "payload": {}}', 'POST answered 422', 1),
+		('hook', 'ev-a2', 'a', '{"id": "ev-a2", "tenant_id": "`+tenantA.String()+`", "aggregate_type": "order", "aggregate_id": "a", "event_type": "order.paid", "payload": {}}', 'queued', 0),
+		('hook', 'ev-none', 'n', '{"id": "ev-none", "event_type": "ping", "payload": {}}', 'held: no id', 0)
+		ON CONFLICT DO NOTHING;
+		UPDATE relay_sink_parked SET next_attempt_at = 'infinity' WHERE event_id = 'ev-none'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *scoped) count(t *testing.T, q string) int {
+	t.Helper()
+	var n int
+	if err := s.db.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// parkedIDs reads the event ids of a GET /v1/sinks/{name}/parked answer.
+func parkedIDs(t *testing.T, r response) []string {
+	t.Helper()
+	var body struct {
+		Items []struct {
+			EventID string `json:"event_id"`
+		} `json:"items"`
+	}
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &body) != nil {
+		t.Fatalf("parked events: %d %s", r.status, r.body)
+	}
+	out := []string{}
+	for _, it := range body.Items {
+		out = append(out, it.EventID)
+	}
+	return out
 }

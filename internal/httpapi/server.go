@@ -194,6 +194,8 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodPost, "/v1/events", s.postEvent},
 		{http.MethodGet, "/v1/sinks", s.listSinks},
 		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
+		{http.MethodGet, "/v1/sinks/{name}/parked", s.listParked},
+		{http.MethodPost, "/v1/sinks/{name}/parked/{id}/skip", s.skipParked},
 	}
 }
 

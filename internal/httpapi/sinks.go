@@ -3,7 +3,12 @@ package httpapi
 import (
 	"errors"
 	"net/http"
+	"strconv"
+	"strings"
 
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/sink"
 )
@@ -50,4 +55,89 @@ func (s *Server) allTenants(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
+}
+
+// parkedParams are the query parameters of GET /v1/sinks/{name}/parked.
+var parkedParams = map[string]bool{"limit": true}
+
+// listParked is GET /v1/sinks/{name}/parked: the events parked for the
+// sink, in delivery order (the same as `relay sinks parked NAME --json`).
+// A tenant-scoped token (or X-Tenant-ID) sees its tenant's events only.
+func (s *Server) listParked(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	name := r.PathValue("name")
+	q := r.URL.Query()
+	for k, v := range q {
+		if !parkedParams[k] {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "unknown parameter %q; the only parameter is limit", k))
+			return
+		}
+		if len(v) > 1 {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "parameter %q is given %d times", k, len(v)))
+			return
+		}
+	}
+	f := sink.ParkedFilter{Tenant: requestTenant(r)}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > sink.MaxParkedLimit {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "limit must be an integer between 1 and %d, got %q", sink.MaxParkedLimit, v))
+			return
+		}
+		f.Limit = n
+	}
+	evs, err := sink.ListParked(r.Context(), s.cfg.Pool, name, f)
+	switch {
+	case errors.Is(err, sink.ErrUnknownSink):
+		writeError(w, http.StatusNotFound, "no sink named "+name+" (see GET /v1/sinks)")
+	case err != nil:
+		s.log.Warn("list parked events", "sink", name, "err", err)
+		writeError(w, http.StatusInternalServerError, "cannot read the parked events")
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"sink": name, "items": evs})
+	}
+}
+
+// skipParked is POST /v1/sinks/{name}/parked/{id}/skip: give up on one
+// parked event (the same as `relay sinks skip NAME --id ID --reason TEXT`).
+// The event is kept in relay_sink_skipped with the token's name, the time
+// and the reason. A tenant-scoped token may skip its tenant's events only.
+func (s *Server) skipParked(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	name, id := r.PathValue("name"), r.PathValue("id")
+	body, err := readAction(r)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if strings.TrimSpace(body.Reason) == "" {
+		s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, `reason is required: send {"reason": "…"} saying why this event can never be delivered`))
+		return
+	}
+	who := actor(r)
+	res, err := sink.Skip(r.Context(), s.cfg.Pool, sink.SkipRequest{Sink: name, EventID: id, Reason: body.Reason, Actor: who, Tenant: requestTenant(r)})
+	switch {
+	case errors.Is(err, sink.ErrUnknownSink), errors.Is(err, sink.ErrNotParked):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, sink.ErrOtherTenant):
+		writeError(w, http.StatusForbidden, err.Error())
+	case errors.Is(err, sink.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		s.log.Warn("skip parked event", "sink", name, "event_id", id, "err", err)
+		writeError(w, http.StatusInternalServerError, "cannot skip the event; see the relay's log")
+	default:
+		s.log.Info("parked event skipped by operator", "sink", name, "event_id", id, "actor", who, "reason", body.Reason)
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// requestTenant is the one tenant a request may see: the token's, or the
+// one X-Tenant-ID narrows to (api has checked that it may).
+func requestTenant(r *http.Request) uuid.NullUUID {
+	if c := callerOf(r); c.Tenant.Valid {
+		return c.Tenant
+	}
+	if id, set, _ := tenantHeader(r); set {
+		return uuid.NullUUID{UUID: id, Valid: true}
+	}
+	return uuid.NullUUID{}
 }

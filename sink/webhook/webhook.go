@@ -189,7 +189,7 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	if code >= 200 && code < 300 {
 		return nil
 	}
-	err = fmt.Errorf("POST %s answered %s", redactURL(s.cfg.URL), resp.Status)
+	err = sink.WithStatus(code, fmt.Errorf("POST %s answered %s", redactURL(s.cfg.URL), resp.Status))
 	if ra := retryAfter(resp.Header.Get("Retry-After"), s.now()); code == http.StatusTooManyRequests || ra > 0 {
 		return sink.RetryAfter(max(ra, time.Second), err)
 	}

@@ -46,6 +46,8 @@ type endpoint struct {
 	arrived []string          // webhook-id in arrival order
 	bodies  map[string][]byte // the first body received per webhook-id
 	bad     atomic.Int32
+	refuse  sync.Map     // webhook-id → the status it is always answered with
+	refused atomic.Int32 // requests answered from refuse
 }
 
 func newEndpoint(t *testing.T) *endpoint {
@@ -57,6 +59,11 @@ func newEndpoint(t *testing.T) *endpoint {
 		if !webhook.Verify(key, id, r.Header.Get("webhook-timestamp"), body, r.Header.Get("webhook-signature")) {
 			e.bad.Add(1)
 			w.WriteHeader(401)
+			return
+		}
+		if code, ok := e.refuse.Load(id); ok {
+			e.refused.Add(1)
+			w.WriteHeader(code.(int))
 			return
 		}
 		if e.hanging.Load() {
@@ -121,8 +128,8 @@ func setupWith(t *testing.T, timeout time.Duration, maxParked int) *bundle {
 }
 
 // setupOn runs the stream, the fan-out (one webhook sink, "hook") and the
-// correlator on db.
-func setupOn(t *testing.T, db *pgtest.DB, timeout time.Duration, maxParked int) *bundle {
+// correlator on db; configure, if any, adjusts the fan-out's config.
+func setupOn(t *testing.T, db *pgtest.DB, timeout time.Duration, maxParked int, configure ...func(*sink.FanoutConfig)) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	ep := newEndpoint(t)
@@ -131,8 +138,12 @@ func setupOn(t *testing.T, db *pgtest.DB, timeout time.Duration, maxParked int) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wh.Close() })
-	f, err := sink.NewFanout(ctx, sink.FanoutConfig{Pool: db.Pool, DrainInterval: 100 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
-		Destinations: []sink.Destination{{Spec: sink.Spec{Name: "hook", MaxParked: maxParked, Webhook: &sink.WebhookSpec{URL: ep.srv.URL}}, Sink: wh}}})
+	fc := sink.FanoutConfig{Pool: db.Pool, DrainInterval: 100 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+		Destinations: []sink.Destination{{Spec: sink.Spec{Name: "hook", MaxParked: maxParked, Webhook: &sink.WebhookSpec{URL: ep.srv.URL}}, Sink: wh}}}
+	for _, c := range configure {
+		c(&fc)
+	}
+	f, err := sink.NewFanout(ctx, fc)
 	if err != nil {
 		t.Fatal(err)
 	}
