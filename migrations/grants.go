@@ -87,11 +87,15 @@ var Grants = []Grant{
 
 	{FeatureAPI, "", true, []string{"INSERT"}},
 	{FeatureAPI, "relay_sinks", false, []string{"SELECT", "UPDATE"}},
-	{FeatureAPI, "relay_sink_parked", false, []string{"SELECT", "UPDATE"}},
+	{FeatureAPI, "relay_sink_parked", false, []string{"SELECT", "UPDATE", "DELETE"}},
+	{FeatureAPI, "relay_sink_skipped", false, []string{"SELECT", "INSERT"}}, // skip a parked event
 
 	{FeatureOperations, "compensa_schema_migrations", false, []string{"SELECT"}},
 	{FeatureOperations, "relay_dead_letters", false, []string{"SELECT", "UPDATE"}},
 	{FeatureOperations, "", true, []string{"SELECT"}},
+	{FeatureOperations, "relay_sinks", false, []string{"SELECT"}},
+	{FeatureOperations, "relay_sink_parked", false, []string{"SELECT", "DELETE"}},
+	{FeatureOperations, "relay_sink_skipped", false, []string{"SELECT", "INSERT"}}, // relay sinks skip
 }
 
 // Privilege is one privilege on one object, and the feature that needs it.
