@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	backoffpkg "github.com/compensa/compensa/internal/backoff"
 )
 
 // Stream streams the outbox table's committed inserts to a Sink. Create it
@@ -118,16 +119,7 @@ func (s *Stream) Run(ctx context.Context) error {
 // backoff is capped exponential with jitter: 100ms, 200ms, ... up to limit,
 // each drawn from [d/2, d].
 func backoff(attempt int, limit time.Duration) time.Duration {
-	d := 100 * time.Millisecond
-	for range min(attempt, 20) {
-		d *= 2
-		if d >= limit {
-			d = limit
-			break
-		}
-	}
-	d = min(d, limit)
-	return d/2 + rand.N(d/2+1)
+	return backoffpkg.Policy{Base: 100 * time.Millisecond, Factor: 2, Max: limit, Jitter: 0.5}.Delay(attempt)
 }
 
 // session is one term: wait for leadership, then lead until something ends

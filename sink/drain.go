@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/compensa/compensa/internal/backoff"
 )
 
 // drainPage bounds one drain round: rows per aggregate and in all.
@@ -190,9 +191,7 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 
 // backoff is the capped exponential wait after n failed attempts, with jitter.
 func (f *Fanout) backoff(n int) time.Duration {
-	d := time.Second << min(n, 20)
-	d = min(d, f.cfg.MaxBackoff)
-	return d/2 + rand.N(d/2+1)
+	return backoff.Policy{Base: time.Second, Factor: 2, Max: f.cfg.MaxBackoff, Jitter: 0.5}.Delay(n)
 }
 
 // saveState records d's state in relay_sinks for `relay sinks list`.
