@@ -54,7 +54,9 @@ func (f *Fanout) drainLoop(ctx context.Context, d *dest, wake <-chan struct{}) {
 	for {
 		progress, err := f.drainOnce(ctx, d)
 		if err != nil && ctx.Err() == nil {
-			d.log.Warn("drain parked events", "err", err)
+			d.throttle.Warn("drain", "drain parked events", "err", err)
+		} else if err == nil {
+			d.throttle.Recovered("drain", "draining parked events again")
 		}
 		// drainOnce lowers the count by what it delivered; a full count of
 		// the parked table is only a periodic correction.
@@ -197,11 +199,12 @@ func (f *Fanout) backoff(n int) time.Duration {
 // saveState records d's state in relay_sinks for `relay sinks list`.
 func (f *Fanout) saveState(ctx context.Context, d *dest) {
 	d.dirty.Store(false)
-	d.mu.Lock()
-	state, reason := d.state, d.reason
-	d.mu.Unlock()
+	state, reason := d.shownState()
 	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, reason); err != nil && ctx.Err() == nil {
-		d.log.Warn("record sink state", "err", err)
+		d.dirty.Store(true) // written again on the next round
+		d.throttle.Warn("state", "record sink state", "err", err)
+	} else if err == nil {
+		d.throttle.Recovered("state", "sink state recorded again")
 	}
 }
 
