@@ -301,8 +301,8 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	}
 	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
 	for j, d := range f.dests {
-		if len(results[j].parks) > 0 {
-			d.parkedOK()
+		if len(per[j]) > 0 {
+			d.parkedOK() // its events were delivered or parked
 		}
 		n := results[j].delivered[d.spec.Name]
 		d.delivered.Add(uint64(n))
@@ -570,7 +570,8 @@ func (d *dest) parkFailed(err error) {
 	d.throttle.Error("park", "SINK FAILING: its events can be neither delivered nor parked, so the stream waits (see /readyz)", "err", err)
 }
 
-// parkedOK records that a batch parked d's events: it is no longer failing.
+// parkedOK records that a batch delivered or parked d's events: it is no
+// longer failing.
 func (d *dest) parkedOK() {
 	d.mu.Lock()
 	was := d.parkErr
