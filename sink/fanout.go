@@ -75,21 +75,24 @@ type Fanout struct {
 }
 
 type dest struct {
-	spec     Spec
-	sink     Sink
-	log      *slog.Logger
-	throttle *logthrottle.Throttle // repeated failures of this sink's loops
+	spec Spec
+	sink Sink
+	log  *slog.Logger
 
-	mu     sync.Mutex
-	state  string
-	reason string
-	// parkErr is why the newest batch could not park this sink's events
-	// ("" once parking works again); while set the sink is failing.
-	parkErr   string
+	mu        sync.Mutex
+	state     string
+	reason    string
 	until     time.Time   // down/throttled: when the drainer may probe
 	failures  int         // consecutive failed probes
 	lastRetry time.Time   // newest retry request acted on
 	dirty     atomic.Bool // state changed since relay_sinks was written
+
+	// parkErr (under mu) is why the newest batch could not park this
+	// sink's events ("" once it could): while set the sink is failing.
+	parkErr string
+	// throttle keeps a failure that repeats in this sink's loops to one
+	// log line per interval.
+	throttle *logthrottle.Throttle
 
 	parked atomic.Int64 // approximate: refreshed by the drainer
 	// parkEpoch moves after each commit that parked events for this sink
