@@ -74,6 +74,14 @@ deploy-check:
 overview-bench: postgres
 	$(GO) test -tags overviewscale -count=1 -v -timeout 60m -run '^TestOverviewAtScale$$' ./saga/admin -args -rows $(or $(ROWS),10000000)
 
+# `make test-db-down` keeps the relay's database down for 60 s under a running
+# relay (a cluster of its own, stopped and started again on the same port): it
+# says unready, logs fewer than 20 lines in that minute, and logs its recovery.
+# `make test` runs the same test with a 10 s outage.
+.PHONY: test-db-down
+test-db-down: postgres
+	$(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay -args -relay.db-down=60s
+
 # `make test-sinks` is the sink fault suite of issue 15 (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
 # webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook;

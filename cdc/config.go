@@ -96,6 +96,10 @@ type Config struct {
 	// ShutdownTimeout bounds how long a stop waits for the batch the sink is
 	// handling (default 10s); after it, the sink's context is cancelled.
 	ShutdownTimeout time.Duration
+	// StallAfter is how long committed work may wait behind the
+	// acknowledged position, or the stream stay down, before Health reports
+	// the stream stalled (default DefaultStallAfter).
+	StallAfter time.Duration
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -115,6 +119,7 @@ func (c Config) WithDefaults() Config {
 	c.LeaderPollInterval = cmp.Or(c.LeaderPollInterval, DefaultLeaderPollInterval)
 	c.MaxReconnectWait = cmp.Or(c.MaxReconnectWait, DefaultMaxReconnectWait)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -167,7 +172,7 @@ func (c *Config) validate(needURL bool) error {
 	for name, d := range map[string]time.Duration{
 		"StatusInterval": c.StatusInterval, "HeartbeatInterval": c.HeartbeatInterval,
 		"RetentionInterval": c.RetentionInterval, "LeaderPollInterval": c.LeaderPollInterval,
-		"MaxReconnectWait": c.MaxReconnectWait, "ShutdownTimeout": c.ShutdownTimeout,
+		"MaxReconnectWait": c.MaxReconnectWait, "ShutdownTimeout": c.ShutdownTimeout, "StallAfter": c.StallAfter,
 	} {
 		if d < 0 {
 			return errorf(ErrConfig, "Config.%s is negative (%s)", name, d)

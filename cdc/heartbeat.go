@@ -16,7 +16,6 @@ import (
 func (s *Stream) heartbeat(ctx context.Context, pool *pgxpool.Pool) {
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
-	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -29,13 +28,10 @@ func (s *Stream) heartbeat(ctx context.Context, pool *pgxpool.Pool) {
 			if ctx.Err() != nil {
 				return
 			}
-			failures++
-			if failures == 1 || failures%60 == 0 {
-				s.log.Warn("heartbeat failed; the slot may retain WAL while the outbox is idle", "err", err, "failures", failures)
-			}
+			s.throttle.Warn("heartbeat", "heartbeat failed; the slot may retain WAL while the outbox is idle", "err", err)
 			continue
 		}
-		failures = 0
+		s.throttle.Recovered("heartbeat", "heartbeats written again")
 		if lsn, err := pglogrepl.ParseLSN(at); err == nil {
 			s.observeServerLSN(lsn)
 		}

@@ -39,6 +39,7 @@ func (s *Stream) acquireLeadership(ctx context.Context) (*pgx.Conn, error) {
 		}
 		if !waiting {
 			waiting = true
+			s.health.standingBy()
 			s.log.Info("another relay streams this slot; standing by to take over")
 		}
 		select {

@@ -146,7 +146,8 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
 		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now(), replayUntil: replayUntil}
 	r.committed.Store(uint64(start))
-	s.log.Info("streaming", "from", start.String())
+	s.sessionInfo("streaming", "from", start.String())
+	s.health.streaming()
 
 	rctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
@@ -518,12 +519,18 @@ func (s *Stream) runSink(sinkCtx, stop context.Context, batches <-chan Batch, co
 // handle calls the sink and records what a committed batch means.
 func (s *Stream) handle(ctx context.Context, b Batch) error {
 	began := time.Now()
+	s.health.handOver(b, began)
 	if err := s.sink.HandleBatch(ctx, b); err != nil {
+		if ctx.Err() == nil {
+			s.health.failed(b, s.red.string(err.Error()))
+		}
 		return &sinkFailure{fmt.Errorf("cdc: the sink failed on the batch at %s (%d events); nothing past the previous batch is acknowledged and this one will be replayed: %w", b.EndLSN, len(b.Events), err)}
 	}
 	if !b.Partial && !b.CommitTime.IsZero() {
 		s.lastCommit.Store(b.CommitTime.UnixNano())
 	}
+	s.health.committed(b, time.Now())
+	s.throttle.Recovered(keySession, "stream recovered: batches commit again", "lsn", b.EndLSN.String())
 	poison := 0
 	for i := range b.Events {
 		if b.Events[i].Poison != "" {

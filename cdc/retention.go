@@ -43,7 +43,9 @@ func (s *Stream) retain(ctx context.Context, pool *pgxpool.Pool, t *tableInfo) {
 		if mark != nil && pglogrepl.LSN(s.flushed.Load()) >= mark.at {
 			n, err := s.deleteHandled(ctx, pool, t, mark.xmin)
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("outbox retention failed; will retry", "err", err)
+				s.throttle.Warn("retention", "outbox retention failed; will retry", "err", err)
+			} else if err == nil {
+				s.throttle.Recovered("retention", "outbox retention works again")
 			}
 			if n > 0 {
 				s.log.Info("outbox retention deleted handled rows", "rows", n, "older_than", s.cfg.Retention.String())
@@ -53,7 +55,9 @@ func (s *Stream) retain(ctx context.Context, pool *pgxpool.Pool, t *tableInfo) {
 		if mark == nil && ctx.Err() == nil {
 			m, err := takeMark(ctx, pool)
 			if err != nil && ctx.Err() == nil {
-				s.log.Warn("outbox retention could not take a mark; will retry", "err", err)
+				s.throttle.Warn("retention-mark", "outbox retention could not take a mark; will retry", "err", err)
+			} else if err == nil {
+				s.throttle.Recovered("retention-mark", "outbox retention takes marks again")
 			}
 			mark = m
 		}

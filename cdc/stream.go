@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	backoffpkg "github.com/compensa/compensa/internal/backoff"
+	"github.com/compensa/compensa/internal/logthrottle"
 )
 
 // Stream streams the outbox table's committed inserts to a Sink. Create it
@@ -29,6 +31,12 @@ type Stream struct {
 	// hardStop makes the next stop behave like a crash (tests): no final
 	// status update, no grace for the batch in flight.
 	hardStop atomic.Bool
+
+	// health is what Health reports; throttle keeps a failure that
+	// repeats (a reconnect loop, a batch that keeps failing) to one log
+	// line per interval.
+	health   health
+	throttle *logthrottle.Throttle
 
 	leader     atomic.Bool
 	flushed    atomic.Uint64 // LSN last reported as flushed
@@ -51,6 +59,7 @@ func NewStream(cfg Config, sink Sink) (*Stream, error) {
 	}
 	s := &Stream{cfg: cfg, sink: sink, red: newRedactor(pc.Password), conn: pc}
 	s.log = slog.New(&redactingHandler{Handler: cfg.Logger.Handler(), red: s.red}).With("slot", cfg.Slot)
+	s.throttle = logthrottle.New(s.log, 0)
 	return s, nil
 }
 
@@ -105,7 +114,8 @@ func (s *Stream) Run(ctx context.Context) error {
 		}
 		wait := backoff(attempt, s.cfg.MaxReconnectWait)
 		attempt++
-		s.log.Warn("replication session ended; reconnecting", "err", err, "wait", wait)
+		s.health.sessionEnded(errText(err), time.Now())
+		s.throttle.Warn(keySession, "replication session ended; reconnecting", "err", err, "wait", wait)
 		s.cfg.Metrics.Reconnecting(err, wait)
 		select {
 		case <-ctx.Done():
@@ -118,16 +128,28 @@ func (s *Stream) Run(ctx context.Context) error {
 // backoff is capped exponential with jitter: 100ms, 200ms, ... up to limit,
 // each drawn from [d/2, d].
 func backoff(attempt int, limit time.Duration) time.Duration {
-	d := 100 * time.Millisecond
-	for range min(attempt, 20) {
-		d *= 2
-		if d >= limit {
-			d = limit
-			break
-		}
+	return backoffpkg.Policy{Base: 100 * time.Millisecond, Factor: 2, Max: limit, Jitter: 0.5}.Delay(attempt)
+}
+
+// keySession is the throttled failure of the stream's sessions: it ends
+// when a batch commits again.
+const keySession = "session"
+
+func errText(err error) string {
+	if err == nil {
+		return "the session ended"
 	}
-	d = min(d, limit)
-	return d/2 + rand.N(d/2+1)
+	return err.Error()
+}
+
+// sessionInfo logs a session's routine step at INFO, or at DEBUG while the
+// sessions keep failing, so that a reconnect loop does not repeat them.
+func (s *Stream) sessionInfo(msg string, args ...any) {
+	if s.throttle.Failing(keySession) {
+		s.log.Debug(msg, args...)
+		return
+	}
+	s.log.Info(msg, args...)
 }
 
 // session is one term: wait for leadership, then lead until something ends
@@ -162,7 +184,7 @@ func (s *Stream) setLeader(v bool) {
 	if s.leader.Swap(v) != v {
 		s.cfg.Metrics.LeaderChanged(v)
 		if v {
-			s.log.Info("leading: this relay streams the slot")
+			s.sessionInfo("leading: this relay streams the slot")
 		}
 	}
 }
@@ -241,12 +263,12 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		switch {
 		case ckpt > start:
 			attrs = append(attrs, "replay_bytes", uint64(ckpt-start))
-			s.log.Info("resuming: transactions between the slot's position and the checkpoint will be replayed and recognised", attrs...)
+			s.sessionInfo("resuming: transactions between the slot's position and the checkpoint will be replayed and recognised", attrs...)
 		case start > ckpt:
 			attrs = append(attrs, "idle_bytes", uint64(start-ckpt))
-			s.log.Info("resuming: the slot confirmed WAL past the checkpoint that held no outbox rows", attrs...)
+			s.sessionInfo("resuming: the slot confirmed WAL past the checkpoint that held no outbox rows", attrs...)
 		default:
-			s.log.Info("resuming", attrs...)
+			s.sessionInfo("resuming", attrs...)
 		}
 	}
 	repl, err := s.startStreaming(ctx, pool)

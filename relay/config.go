@@ -52,6 +52,10 @@ type Config struct {
 	// OutboxRetention deletes outbox rows older than this once streamed; 0
 	// keeps them.
 	OutboxRetention time.Duration
+	// StallAfter is how long committed outbox work may wait behind the
+	// acknowledged position (or the stream stay down) before /readyz
+	// answers 503 and compensa_stream_stalled is 1 (default 60s).
+	StallAfter time.Duration
 
 	// Workers is the number of step workers (default 8; negative is an
 	// error). LeaseDuration is how long a claim on an instance lasts without
@@ -125,6 +129,7 @@ const (
 	DefaultStatusEvery   = 10 * time.Second
 	DefaultHeartbeatEver = 10 * time.Second
 	DefaultSessionTTL    = 12 * time.Hour
+	DefaultStallAfter    = time.Minute
 	// MonitorPoolSize is the monitor's own pool: scrapes and API reads
 	// queue there, never in front of the step workers and the correlator.
 	MonitorPoolSize = 4
@@ -141,6 +146,7 @@ func (c Config) withDefaults() Config {
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusEvery)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatEver)
 	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
+	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -165,6 +171,7 @@ func (c Config) validate() error {
 	for name, d := range map[string]time.Duration{
 		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "StatusInterval": c.StatusInterval,
 		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention, "SessionTTL": c.SessionTTL,
+		"StallAfter": c.StallAfter,
 	} {
 		if d < 0 {
 			bad("Config.%s is %s: durations must not be negative", name, d)

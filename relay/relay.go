@@ -163,6 +163,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		DatabaseURL: cfg.DatabaseURL, Slot: cfg.Slot, Publication: cfg.Publication,
 		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
+		StallAfter: cfg.StallAfter,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
 			if r.fanout != nil {
 				// A new stream session: another replica may have parked.
@@ -217,6 +218,11 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 			return int64(l.Bytes), l.Seconds
 		}
 		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
+		sources.Stream = func() (bool, uint64) {
+			h := r.stream.Health()
+			return h.Stalled, h.BatchFailures
+		}
+		monCfg.Health = r.health
 	}
 	r.metrics.SetSources(sources)
 	r.monitor, err = httpapi.New(monCfg)
@@ -411,6 +417,16 @@ func (r *Relay) openSinks(ctx context.Context) error {
 	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
 		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})
 	return err
+}
+
+// health is why the stream cannot keep up, and which sinks can neither
+// deliver nor park (for /readyz).
+func (r *Relay) health() []string {
+	reasons := r.stream.Health().Reasons
+	if r.fanout != nil {
+		reasons = append(reasons, r.fanout.Failing()...)
+	}
+	return reasons
 }
 
 // replicationFunc reports the slot for /v1/replication and /readyz.

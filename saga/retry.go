@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/compensa/compensa/internal/backoff"
 )
 
 // RetryPolicy says how often, and how far apart, a step or a compensation is
@@ -102,13 +104,5 @@ func (p RetryPolicy) Delay(n int) time.Duration {
 
 // delay is Delay with the random draw r in [0, 1) given, for tests.
 func (p RetryPolicy) delay(n int, r float64) time.Duration {
-	if n < 1 {
-		n = 1
-	}
-	d := float64(p.Base) * math.Pow(p.Factor, float64(n-1))
-	if d > float64(p.Max) || math.IsInf(d, 0) || math.IsNaN(d) {
-		d = float64(p.Max)
-	}
-	d -= d * p.Jitter * r
-	return time.Duration(d)
+	return backoff.Policy{Base: p.Base, Factor: p.Factor, Max: p.Max, Jitter: p.Jitter}.DelayAt(max(n, 1)-1, r)
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/internal/logthrottle"
 )
 
 // Runner advances saga instances: it claims due instances in batches, runs
@@ -25,6 +27,9 @@ type Runner struct {
 	registry *Registry
 	cfg      *RunnerConfig
 	log      *slog.Logger
+	// throttle keeps a failure that repeats in the runner's loops (the
+	// database is down) to one log line per interval.
+	throttle *logthrottle.Throttle
 
 	mu      sync.Mutex
 	started bool
@@ -75,6 +80,7 @@ func NewRunner(journal Journal, pool *pgxpool.Pool, registry *Registry, cfg *Run
 		registry:  registry,
 		cfg:       c,
 		log:       c.Logger,
+		throttle:  logthrottle.New(c.Logger, 0),
 		wake:      make(chan struct{}, 1),
 		freed:     make(chan struct{}, 1),
 		work:      make(chan []claim),
@@ -226,10 +232,11 @@ func (r *Runner) dispatch() {
 		cancel()
 		at := time.Now()
 		if err != nil {
-			r.log.Error("saga claim failed", "err", err)
+			r.throttle.Error("claim", "saga claim failed", "err", err)
 			idle = r.waitIdle(idle)
 			continue
 		}
+		r.throttle.Recovered("claim", "saga claims work again")
 		if len(insts) > 0 && r.cfg.Hooks.OnClaim != nil {
 			r.cfg.Hooks.OnClaim(len(insts), at.Sub(began))
 		}

@@ -171,7 +171,7 @@ func (r *Runner) groupHeartbeat(ms []*member, done <-chan struct{}) {
 			m := ms[i]
 			switch {
 			case err != nil:
-				m.w.log.Warn("saga heartbeat failed", "err", err)
+				r.throttle.Warn("heartbeat", "saga heartbeat failed", "err", err)
 				if time.Since(last[i]) >= d {
 					m.lose(errLeaseGone)
 				}

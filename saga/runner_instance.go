@@ -240,7 +240,7 @@ func (w *work) beat(ctx context.Context, lose context.CancelCauseFunc, last *tim
 		if ctx.Err() != nil {
 			return false
 		}
-		w.log.Warn("saga heartbeat failed", "err", err)
+		w.r.throttle.Warn("heartbeat", "saga heartbeat failed", "err", err)
 		if time.Since(*last) >= d {
 			lose(errLeaseGone)
 			return false

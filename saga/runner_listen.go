@@ -57,7 +57,7 @@ func (r *Runner) listen(conn *pgx.Conn) {
 					return
 				}
 				failures++
-				r.log.Warn("saga runner: LISTEN connection failed, polling meanwhile", "err", err, "failures", failures)
+				r.throttle.Warn("listen", "saga runner: LISTEN connection failed, polling meanwhile", "err", err)
 				t := time.NewTimer(backoff.Delay(failures))
 				select {
 				case <-ctx.Done():
@@ -68,6 +68,7 @@ func (r *Runner) listen(conn *pgx.Conn) {
 				continue
 			}
 			conn, failures = c, 0
+			r.throttle.Recovered("listen", "saga runner: LISTEN connection restored")
 			r.Wake()
 		}
 		_, err := conn.WaitForNotification(ctx)
@@ -78,7 +79,7 @@ func (r *Runner) listen(conn *pgx.Conn) {
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 			return
 		}
-		r.log.Warn("saga runner: LISTEN connection lost", "err", err)
+		r.throttle.Warn("listen", "saga runner: LISTEN connection lost", "err", err)
 		closeConn()
 	}
 }

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/compensa/compensa/internal/backoff"
 )
 
 // drainPage bounds one drain round: rows per aggregate and in all.
@@ -53,7 +54,9 @@ func (f *Fanout) drainLoop(ctx context.Context, d *dest, wake <-chan struct{}) {
 	for {
 		progress, err := f.drainOnce(ctx, d)
 		if err != nil && ctx.Err() == nil {
-			d.log.Warn("drain parked events", "err", err)
+			d.throttle.Warn("drain", "drain parked events", "err", err)
+		} else if err == nil {
+			d.throttle.Recovered("drain", "draining parked events again")
 		}
 		// drainOnce lowers the count by what it delivered; a full count of
 		// the parked table is only a periodic correction.
@@ -193,19 +196,18 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 
 // backoff is the capped exponential wait after n failed attempts, with jitter.
 func (f *Fanout) backoff(n int) time.Duration {
-	d := time.Second << min(n, 20)
-	d = min(d, f.cfg.MaxBackoff)
-	return d/2 + rand.N(d/2+1)
+	return backoff.Policy{Base: time.Second, Factor: 2, Max: f.cfg.MaxBackoff, Jitter: 0.5}.Delay(n)
 }
 
 // saveState records d's state in relay_sinks for `relay sinks list`.
 func (f *Fanout) saveState(ctx context.Context, d *dest) {
 	d.dirty.Store(false)
-	d.mu.Lock()
-	state, reason := d.state, d.reason
-	d.mu.Unlock()
+	state, reason := d.shownState()
 	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, reason); err != nil && ctx.Err() == nil {
-		d.log.Warn("record sink state", "err", err)
+		d.dirty.Store(true) // written again on the next round
+		d.throttle.Warn("state", "record sink state", "err", err)
+	} else if err == nil {
+		d.throttle.Recovered("state", "sink state recorded again")
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/logthrottle"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -48,6 +49,10 @@ const (
 	StateDown      = "down"      // unreachable: new events are parked, the drainer probes
 	StateThrottled = "throttled" // asked to slow down (429, Retry-After)
 	StateDisabled  = "disabled"  // answered 410: parks until `relay sinks retry`
+	// StateFailing: the sink's events could neither be delivered nor
+	// parked (writing the parked table failed, e.g. a missing privilege);
+	// the stream waits and /readyz says why.
+	StateFailing = "failing"
 )
 
 // Fanout is the stream's sink in front of the correlator: it delivers each
@@ -85,6 +90,12 @@ type dest struct {
 	refusals     refusals    // refused events, logged once per status and interval
 	lastFailure  string      // reason of the latest failed delivery
 	failureDirty atomic.Bool // lastFailure changed since relay_sinks was written
+	// parkErr (under mu) is why the newest batch could not park this
+	// sink's events ("" once it could): while set the sink is failing.
+	parkErr string
+	// throttle keeps a failure that repeats in this sink's loops to one
+	// log line per interval.
+	throttle *logthrottle.Throttle
 
 	parked atomic.Int64 // approximate: refreshed by the drainer
 	// parkEpoch moves after each commit that parked events for this sink
@@ -138,6 +149,7 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 		x := &dest{spec: d.Spec, sink: d.Sink, state: StateUp, log: f.log.With("sink", d.Spec.Name),
 			mDelivered: delivered.WithLabelValues(d.Spec.Name), mParked: parked.WithLabelValues(d.Spec.Name),
 			mSeconds: seconds.WithLabelValues(d.Spec.Name)}
+		x.throttle = logthrottle.New(x.log, 0)
 		x.parkEpoch.Store(1) // unknown until counted
 		var state string
 		var reason *string
@@ -189,6 +201,8 @@ type parkRow struct {
 type pending struct {
 	parks     []parkRow
 	delivered map[string]int
+	// parkErr is set by WriteParked when writing the parked rows failed.
+	parkErr error
 }
 
 type pendingKey struct{}
@@ -282,10 +296,20 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 	}
 	if err := f.next.HandleBatch(context.WithValue(ctx, pendingKey{}, p), b); err != nil {
+		if p.parkErr != nil && ctx.Err() == nil {
+			for j, d := range f.dests {
+				if len(results[j].parks) > 0 {
+					d.parkFailed(p.parkErr)
+				}
+			}
+		}
 		return err
 	}
 	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
 	for j, d := range f.dests {
+		if len(per[j]) > 0 {
+			d.parkedOK() // its events were delivered or parked
+		}
 		n := results[j].delivered[d.spec.Name]
 		d.delivered.Add(uint64(n))
 		d.mDelivered.Add(float64(n))
@@ -351,7 +375,7 @@ func (f *Fanout) backpressure(ctx context.Context, d *dest, n int) error {
 	warned := false
 	for d.parked.Load()+int64(n) > int64(d.spec.MaxParked) && d.parked.Load() > 0 {
 		if !warned {
-			d.log.Warn("sink is at max_parked: the stream waits until parked events drain (WAL is retained meanwhile)",
+			d.throttle.Warn("max_parked", "sink is at max_parked: the stream waits until parked events drain (WAL is retained meanwhile)",
 				"parked", d.parked.Load(), "max_parked", d.spec.MaxParked)
 			warned = true
 		}
@@ -363,6 +387,9 @@ func (f *Fanout) backpressure(ctx context.Context, d *dest, n int) error {
 		if err := f.refreshParked(ctx); err != nil {
 			return err
 		}
+	}
+	if warned {
+		d.throttle.Recovered("max_parked", "sink is below max_parked again: the stream goes on")
 	}
 	return nil
 }
@@ -530,9 +557,65 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 		batch.Queue(sqlCountDelivered, names, counts)
 	}
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
-		return fmt.Errorf("sink: park %d events: %w", len(p.parks), err)
+		err = fmt.Errorf("sink: park %d events: %w", len(p.parks), err)
+		if len(p.parks) > 0 {
+			p.parkErr = err
+		}
+		return err
 	}
 	return nil
+}
+
+// parkFailed records that d's events could not be parked: d is failing
+// until a batch parks for it again.
+func (d *dest) parkFailed(err error) {
+	d.mu.Lock()
+	changed := d.parkErr != err.Error()
+	d.parkErr = err.Error()
+	d.mu.Unlock()
+	if changed {
+		d.dirty.Store(true)
+	}
+	d.throttle.Error("park", "SINK FAILING: its events can be neither delivered nor parked, so the stream waits (see /readyz)", "err", err)
+}
+
+// parkedOK records that a batch delivered or parked d's events: it is no
+// longer failing.
+func (d *dest) parkedOK() {
+	d.mu.Lock()
+	was := d.parkErr
+	d.parkErr = ""
+	d.mu.Unlock()
+	if was != "" {
+		d.dirty.Store(true)
+		d.throttle.Recovered("park", "sink parks its events again")
+	}
+}
+
+// shownState is the state and reason `relay sinks list` shows for d.
+func (d *dest) shownState() (state, reason string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.parkErr != "" {
+		reason = "cannot park: " + d.parkErr
+		if d.state != StateUp && d.reason != "" {
+			reason += "; " + d.state + ": " + d.reason
+		}
+		return StateFailing, reason
+	}
+	return d.state, d.reason
+}
+
+// Failing lists the sinks whose events can be neither delivered nor
+// parked, one line each with the reason (for /readyz).
+func (f *Fanout) Failing() []string {
+	var out []string
+	for _, d := range f.dests {
+		if state, reason := d.shownState(); state == StateFailing {
+			out = append(out, "sink "+d.spec.Name+": can neither deliver nor park its events: "+reason)
+		}
+	}
+	return out
 }
 
 // Resync forgets what this process believes is parked: call it whenever

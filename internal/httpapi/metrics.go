@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/compensa/compensa/internal/logthrottle"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -28,6 +29,9 @@ type Sources struct {
 	// behind the server's WAL, and the age in seconds of the newest commit
 	// or heartbeat processed.
 	Lag func() (bytes int64, seconds float64)
+	// Stream returns whether the stream is stalled (see cdc.Health) and
+	// how many batches the sink failed on since the start.
+	Stream func() (stalled bool, batchFailures uint64)
 }
 
 // CorrelatorStats mirrors correlator.Stats field for field, so that one
@@ -63,6 +67,9 @@ type Metrics struct {
 	sources Sources
 	admin   *admin.Admin
 	logger  *slog.Logger
+	// throttle keeps a failing count (the database is down) to one log
+	// line per interval.
+	throttle *logthrottle.Throttle
 	// replication reads the slot for its gauges (nil: no slot gauges).
 	replication ReplicationFunc
 
@@ -116,7 +123,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	m := &Metrics{
 		gauges: gaugeCache{interval: DefaultGaugeInterval},
 		reg:    reg,
-		logger: slog.New(slog.DiscardHandler),
+		logger: slog.New(slog.DiscardHandler), throttle: logthrottle.New(nil, 0),
 		sagasStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "sagas_started_total",
 			Help: "Saga instances started, by saga (fed by SagasStarted).",
@@ -166,6 +173,17 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			return pick(src())
 		}
 	}
+	stream := func(pick func(bool, uint64) float64) func() float64 {
+		return func() float64 {
+			m.mu.RLock()
+			src := m.sources.Stream
+			m.mu.RUnlock()
+			if src == nil {
+				return 0
+			}
+			return pick(src())
+		}
+	}
 	counterFunc := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, f)
 	}
@@ -181,6 +199,15 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	}
 	cs := []prometheus.Collector{
 		m.sagasStarted, m.sagasEnded, m.stepDuration, m.stepRetries, m.manualActions, m.queryFailures,
+		gaugeFunc("stream_stalled", "1 while the stream does not move past committed work (stalled for --stall-after, or the same batch failed repeatedly), else 0; /readyz gives the reason.",
+			stream(func(stalled bool, _ uint64) float64 {
+				if stalled {
+					return 1
+				}
+				return 0
+			})),
+		counterFunc("stream_batch_failures_total", "Batches the sink (deliveries, correlator, checkpoint) failed on; each is replayed.",
+			stream(func(_ bool, n uint64) float64 { return float64(n) })),
 		counterFunc("events_streamed_total", "Outbox events the correlator received from the stream.",
 			stat(func(s CorrelatorStats) uint64 { return s.EventsSeen })),
 		counterFunc("batches_total", "Source transactions (batches) the correlator committed, replays included.",
@@ -227,6 +254,7 @@ func (m *Metrics) SetSources(s Sources) {
 func (m *Metrics) setAdmin(a *admin.Admin, logger *slog.Logger) {
 	m.mu.Lock()
 	m.admin, m.logger = a, logger
+	m.throttle = logthrottle.New(logger, 0)
 	m.mu.Unlock()
 }
 
@@ -329,7 +357,7 @@ const scrapeQueryTimeout = 3 * time.Second
 // refresh already running is waited for instead of repeated.
 func (m *Metrics) refreshGauges(ctx context.Context) {
 	m.mu.RLock()
-	a, logger, repl := m.admin, m.logger, m.replication
+	a, logger, repl := m.admin, m.throttle, m.replication
 	m.mu.RUnlock()
 	if a == nil {
 		return
@@ -354,19 +382,25 @@ func (m *Metrics) refreshGauges(ctx context.Context) {
 	counts, serr := a.StuckCounts(qctx)
 	if serr != nil {
 		m.queryFailures.Inc()
-		logger.Warn("metrics: count stuck instances", "err", serr)
+		logger.Warn("stuck", "metrics: count stuck instances", "err", serr)
+	} else {
+		logger.Recovered("stuck", "metrics: counting stuck instances works again")
 	}
 	n, perr := a.ParkedEvents(qctx)
 	if perr != nil {
 		m.queryFailures.Inc()
-		logger.Warn("metrics: count parked events", "err", perr)
+		logger.Warn("parked", "metrics: count parked events", "err", perr)
+	} else {
+		logger.Recovered("parked", "metrics: counting parked events works again")
 	}
 	var slot ReplicationStatus
 	var slotErr error
 	if repl != nil {
 		if slot, slotErr = repl(qctx); slotErr != nil {
 			m.queryFailures.Inc()
-			logger.Warn("metrics: read the replication slot", "err", slotErr)
+			logger.Warn("slot", "metrics: read the replication slot", "err", slotErr)
+		} else {
+			logger.Recovered("slot", "metrics: reading the replication slot works again")
 		}
 	}
 	g.mu.Lock()

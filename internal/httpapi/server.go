@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/apitoken"
+	"github.com/compensa/compensa/internal/logthrottle"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -48,6 +49,10 @@ type Config struct {
 	// Replication reports the slot; nil means this process has no stream
 	// (/v1/replication answers 503 and /readyz checks the database only).
 	Replication ReplicationFunc
+	// Health, when set, returns why the relay cannot keep up ("stream:
+	// ...", "sink NAME: ..."), one line each; none means healthy. /readyz
+	// answers 503 with them.
+	Health func() []string
 	// OutboxTable is the outbox table POST /v1/events writes to (a name
 	// outbox.ParseTableName accepts, with the default columns). Empty: that
 	// endpoint answers 501.
@@ -111,6 +116,9 @@ type Server struct {
 	authFailures *authLimiter
 	slots        requestSlots
 	ready        readinessCache
+	// throttle keeps a readiness failure probed every second to one log
+	// line per interval.
+	throttle *logthrottle.Throttle
 	// tokens are APIToken and Tokens together (see auth.go).
 	tokens *apitoken.Set
 }
@@ -143,6 +151,7 @@ func New(cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.throttle = logthrottle.New(s.log, 0)
 	if s.admin == nil {
 		var err error
 		s.admin, err = admin.New(admin.Config{Pool: cfg.Pool, Journal: cfg.Journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter})
@@ -326,27 +335,35 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) checkReady() readyResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	fail := func(msg string) readyResult {
-		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"error": msg}}
-	}
-	if err := s.cfg.Pool.Ping(ctx); err != nil {
-		s.log.Warn("readyz: database unreachable", "err", err)
-		return fail("database unreachable")
-	}
+	var reasons []string
 	out := map[string]any{"status": "ok", "database": "ok"}
-	if s.cfg.Replication != nil {
-		st, err := s.sampleLag(ctx)
-		switch {
-		case err != nil:
-			s.log.Warn("readyz: replication status", "err", err)
-			return fail("cannot read the replication slot's status")
-		case !st.Exists:
-			return fail("replication slot " + st.Slot + " does not exist: events written since it was lost may have been skipped")
-		case !st.Healthy():
-			return fail("replication slot " + st.Slot + " has wal_status " + st.WALStatus + ": the WAL it needs is gone and events may have been skipped")
+	if err := s.cfg.Pool.Ping(ctx); err != nil {
+		s.throttle.Warn("database", "readyz: database unreachable", "err", err)
+		reasons = append(reasons, "database unreachable: the relay cannot reach PostgreSQL (the relay's log has the error)")
+	} else {
+		s.throttle.Recovered("database", "readyz: database reachable again")
+		if s.cfg.Replication != nil {
+			st, err := s.sampleLag(ctx)
+			switch {
+			case err != nil:
+				s.throttle.Warn("replication", "readyz: replication status", "err", err)
+				reasons = append(reasons, "cannot read the replication slot's status")
+			case !st.Exists:
+				reasons = append(reasons, "replication slot "+st.Slot+" does not exist: events written since it was lost may have been skipped")
+			case !st.Healthy():
+				reasons = append(reasons, "replication slot "+st.Slot+" has wal_status "+st.WALStatus+": the WAL it needs is gone and events may have been skipped")
+			default:
+				s.throttle.Recovered("replication", "readyz: replication status readable again")
+				out["slot"] = st.Slot
+				out["wal_status"] = st.WALStatus
+			}
 		}
-		out["slot"] = st.Slot
-		out["wal_status"] = st.WALStatus
+	}
+	if s.cfg.Health != nil {
+		reasons = append(reasons, s.cfg.Health()...)
+	}
+	if len(reasons) > 0 {
+		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"status": "unready", "reasons": reasons}}
 	}
 	return readyResult{status: http.StatusOK, body: out}
 }

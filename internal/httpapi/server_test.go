@@ -152,6 +152,22 @@ func (r response) json(t *testing.T) map[string]any {
 	return m
 }
 
+// unready checks that the body is exactly {"status": "unready", "reasons":
+// [...]} with at least one reason, and returns the reasons joined.
+func (r response) unready(t *testing.T) string {
+	t.Helper()
+	m := r.json(t)
+	reasons, ok := m["reasons"].([]any)
+	if m["status"] != "unready" || !ok || len(reasons) == 0 || len(m) != 2 {
+		t.Fatalf("status %d: body is not {\"status\": \"unready\", \"reasons\": [...]}: %s", r.status, r.body)
+	}
+	var out []string
+	for _, x := range reasons {
+		out = append(out, x.(string))
+	}
+	return strings.Join(out, "\n")
+}
+
 // errorMessage checks that the body is exactly {"error": "..."}.
 func (r response) errorMessage(t *testing.T) string {
 	t.Helper()
@@ -494,20 +510,20 @@ func TestReplicationAndReadiness(t *testing.T) {
 	mu.Lock()
 	status.WALStatus = "lost"
 	mu.Unlock()
-	if r := b.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.errorMessage(t), "lost") {
+	if r := b.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.unready(t), "lost") {
 		t.Errorf("readyz with a lost slot: %d %s", r.status, r.body)
 	}
 	mu.Lock()
 	status.WALStatus, status.Exists = "", false
 	mu.Unlock()
-	if r := b.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.errorMessage(t), "does not exist") {
+	if r := b.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.unready(t), "does not exist") {
 		t.Errorf("readyz with no slot: %d %s", r.status, r.body)
 	}
 	mu.Lock()
 	fail = errors.New("connection refused password=hunter2")
 	mu.Unlock()
 	r = b.do(t, "GET", "/readyz", "")
-	if r.status != 503 || strings.Contains(string(r.body), "hunter2") {
+	if r.status != 503 || strings.Contains(string(r.body), "hunter2") || !strings.Contains(r.unready(t), "replication slot's status") {
 		t.Errorf("readyz with an unreadable slot: %d %s", r.status, r.body)
 	}
 	r = b.do(t, "GET", "/v1/replication", "", bearer...)
@@ -609,6 +625,66 @@ func TestLagSampler(t *testing.T) {
 	}
 	if last := samples[len(samples)-1].LagBytes; last < 10 {
 		t.Errorf("newest sample %d: the ring kept old samples", last)
+	}
+}
+
+// The stream's and the sinks' own health turns /readyz unready with their
+// reasons and back, and drives compensa_stream_stalled.
+func TestReadyzHealthReasons(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var reasons []string
+	var stalled bool
+	var failures uint64
+	b := setup(t, options{configure: func(c *httpapi.Config) {
+		c.Health = func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]string(nil), reasons...)
+		}
+	}})
+	b.metrics.SetSources(httpapi.Sources{Stream: func() (bool, uint64) {
+		mu.Lock()
+		defer mu.Unlock()
+		return stalled, failures
+	}})
+	metric := func(name string) string {
+		t.Helper()
+		for _, line := range strings.Split(string(b.do(t, "GET", "/metrics", "").body), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+				return f[1]
+			}
+		}
+		t.Fatalf("/metrics has no %s", name)
+		return ""
+	}
+	if r := b.do(t, "GET", "/readyz", ""); r.status != 200 || r.json(t)["status"] != "ok" {
+		t.Fatalf("readyz healthy: %d %s", r.status, r.body)
+	}
+	if v := metric("compensa_stream_stalled"); v != "0" {
+		t.Errorf("compensa_stream_stalled %s while healthy", v)
+	}
+
+	mu.Lock()
+	reasons = []string{"stream: the batch at 0/1A4A210 failed 5 times: permission denied for table relay_checkpoints", "sink hooks: can neither deliver nor park its events: cannot park: permission denied"}
+	stalled, failures = true, 5
+	mu.Unlock()
+	r := b.do(t, "GET", "/readyz", "")
+	if got := r.unready(t); r.status != 503 || !strings.Contains(got, "failed 5 times") || !strings.Contains(got, "sink hooks") {
+		t.Errorf("readyz stalled: %d %s", r.status, r.body)
+	}
+	if v := metric("compensa_stream_stalled"); v != "1" {
+		t.Errorf("compensa_stream_stalled %s while stalled", v)
+	}
+	if v := metric("compensa_stream_batch_failures_total"); v != "5" {
+		t.Errorf("compensa_stream_batch_failures_total %s, want 5", v)
+	}
+
+	mu.Lock()
+	reasons, stalled = nil, false
+	mu.Unlock()
+	if r := b.do(t, "GET", "/readyz", ""); r.status != 200 {
+		t.Errorf("readyz after recovery: %d %s", r.status, r.body)
 	}
 }
 

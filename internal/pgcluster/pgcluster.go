@@ -259,6 +259,30 @@ func (c *Cluster) Restart(ctx context.Context, immediate bool) error {
 		sig = syscall.SIGQUIT
 	}
 	c.kill(sig)
+	return c.Resume(ctx)
+}
+
+// Halt stops the server and leaves it down (immediate as for Restart), so
+// that a test can keep the database away for as long as it likes; Resume
+// starts it again on the same port and data.
+func (c *Cluster) Halt(immediate bool) error {
+	if c.Kind != KindLocal {
+		return fmt.Errorf("pgcluster: halt needs a local cluster, this one is %s", c.Kind)
+	}
+	sig := syscall.SIGINT
+	if immediate {
+		sig = syscall.SIGQUIT
+	}
+	c.kill(sig)
+	return nil
+}
+
+// Resume starts a halted server again and waits until it accepts
+// connections.
+func (c *Cluster) Resume(ctx context.Context) error {
+	if c.Kind != KindLocal {
+		return fmt.Errorf("pgcluster: resume needs a local cluster, this one is %s", c.Kind)
+	}
 	if err := c.launch(nil); err != nil {
 		return err
 	}
