@@ -5,8 +5,15 @@ export PATH := $(PATH):/usr/local/go/bin
 
 .PHONY: test demo build vet postgres chromium
 
+# `make build` stamps the version and commit into the binary (`relay version`)
+# whether or not the toolchain stamps VCS information (-buildvcs=false, no
+# .git). The Dockerfile's build stage runs the same go build, with VERSION and
+# COMMIT as build arguments (a test compares the two).
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+
 build:
-	$(GO) build -o bin/relay ./cmd/relay
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
 
 postgres:
 	@./scripts/ensure-postgres.sh

@@ -92,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
-	pool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
+	pool, err := dbconn.OpenStepPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
 	if err != nil {
 		return nil, err
 	}

@@ -60,6 +60,14 @@ type Runner struct {
 // journal must join the transaction carried by ContextWithTx (the PostgreSQL
 // journal does), or a step's writes and its journal entry would not commit
 // together.
+//
+// Steps with a Timeout should run on a pool whose connections cancel a
+// statement on the server when its context ends (pool config:
+// ConnConfig.BuildContextWatcherHandler returning a
+// pgconn.CancelRequestContextWatcherHandler; package relay's pool does).
+// With pgx's default a timed-out statement closes its connection, and the
+// steps sharing a group commit's transaction with it lose their round and
+// run again alone.
 func NewRunner(journal Journal, pool *pgxpool.Pool, registry *Registry, cfg *RunnerConfig) (*Runner, error) {
 	if journal == nil {
 		return nil, Errorf(ErrInvalid, "NewRunner: journal is nil")

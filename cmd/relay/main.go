@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,8 +20,13 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X main.version=...
+// -X main.commit=..." (make build, the Dockerfile); the commit the Go
+// toolchain stamps (vcs.revision) wins over commit when there is one.
+var (
+	version = "dev"
+	commit  = ""
+)
 
 func main() {
 	os.Exit(run(os.Args[1:]))
@@ -117,11 +123,12 @@ func newVersionCmd() *cobra.Command {
 // versionLine reads the module version, the VCS commit and the Go version
 // from the build info the Go toolchain embeds, so that any build (go install,
 // go build in a checkout, a release) says what it is. -ldflags -X
-// main.version=... still overrides the module version.
+// main.version=... overrides the module version, and -X main.commit=... gives
+// the commit where the toolchain stamped none (-buildvcs=false, no .git).
 func versionLine() string {
-	mod, commit, goVersion := version, "unknown", runtime.Version()
+	mod, stamped, goVersion := version, cmp.Or(commit, "unknown"), runtime.Version()
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		if mod == "dev" && bi.Main.Version != "" {
+		if mod == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 			mod = bi.Main.Version
 		}
 		goVersion = bi.GoVersion
@@ -135,13 +142,13 @@ func versionLine() string {
 			}
 		}
 		if rev != "" {
-			commit = rev
+			stamped = rev
 			if modified == "true" {
-				commit += " (modified)"
+				stamped += " (modified)"
 			}
 		}
 	}
-	return fmt.Sprintf("relay %s commit %s %s", mod, commit, goVersion)
+	return fmt.Sprintf("relay %s commit %s %s", mod, stamped, goVersion)
 }
 
 func newLogger(opts *rootOptions) *slog.Logger {

@@ -3,13 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink"
@@ -20,7 +15,7 @@ import (
 // SinkCase is the sinks scenario: the single-row load of scenario 1 read by
 // pg_recvlogical and by the relay's stream delivering every event to a sink
 // (checkpoint commits only, no sagas): a NATS JetStream stream on a
-// nats-server started in this process, and a webhook on a local endpoint
+// nats-server process of its own, and a webhook on a local endpoint
 // that does nothing.
 type SinkCase struct {
 	Events            int     `json:"events"`
@@ -40,7 +35,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 	if _, err := e.pool.Exec(ctx, `TRUNCATE relay_sink_parked, relay_sinks`); err != nil {
 		return fmt.Errorf("bench: reset sink tables: %w", err)
 	}
-	ns, natsURL, err := startNATS()
+	ns, natsURL, err := startNATS(ctx)
 	if err != nil {
 		return err
 	}
@@ -119,43 +114,4 @@ func (r *run) sinksScenario(ctx context.Context) error {
 	r.report.Sinks = &SinkCase{Events: n, RecvlogicalPerSec: median(a), NATSPerSec: median(nb), NATSRatio: median(nr),
 		WebhookPerSec: median(wb), WebhookRatio: median(wr)}
 	return nil
-}
-
-// startNATS starts a nats-server with JetStream in this process, on a free
-// port, storing in a temporary folder removed at Shutdown.
-func startNATS() (*natsServer, string, error) {
-	dir, err := os.MkdirTemp("", "compensa-bench-nats-")
-	if err != nil {
-		return nil, "", err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, "", err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir,
-		NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, "", fmt.Errorf("bench: nats-server: %w", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		s.Shutdown()
-		os.RemoveAll(dir)
-		return nil, "", fmt.Errorf("bench: nats-server not ready after 30s")
-	}
-	return &natsServer{s: s, dir: dir}, s.ClientURL(), nil
-}
-
-type natsServer struct {
-	s   *server.Server
-	dir string
-}
-
-func (n *natsServer) Shutdown() {
-	n.s.Shutdown()
-	n.s.WaitForShutdown()
-	os.RemoveAll(n.dir)
 }

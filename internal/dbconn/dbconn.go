@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -45,6 +46,16 @@ func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 // OpenPool is Connect for a pool of at most maxConns connections (0: pgx's
 // default); it checks the server answers before returning.
 func OpenPool(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
+	return openPool(ctx, dsn, maxConns, false)
+}
+
+// OpenStepPool is OpenPool for the pool saga steps run on: a statement whose
+// context ends is cancelled on the server (CancelStatementsOnServer).
+func OpenStepPool(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, error) {
+	return openPool(ctx, dsn, maxConns, true)
+}
+
+func openPool(ctx context.Context, dsn string, maxConns int32, cancelOnServer bool) (*pgxpool.Pool, error) {
 	if dsn == "" {
 		return nil, ErrNoDatabase
 	}
@@ -54,6 +65,9 @@ func OpenPool(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, e
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if cancelOnServer {
+		CancelStatementsOnServer(cfg.ConnConfig)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -67,6 +81,24 @@ func OpenPool(ctx context.Context, dsn string, maxConns int32) (*pgxpool.Pool, e
 		return nil, connectError(c.Host, c.Port, c.User, c.Database, err)
 	}
 	return pool, nil
+}
+
+// cancelGrace is how long a statement whose context ended may take to stop
+// after the server was asked to cancel it, before the connection is closed
+// after all.
+const cancelGrace = 2 * time.Second
+
+// CancelStatementsOnServer makes a statement whose context ends (a step's
+// timeout) be cancelled by the server (a cancel request: the statement fails
+// with query_canceled) instead of by closing the connection, pgx's default.
+// The connection and its transaction outlive the statement: a group of steps
+// sharing one transaction rolls the timed-out step back to its savepoint and
+// commits the others. The connection is closed only when the server has not
+// stopped the statement within cancelGrace.
+func CancelStatementsOnServer(cfg *pgx.ConnConfig) {
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelGrace}
+	}
 }
 
 // ConnectError wraps a failure to reach or log in to PostgreSQL; Unwrap gives

@@ -1,0 +1,748 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/migrations"
+)
+
+// The files of deploy/ and the Dockerfile are checked against this binary:
+// the commands, flags and environment variables they use exist, the probes
+// hit routes the monitor serves on the port it listens on, and the image is
+// built by the same go build as `make build`.
+
+const relayImage = "compensa/relay"
+
+type k8sObject struct {
+	Kind     string `yaml:"kind"`
+	Metadata struct {
+		Name string `yaml:"name"`
+	} `yaml:"metadata"`
+	file string
+	node yaml.Node
+}
+
+type k8sWorkload struct {
+	Spec struct {
+		Replicas *int `yaml:"replicas"`
+		Selector struct {
+			MatchLabels map[string]string `yaml:"matchLabels"`
+		} `yaml:"selector"`
+		Template struct {
+			Metadata struct {
+				Labels map[string]string `yaml:"labels"`
+			} `yaml:"metadata"`
+			Spec k8sPod `yaml:"spec"`
+		} `yaml:"template"`
+	} `yaml:"spec"`
+}
+
+type k8sPod struct {
+	TerminationGracePeriodSeconds *int           `yaml:"terminationGracePeriodSeconds"`
+	Containers                    []k8sContainer `yaml:"containers"`
+	InitContainers                []k8sContainer `yaml:"initContainers"`
+}
+
+type k8sContainer struct {
+	Name    string   `yaml:"name"`
+	Image   string   `yaml:"image"`
+	Command []string `yaml:"command"`
+	Args    []string `yaml:"args"`
+	Env     []struct {
+		Name      string `yaml:"name"`
+		Value     string `yaml:"value"`
+		ValueFrom *struct {
+			SecretKeyRef *struct {
+				Name string `yaml:"name"`
+				Key  string `yaml:"key"`
+			} `yaml:"secretKeyRef"`
+		} `yaml:"valueFrom"`
+	} `yaml:"env"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
+	ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
+	Resources      struct {
+		Requests map[string]string `yaml:"requests"`
+		Limits   map[string]string `yaml:"limits"`
+	} `yaml:"resources"`
+}
+
+type k8sProbe struct {
+	HTTPGet *struct {
+		Path string `yaml:"path"`
+		Port any    `yaml:"port"` // a number or a port's name
+	} `yaml:"httpGet"`
+}
+
+type k8sService struct {
+	Spec struct {
+		Selector map[string]string `yaml:"selector"`
+		Ports    []struct {
+			Port       int `yaml:"port"`
+			TargetPort any `yaml:"targetPort"`
+		} `yaml:"ports"`
+	} `yaml:"spec"`
+}
+
+// manifests reads every object of deploy/kubernetes.
+func manifests(t *testing.T) []k8sObject {
+	t.Helper()
+	files, err := filepath.Glob("../../deploy/kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in deploy/kubernetes (%v)", err)
+	}
+	var out []k8sObject
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		for {
+			var o k8sObject
+			if err := dec.Decode(&o.node); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if err := o.node.Decode(&o); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if o.Kind == "" || o.Metadata.Name == "" {
+				t.Fatalf("%s: an object without kind or metadata.name", f)
+			}
+			o.file = filepath.Base(f)
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// relayContainer is a relay container of a workload, with the command its
+// arguments select (parsed by the CLI itself).
+type relayContainer struct {
+	where    string
+	workload k8sWorkload
+	c        k8sContainer
+}
+
+func relayContainers(t *testing.T, objs []k8sObject) []relayContainer {
+	t.Helper()
+	var out []relayContainer
+	for _, o := range objs {
+		if o.Kind != "Deployment" && o.Kind != "Job" && o.Kind != "StatefulSet" {
+			continue
+		}
+		var w k8sWorkload
+		if err := o.node.Decode(&w); err != nil {
+			t.Fatalf("%s %s: %v", o.file, o.Metadata.Name, err)
+		}
+		for _, c := range slices.Concat(w.Spec.Template.Spec.InitContainers, w.Spec.Template.Spec.Containers) {
+			if strings.HasPrefix(c.Image, relayImage+":") || c.Image == relayImage {
+				out = append(out, relayContainer{where: fmt.Sprintf("%s: %s %s, container %s", o.file, o.Kind, o.Metadata.Name, c.Name), workload: w, c: c})
+			}
+		}
+	}
+	return out
+}
+
+// envNames are the environment variables the relay reads for command c:
+// RELAY_<FLAG> for each of its flags, and DATABASE_URL.
+func envNames(c *cobra.Command) map[string]bool {
+	names := map[string]bool{}
+	add := func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		names["RELAY_"+strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))] = true
+		if f.Name == "database-url" {
+			names["DATABASE_URL"] = true
+		}
+	}
+	c.Flags().VisitAll(add)
+	c.InheritedFlags().VisitAll(add)
+	return names
+}
+
+// secretStandIns are the values a test gives the Secret's keys: a DSN that
+// parses and a token strong enough for --api-token.
+func secretStandIn(key string) string {
+	if strings.Contains(key, "database-url") {
+		return "postgres://relay:secret@db.example:5432/app"
+	}
+	b := make([]byte, 32)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// parsed runs the CLI (every command's action replaced, see cliTree) on
+// args with env set, and returns the command they select with its flags
+// resolved from the arguments and the environment, as `relay` would.
+func parsed(t *testing.T, what string, args []string, env map[string]string) *cobra.Command {
+	t.Helper()
+	clearRelayEnv(t)
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	root, opts := cliTree()
+	var stderr, stdout bytes.Buffer
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	var ran *cobra.Command
+	walk(root, func(c *cobra.Command) {
+		if c.RunE != nil {
+			c.RunE = func(c *cobra.Command, _ []string) error { ran = c; return errRan }
+		}
+	})
+	code := execute(context.Background(), root, opts, args, &stderr)
+	if ran == nil || code != 1 || !strings.Contains(stderr.String(), errRan.Error()) {
+		t.Fatalf("%s: relay %s: exit %d, %s; want the command to accept its arguments and environment", what, strings.Join(args, " "), code, strings.TrimSpace(stderr.String()))
+	}
+	return ran
+}
+
+func (rc relayContainer) env() map[string]string {
+	env := map[string]string{}
+	for _, e := range rc.c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+			env[e.Name] = secretStandIn(e.ValueFrom.SecretKeyRef.Key)
+		default:
+			env[e.Name] = e.Value
+		}
+	}
+	return env
+}
+
+func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
+	objs := manifests(t)
+	rcs := relayContainers(t, objs)
+	if len(rcs) == 0 {
+		t.Fatal("no container runs the image " + relayImage)
+	}
+	var sidecar, replicated bool
+	for _, rc := range rcs {
+		c := rc.c
+		if len(c.Command) > 0 {
+			t.Errorf("%s: command %q overrides the image's entrypoint (relay): give only args", rc.where, c.Command)
+		}
+		cmd := parsed(t, rc.where, c.Args, rc.env())
+		names := envNames(cmd)
+		for _, e := range c.Env {
+			if !names[e.Name] {
+				t.Errorf("%s: env %s is not read by relay %s (it reads RELAY_<FLAG> for its flags, and DATABASE_URL)", rc.where, e.Name, cmd.Name())
+			}
+			if (strings.HasSuffix(e.Name, "DATABASE_URL") || e.Name == "RELAY_API_TOKEN") && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+				t.Errorf("%s: env %s must come from a Secret (valueFrom.secretKeyRef), not a literal value", rc.where, e.Name)
+			}
+		}
+		if cmd.Flag("database-url").Value.String() == "" {
+			t.Errorf("%s: no database URL (RELAY_DATABASE_URL from a Secret)", rc.where)
+		}
+		if c.Resources.Requests["memory"] == "" || c.Resources.Requests["cpu"] == "" || c.Resources.Limits["memory"] == "" {
+			t.Errorf("%s: resources must request cpu and memory and limit memory", rc.where)
+		}
+		if cmd.Name() != "run" {
+			continue
+		}
+		// relay run: its monitor answers the probes on --http-addr's port.
+		addr := cmd.Flag("http-addr").Value.String()
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatalf("%s: --http-addr %q: %v", rc.where, addr, err)
+		}
+		if host == "" || net.ParseIP(host).IsLoopback() || host == "localhost" {
+			t.Errorf("%s: --http-addr %s: the kubelet probes the pod's address, so the monitor must listen on it (0.0.0.0)", rc.where, addr)
+		}
+		if cmd.Flag("api-token").Value.String() == "" {
+			t.Errorf("%s: a monitor on %s needs an API token", rc.where, addr)
+		}
+		for _, p := range []struct {
+			name  string
+			probe *k8sProbe
+			path  string
+		}{{"livenessProbe", c.LivenessProbe, "/healthz"}, {"readinessProbe", c.ReadinessProbe, "/readyz"}} {
+			if p.probe == nil || p.probe.HTTPGet == nil {
+				t.Errorf("%s: no %s.httpGet", rc.where, p.name)
+				continue
+			}
+			if p.probe.HTTPGet.Path != p.path {
+				t.Errorf("%s: %s path %q, want %s", rc.where, p.name, p.probe.HTTPGet.Path, p.path)
+			}
+			if got := containerPort(c, p.probe.HTTPGet.Port); strconv.Itoa(got) != port {
+				t.Errorf("%s: %s port %v is container port %d, but the monitor listens on %s", rc.where, p.name, p.probe.HTTPGet.Port, got, addr)
+			}
+		}
+		stop, _ := time.ParseDuration(cmd.Flag("stop-timeout").Value.String())
+		if g := rc.workload.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= stop {
+			t.Errorf("%s: terminationGracePeriodSeconds must exceed --stop-timeout (%s), or a graceful stop is cut short", rc.where, stop)
+		}
+		if len(rc.workload.Spec.Template.Spec.Containers) > 1 {
+			sidecar = true
+		}
+		if r := rc.workload.Spec.Replicas; r != nil && *r >= 2 && cmd.Flag("no-stream").Value.String() == "false" {
+			replicated = true
+		}
+	}
+	if !sidecar {
+		t.Error("no manifest runs relay run as a sidecar next to an application container")
+	}
+	if !replicated {
+		t.Error("no manifest runs two or more replicas of relay run (one streams, the others wait and run steps)")
+	}
+
+	// A Service reaches a relay's monitor by a port the container has.
+	for _, o := range objs {
+		if o.Kind != "Service" {
+			continue
+		}
+		var s k8sService
+		if err := o.node.Decode(&s); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, rc := range rcs {
+			if !matches(s.Spec.Selector, rc.workload.Spec.Template.Metadata.Labels) {
+				continue
+			}
+			found = true
+			for _, p := range s.Spec.Ports {
+				if containerPort(rc.c, p.TargetPort) == 0 {
+					t.Errorf("%s: Service %s targetPort %v is not a port of %s", o.file, o.Metadata.Name, p.TargetPort, rc.where)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: Service %s selects no relay pod", o.file, o.Metadata.Name)
+		}
+	}
+}
+
+func matches(selector, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// containerPort resolves a probe's or a Service's port (a number or a
+// name) to the container's port number; 0 when it names none.
+func containerPort(c k8sContainer, port any) int {
+	for _, p := range c.Ports {
+		switch v := port.(type) {
+		case int:
+			if v == p.ContainerPort {
+				return v
+			}
+		case string:
+			if v == p.Name {
+				return p.ContainerPort
+			}
+		}
+	}
+	return 0
+}
+
+// TestKubernetesProbesAnswerOnARealRelay runs each relay run container of
+// the manifests (its args and env, the Secret's values standing in, the
+// port moved to a free one) against a real PostgreSQL and sends its probes:
+// both must answer 200.
+func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
+	rcs := relayContainers(t, manifests(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+
+	ran := 0
+	for _, rc := range rcs {
+		if len(rc.c.Args) == 0 || rc.c.Args[0] != "run" {
+			continue
+		}
+		ran++
+		env := rc.env()
+		for k, e := range env {
+			if strings.HasSuffix(k, "DATABASE_URL") && e != "" {
+				env[k] = c.URL
+			}
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		// The same flags, on a free port; the host stays as written.
+		args := []string{}
+		for i := 0; i < len(rc.c.Args); i++ {
+			a := rc.c.Args[i]
+			switch {
+			case strings.HasPrefix(a, "--http-addr="):
+				a = "--http-addr=" + movePort(strings.TrimPrefix(a, "--http-addr="), port)
+			case a == "--http-addr" && i+1 < len(rc.c.Args):
+				i++
+				a = "--http-addr=" + movePort(rc.c.Args[i], port)
+			}
+			args = append(args, a)
+		}
+		if v, ok := env["RELAY_HTTP_ADDR"]; ok {
+			env["RELAY_HTTP_ADDR"] = movePort(v, port)
+		}
+		for _, kv := range os.Environ() {
+			k, _, _ := strings.Cut(kv, "=")
+			if strings.HasPrefix(k, "RELAY_") && k != pgcluster.EnvURL {
+				t.Setenv(k, "")
+				os.Unsetenv(k)
+			}
+		}
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan int, 1)
+		var stderr bytes.Buffer
+		go func() {
+			opts := &rootOptions{}
+			root := newRootCmd(opts)
+			root.SetOut(io.Discard)
+			root.SetErr(&stderr)
+			done <- execute(runCtx, root, opts, append(args, "--log-level", "error"), &stderr)
+		}()
+		for _, p := range []*k8sProbe{rc.c.LivenessProbe, rc.c.ReadinessProbe} {
+			if p == nil || p.HTTPGet == nil {
+				stop()
+				t.Fatalf("%s: a probe without httpGet", rc.where)
+			}
+			url := "http://127.0.0.1:" + strconv.Itoa(port) + p.HTTPGet.Path
+			deadline := time.Now().Add(90 * time.Second)
+			for {
+				res, err := http.Get(url)
+				if err == nil {
+					res.Body.Close()
+					if res.StatusCode == http.StatusOK {
+						break
+					}
+					err = fmt.Errorf("status %d", res.StatusCode)
+				}
+				select {
+				case code := <-done:
+					stop()
+					t.Fatalf("%s: relay %s exited %d before %s answered: %s", rc.where, strings.Join(args, " "), code, p.HTTPGet.Path, stderr.String())
+				default:
+				}
+				if time.Now().After(deadline) {
+					stop()
+					t.Fatalf("%s: %s did not answer 200 within 90s: %v", rc.where, url, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		stop()
+		if code := <-done; code != 0 {
+			t.Errorf("%s: relay run stopped with exit %d: %s", rc.where, code, stderr.String())
+		}
+	}
+	if ran < 2 {
+		t.Fatalf("%d relay run containers probed, want the sidecar's and the standalone one's", ran)
+	}
+}
+
+func movePort(addr string, port int) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// shellWords splits a command line as a POSIX shell would for the simple
+// quoting the Makefile and the Dockerfile use (double and single quotes).
+func shellWords(s string) []string {
+	var out []string
+	var cur strings.Builder
+	in, quote := false, rune(0)
+	for _, r := range s {
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			cur.WriteRune(r)
+		case r == '"' || r == '\'':
+			quote, in = r, true
+		case r == ' ' || r == '\t':
+			if in {
+				out = append(out, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteRune(r)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+var (
+	makeVar   = regexp.MustCompile(`\$\(([A-Z_]+)\)`)
+	dockerVar = regexp.MustCompile(`\$\{([A-Z_]+)\}|\$([A-Z_]+)`)
+)
+
+// makeBuild is the go build command of the Makefile's build target, with
+// $(GO) as go and the other variables as ${NAME}.
+func makeBuild(t *testing.T) (cmd string, vars map[string]bool) {
+	t.Helper()
+	b, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars = map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	inBuild := false
+	for sc.Scan() {
+		line := sc.Text()
+		if m := regexp.MustCompile(`^([A-Z_]+) \?=`).FindStringSubmatch(line); m != nil {
+			vars[m[1]] = true
+		}
+		switch {
+		case strings.HasPrefix(line, "build:"):
+			inBuild = true
+		case inBuild && strings.HasPrefix(line, "\t"):
+			if strings.Contains(line, " build ") && cmd == "" {
+				cmd = makeVar.ReplaceAllStringFunc(strings.TrimSpace(line), func(v string) string {
+					name := makeVar.FindStringSubmatch(v)[1]
+					if name == "GO" {
+						return "go"
+					}
+					return "${" + name + "}"
+				})
+			}
+		case inBuild:
+			inBuild = false
+		}
+	}
+	if cmd == "" {
+		t.Fatal("the Makefile's build target runs no go build")
+	}
+	return cmd, vars
+}
+
+func TestDockerfileBuildsLikeMakeBuild(t *testing.T) {
+	mk, mkVars := makeBuild(t)
+	b, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		stages   []string // FROM lines
+		args     = map[string]bool{}
+		run      string
+		user     string
+		entry    string
+		copyBin  string
+		lastFrom string
+	)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			stages = append(stages, line)
+			lastFrom = line
+		case "ARG":
+			name, _, _ := strings.Cut(f[1], "=")
+			args[name] = true
+		case "RUN":
+			if strings.Contains(line, "go build") {
+				run = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), f[0]))
+			}
+		case "USER":
+			user = f[1]
+		case "ENTRYPOINT":
+			entry = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), f[0]))
+		case "COPY":
+			if strings.Contains(line, "--from=") && strings.Contains(line, "bin/relay") {
+				copyBin = line
+			}
+		}
+	}
+	if len(stages) < 2 {
+		t.Fatalf("the Dockerfile has %d stages, want a build stage and a runtime stage", len(stages))
+	}
+	if run == "" {
+		t.Fatal("the Dockerfile's build stage runs no go build")
+	}
+	got := dockerVar.ReplaceAllStringFunc(run, func(v string) string {
+		m := dockerVar.FindStringSubmatch(v)
+		return "${" + m[1] + m[2] + "}"
+	})
+	if !slices.Equal(shellWords(got), shellWords(mk)) {
+		t.Errorf("the Dockerfile builds with\n\t%s\nbut make build with\n\t%s", got, mk)
+	}
+	if !strings.Contains(mk, "CGO_ENABLED=0") {
+		t.Errorf("make build (%s) does not build a static binary (CGO_ENABLED=0)", mk)
+	}
+	for _, m := range dockerVar.FindAllStringSubmatch(got, -1) {
+		name := m[1]
+		if !args[name] {
+			t.Errorf("the Dockerfile's go build uses ${%s} but declares no ARG %s", name, name)
+		}
+		if !mkVars[name] {
+			t.Errorf("the Dockerfile's go build uses ${%s} but the Makefile sets no %s", name, name)
+		}
+	}
+	base := strings.Fields(lastFrom)[1]
+	if base != "scratch" && !strings.Contains(base, "distroless") {
+		t.Errorf("the runtime stage is FROM %s, want scratch or distroless", base)
+	}
+	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
+		t.Errorf("the image runs as user %q, want a non-root user", user)
+	}
+	out := ""
+	for i, w := range shellWords(mk) {
+		if w == "-o" && i+1 < len(shellWords(mk)) {
+			out = shellWords(mk)[i+1]
+		}
+	}
+	if copyBin == "" || !strings.Contains(copyBin, out) {
+		t.Errorf("the runtime stage does not copy the binary the build writes (%s): %q", out, copyBin)
+	}
+	if !regexp.MustCompile(`^\["[^"]*/relay"\]$`).MatchString(entry) {
+		t.Errorf("ENTRYPOINT %s, want the relay binary alone", entry)
+	}
+}
+
+// unitValues reads a systemd unit's Key=Value lines (the last one wins, as
+// for the keys this test reads).
+func unitValues(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == ';' || line[0] == '[' {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: %q is not Key=Value", path, line)
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func TestSystemdUnitMatchesTheBinary(t *testing.T) {
+	u := unitValues(t, "../../deploy/systemd/relay.service")
+	exec := shellWords(u["ExecStart"])
+	if len(exec) < 2 || filepath.Base(exec[0]) != "relay" {
+		t.Fatalf("ExecStart=%s: want the relay binary and its command", u["ExecStart"])
+	}
+	if u["User"] == "" || u["User"] == "root" {
+		t.Errorf("User=%s: want an unprivileged user", u["User"])
+	}
+	if u["EnvironmentFile"] == "" {
+		t.Fatal("no EnvironmentFile: the DSN must not be on the command line")
+	}
+	for _, k := range []string{"NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "CapabilityBoundingSet", "RestrictAddressFamilies", "SystemCallFilter"} {
+		if _, ok := u[k]; !ok {
+			t.Errorf("no %s= in the unit's hardening", k)
+		}
+	}
+	// The example environment file: every name is one relay run reads, and
+	// the values are accepted.
+	b, err := os.ReadFile("../../deploy/systemd/relay.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		k, v, _ := strings.Cut(line, "=")
+		env[k] = v
+	}
+	if env["RELAY_DATABASE_URL"] == "" {
+		t.Error("relay.env.example sets no RELAY_DATABASE_URL")
+	}
+	cmd := parsed(t, "relay.service", exec[1:], env)
+	names := envNames(cmd)
+	for k := range env {
+		if !names[k] {
+			t.Errorf("relay.env.example: %s is not read by relay %s", k, cmd.Name())
+		}
+	}
+	stop, _ := time.ParseDuration(cmd.Flag("stop-timeout").Value.String())
+	if d, err := time.ParseDuration(u["TimeoutStopSec"]); err != nil || d <= stop {
+		t.Errorf("TimeoutStopSec=%s must exceed --stop-timeout (%s), or systemd kills a graceful stop", u["TimeoutStopSec"], stop)
+	}
+}
+
+// TestVersionPrintsTheCommitMakeBuildPassesIn: a binary built with
+// -buildvcs=false (or without .git, as in the image) prints the commit given
+// by -X main.commit (make build, the Dockerfile's COMMIT), not "unknown".
+// go test stamps no VCS information, like such a build.
+func TestVersionPrintsTheCommitMakeBuildPassesIn(t *testing.T) {
+	old := commit
+	t.Cleanup(func() { commit = old })
+	commit = "0123456789abcdef0123456789abcdef01234567"
+	if line := versionLine(); !strings.Contains(line, " commit "+commit+" ") {
+		t.Fatalf("version line %q: want the commit %s", line, commit)
+	}
+	commit = ""
+	if line := versionLine(); !strings.Contains(line, " commit unknown ") {
+		t.Fatalf("version line %q: want commit unknown when nothing gave one", line)
+	}
+}
