@@ -210,7 +210,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel, newSagasValidateCmd(), newSagasTestCmd())
+	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(), newSagasTestCmd())
 	return cmd
 }
 

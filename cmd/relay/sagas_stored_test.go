@@ -149,4 +149,26 @@ func TestSagasCLIKnowsStoredDefinitions(t *testing.T) {
 	if _, err := runSagas(t, c.URL, "sagas", "retry", orphan.String(), "--reason", "x", "--yes"); err == nil || !strings.Contains(err.Error(), "no relay can run") {
 		t.Errorf("retry of an unstored version: %v, want a refusal saying no relay can run it", err)
 	}
+
+	// Start by hand, from the stored body: the trigger event is written once
+	// per idempotency key.
+	payload := filepath.Join(t.TempDir(), "order.json")
+	if err := os.WriteFile(payload, []byte(`{"order_id": "o-1", "sku": "A", "qty": 1, "cents": 100}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "start", s.Name, "--payload", payload, "--idempotency-key", "o-1", "--aggregate-id", "o-1")
+	if err != nil || !strings.Contains(out, "written: trigger event") || !strings.Contains(out, "order.placed") {
+		t.Fatalf("sagas start: %v\n%s", err, out)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "start", s.Name, "--payload", payload, "--idempotency-key", "o-1", "--aggregate-id", "o-1")
+	if err != nil || !strings.Contains(out, "already written") {
+		t.Fatalf("sagas start with the same key: %v\n%s", err, out)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE event_type = 'order.placed' AND aggregate_id = 'o-1' AND payload->>'order_id' = 'o-1'`).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("%d trigger rows for one idempotency key (%v), want 1", rows, err)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "start", "no_such_saga"); err == nil || !strings.Contains(err.Error(), "no saga \"no_such_saga\" is known") {
+		t.Errorf("start of an unknown saga: %v", err)
+	}
 }
