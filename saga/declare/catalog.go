@@ -155,7 +155,7 @@ func readStored(ctx context.Context, db Querier) (map[saga.Key]saga.Definition, 
 	out := make(map[saga.Key]saga.Definition, len(all))
 	for _, r := range all {
 		src := fmt.Sprintf("stored:%s@v%d (first loaded from %s)", r.name, r.version, filepath.Base(r.file))
-		s, probs := LoadFile(src, []byte(r.body), Options{})
+		s, probs := LoadFile(src, []byte(r.body), Options{SkipSchemaFiles: true})
 		if probs != nil || s.Name != r.name || s.Version != r.version {
 			continue
 		}

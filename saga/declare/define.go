@@ -125,6 +125,13 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 		Name: s.Name, Version: s.Version, Triggers: s.Triggers, Deadline: s.Deadline,
 		StartState: StartState,
 	}
+	if len(s.contracts) == len(s.Triggers) {
+		d.Triggers = make([]saga.Trigger, len(s.Triggers))
+		for i, t := range s.Triggers {
+			t.Filter = s.contracts[i].filterFunc(s)
+			d.Triggers[i] = t
+		}
+	}
 	for _, st := range s.Steps {
 		d.Steps = append(d.Steps, st.runnerStep(s, rt))
 	}

@@ -82,6 +82,11 @@ type scope struct {
 	// expression reads the step's own output.
 	selfName  string
 	readsSelf *bool
+	// noSteps: no step output exists here (a trigger's filter).
+	noSteps bool
+	// contracts are the triggers' schemas: a read of trigger.payload.X is
+	// checked against the closed ones.
+	contracts []*triggerContract
 }
 
 // expr is one compiled ${ … } expression.
@@ -248,6 +253,12 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			op := sel.Operand()
 			if op.Kind() != ast.IdentKind {
 				if op.Kind() == ast.SelectKind && op.AsSelect().Operand().Kind() == ast.IdentKind &&
+					op.AsSelect().Operand().AsIdent() == varTrigger && op.AsSelect().FieldName() == "payload" && !sel.IsTestOnly() {
+					if msg, ok := checkPayloadFields(sel.FieldName(), sc.contracts); !ok {
+						bad(e.ID(), "%s; read only fields the schema has, or let it allow more", msg)
+					}
+				}
+				if op.Kind() == ast.SelectKind && op.AsSelect().Operand().Kind() == ast.IdentKind &&
 					op.AsSelect().Operand().AsIdent() == varSteps && !sel.IsTestOnly() {
 					step := op.AsSelect().FieldName()
 					if keys, known := sc.steps[step]; known && keys != nil && !keys[sel.FieldName()] {
@@ -262,6 +273,10 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			}
 			if root == varSteps && field == sc.selfName && sc.readsSelf != nil {
 				*sc.readsSelf = true
+			}
+			if root == varSteps && sc.noSteps {
+				bad(e.ID(), "steps are not available in %s; a trigger's filter sees only the event (trigger.*) and saga.name and saga.version", sc.place)
+				return
 			}
 			if root == varSteps {
 				if _, ok := sc.steps[field]; !ok {
