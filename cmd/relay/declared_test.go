@@ -104,8 +104,10 @@ COMPLETED
 compensate 3. ship: nothing to undo (no compensate)
 
 compensate 2. charge_payment (http)
-   POST http://127.0.0.1:8099/charges/ch_9/refund
+   POST http://127.0.0.1:8099/refunds
+   Authorization: Bearer <secret PAYMENTS_TOKEN>
    Idempotency-Key: <instance id>:charge_payment:compensate
+   body: {"charge_key":"<instance id>:charge_payment"}
 
 compensate 1. reserve_stock (sql)
    sql: UPDATE stock SET reserved = reserved - $1 WHERE sku = $2

@@ -32,6 +32,10 @@ const (
 	varResponse = "response"
 	varReply    = "reply"
 	varSecrets  = "secrets"
+	// varStep is the step a compensation undoes: its name and the
+	// Idempotency-Key its calls carried, which names what the step did
+	// even when it recorded no output.
+	varStep = "step"
 )
 
 // fields of the fixed-shape names, for load-time checks of trigger.X etc.
@@ -40,6 +44,7 @@ var fixedFields = map[string][]string{
 	varSaga:     {"id", "name", "version"},
 	varResult:   {"rows", "rows_affected"},
 	varResponse: {"status", "headers", "body"},
+	varStep:     {"name", "idempotency_key"},
 }
 
 var (
@@ -59,6 +64,7 @@ func exprEnv() (*cel.Env, error) {
 			cel.Variable(varResponse, dynMap),
 			cel.Variable(varReply, dynMap),
 			cel.Variable(varSecrets, cel.MapType(cel.StringType, cel.StringType)),
+			cel.Variable(varStep, cel.MapType(cel.StringType, cel.StringType)),
 		)
 	})
 	return celEnv, envErr
@@ -84,6 +90,8 @@ type scope struct {
 	readsSelf *bool
 	// noSteps: no step output exists here (a trigger's filter).
 	noSteps bool
+	// step: in a compensation, the step it undoes (step.*).
+	step bool
 	// contracts are the triggers' schemas: a read of trigger.payload.X is
 	// checked against the closed ones.
 	contracts []*triggerContract
@@ -242,6 +250,10 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			case varReply:
 				if !sc.reply {
 					bad(e.ID(), "reply is not available in %s; reply is what a step's own command got back: use it only in that step's output and emit", sc.place)
+				}
+			case varStep:
+				if !sc.step {
+					bad(e.ID(), "step is not available in %s; step (name, idempotency_key) is the step a compensation undoes: use it only in compensate", sc.place)
 				}
 			case varSecrets:
 				if !sc.secrets {

@@ -453,7 +453,7 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 				}
 			}
 			reads := false
-			cs.selfName, cs.readsSelf = st.Name, &reads
+			cs.selfName, cs.readsSelf, cs.step = st.Name, &reads, true
 			a := buildAction(file, cm, place+".compensate", cs, true, r)
 			a.readsOwnOutput = reads
 			if ckinds == 0 && cm.get("emit") == nil && cm.get("command") == nil {

@@ -96,6 +96,7 @@ func Walk(s *Saga, in WalkInput, w io.Writer) error {
 		}
 		fmt.Fprintf(w, "\ncompensate %d. %s (%s)\n", i+1, step.Name, step.Compensate.Kind())
 		vars := base()
+		vars[varStep] = stepVars("<instance id>", step.Name)
 		if err := walkAction(w, step.Compensate, step.Name, true, vars, WalkInput{}); err != nil {
 			return err
 		}
@@ -151,12 +152,15 @@ func walkTrigger(raw json.RawMessage) (map[string]any, error) {
 	return trig, nil
 }
 
+// jsonText is v as compact JSON for a person to read (no \u003c for <).
 func jsonText(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return fmt.Sprint(v)
 	}
-	return string(b)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 func decodeSample(what string, raw json.RawMessage) (any, error) {
