@@ -139,7 +139,7 @@ func LoadDir(dir string, opt Options) ([]*Saga, error) {
 	var files []string
 	for _, e := range entries {
 		ext := strings.ToLower(filepath.Ext(e.Name()))
-		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") && !isTestFile(e.Name()) {
 			files = append(files, filepath.Join(dir, e.Name()))
 		}
 	}
