@@ -151,7 +151,8 @@ COMPENSATED
 func TestSagasValidate(t *testing.T) {
 	t.Parallel()
 	out, code := runDeclaredCLI(t, "sagas", "validate", "../../examples/orders/sagas")
-	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → ship (command) → confirm (sql)\n"
+	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → ship (command) → confirm (sql)\n" +
+		"../../examples/orders/sagas/order_fulfilment.test.yaml: 5 test case(s) for order_fulfilment (run them with relay sagas test ../../examples/orders/sagas)\n"
 	if code != 0 || out != want {
 		t.Fatalf("exit %d:\n%s\nwant:\n%s", code, out, want)
 	}
