@@ -83,7 +83,10 @@ type Stats struct {
 	OutcomeStarted uint64
 	OutcomeReply   uint64
 	OutcomeIgnored uint64
-	OutcomeParked  uint64
+	// OutcomeFiltered: a trigger matched the event's type but its filter
+	// said no.
+	OutcomeFiltered uint64
+	OutcomeParked   uint64
 }
 
 // Correlator is the stream's Sink: see the package documentation.
@@ -97,7 +100,7 @@ type Correlator struct {
 	routesGen uint64
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
-	outStarted, outReply, outIgnored, outParked                                atomic.Uint64
+	outStarted, outReply, outIgnored, outFiltered, outParked                   atomic.Uint64
 }
 
 var _ cdc.Sink = (*Correlator)(nil)
@@ -122,7 +125,7 @@ func (c *Correlator) Stats() Stats {
 		SagasStarted: c.started.Load(), DuplicateStarts: c.dupStarts.Load(),
 		RepliesDelivered: c.delivered.Load(), LateReplies: c.late.Load(), EventsParked: c.parked.Load(),
 		OutcomeStarted: c.outStarted.Load(), OutcomeReply: c.outReply.Load(),
-		OutcomeIgnored: c.outIgnored.Load(), OutcomeParked: c.outParked.Load(),
+		OutcomeIgnored: c.outIgnored.Load(), OutcomeFiltered: c.outFiltered.Load(), OutcomeParked: c.outParked.Load(),
 	}
 }
 
@@ -194,6 +197,7 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	c.outStarted.Add(uint64(p.outStarted))
 	c.outReply.Add(uint64(p.outReply))
 	c.outIgnored.Add(uint64(p.outIgnored))
+	c.outFiltered.Add(uint64(p.outFiltered))
 	c.outParked.Add(uint64(p.outParked))
 	c.started.Add(uint64(out.started))
 	c.dupStarts.Add(uint64(out.dup))

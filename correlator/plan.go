@@ -54,8 +54,8 @@ type plan struct {
 	deadLSN       []string
 	deadReason    []string
 	deadRaw       []string
-	// What became of each event: started, reply, ignored, parked.
-	outStarted, outReply, outIgnored, outParked int
+	// What became of each event: started, reply, ignored, filtered, parked.
+	outStarted, outReply, outIgnored, outFiltered, outParked int
 	// noID numbers poison rows without an id per commit LSN.
 	noID map[uint64]int
 }
@@ -71,10 +71,18 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		p.park(ev, ev.Poison)
 		return
 	}
-	defs := r.match(ev)
+	defs, filtered, err := r.match(ev)
+	if err != nil {
+		p.park(ev, err.Error())
+		return
+	}
 	if len(defs) == 0 && !ev.CorrelationID.Valid {
-		p.outIgnored++
-		return // not ours: skipped without a statement
+		if filtered {
+			p.outFiltered++ // a trigger's filter said no
+		} else {
+			p.outIgnored++ // not ours: skipped without a statement
+		}
+		return
 	}
 	if err := usableJSON(ev.Payload); err != nil {
 		p.park(ev, "payload: "+err.Error())

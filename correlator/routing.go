@@ -1,6 +1,8 @@
 package correlator
 
 import (
+	"fmt"
+
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
@@ -32,13 +34,14 @@ func buildRoutes(reg *saga.Registry) routes {
 }
 
 // match returns the definitions ev starts, at most one per saga name even if
-// several of its triggers match.
-func (r routes) match(ev *outbox.Event) []saga.Definition {
+// several of its triggers match. filtered reports that a trigger matched the
+// event's type but its Filter said no; an error of a Filter is returned as
+// it is, naming the saga.
+func (r routes) match(ev *outbox.Event) (out []saga.Definition, filtered bool, err error) {
 	cands := r[ev.EventType]
 	if len(cands) == 0 {
-		return nil
+		return nil, false, nil
 	}
-	var out []saga.Definition
 	for _, c := range cands {
 		if c.trigger.AggregateType != "" && c.trigger.AggregateType != ev.AggregateType {
 			continue
@@ -53,9 +56,20 @@ func (r routes) match(ev *outbox.Event) []saga.Definition {
 				break
 			}
 		}
-		if !dup {
-			out = append(out, c.def)
+		if dup {
+			continue
 		}
+		if c.trigger.Filter != nil {
+			ok, ferr := c.trigger.Filter(*ev)
+			if ferr != nil {
+				return nil, false, fmt.Errorf("the trigger filter of saga %s: %v", c.def.Key(), ferr)
+			}
+			if !ok {
+				filtered = true
+				continue
+			}
+		}
+		out = append(out, c.def)
 	}
-	return out
+	return out, filtered, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/sink"
@@ -199,8 +200,15 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	if err != nil {
 		return err
 	}
+	// Operators see every definition some relay can run: this one's, and
+	// the declared bodies stored by any relay (with or without --sagas here).
+	adm, err := admin.New(admin.Config{Pool: r.monPool, Journal: r.journal,
+		Registry: declare.NewCatalog(cfg.Registry, r.monPool), StuckAfter: cfg.StuckAfter})
+	if err != nil {
+		return err
+	}
 	monCfg := httpapi.Config{
-		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter,
+		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter, Admin: adm,
 		Definitions: r.definitions,
 		APIToken:    cfg.APIToken, Tokens: tokens, Insecure: cfg.HTTPInsecure && !httpapi.IsLoopback(cfg.HTTPAddr),
 		Metrics: r.metrics, Logger: log.With("component", "http"),

@@ -40,6 +40,11 @@ type Trigger struct {
 	EventType     string
 	AggregateType string
 	TenantID      uuid.UUID
+	// Filter, when set, is asked about every event the fields above match:
+	// false starts nothing (the event counts as filtered), an error parks
+	// the event as a dead letter with that error. It must be a pure
+	// function of the event: a replayed batch asks it again.
+	Filter func(ev outbox.Event) (bool, error)
 }
 
 // Key identifies a definition.

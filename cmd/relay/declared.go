@@ -26,10 +26,14 @@ func newSagasValidateCmd() *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sagas, err := declare.LoadDir(args[0], declare.Options{})
-			if err != nil {
-				return problemsExit(cmd.ErrOrStderr(), err)
+			tests, terr := declare.LoadTests(args[0])
+			if err != nil || terr != nil {
+				return problemsExit(cmd.ErrOrStderr(), errors.Join(err, terr))
 			}
 			printSagas(cmd.OutOrStdout(), sagas)
+			for _, tf := range tests {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %d test case(s) for %s (run them with relay sagas test %s)\n", tf.File, len(tf.Cases), tf.Saga, args[0])
+			}
 			return nil
 		},
 	}
@@ -37,14 +41,27 @@ func newSagasValidateCmd() *cobra.Command {
 
 // problemsExit prints load problems one per line and returns exit code 2.
 func problemsExit(w io.Writer, err error) error {
-	var ps declare.Problems
-	if errors.As(err, &ps) {
-		for _, p := range ps {
-			fmt.Fprintln(w, p.String())
-		}
-		return exitError{code: 2, msg: fmt.Sprintf("%d problem(s) in the saga definitions; nothing was started", len(ps))}
+	var all declare.Problems
+	var other []error
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
 	}
-	return exitError{code: 2, msg: err.Error()}
+	for _, e := range errs {
+		var ps declare.Problems
+		if errors.As(e, &ps) {
+			all = append(all, ps...)
+		} else if e != nil {
+			other = append(other, e)
+		}
+	}
+	if len(other) > 0 {
+		return exitError{code: 2, msg: errors.Join(other...).Error()}
+	}
+	for _, p := range all {
+		fmt.Fprintln(w, p.String())
+	}
+	return exitError{code: 2, msg: fmt.Sprintf("%d problem(s) in the saga files; nothing was run", len(all))}
 }
 
 // printSagas prints one line per saga: name, version, triggers, steps.
@@ -69,24 +86,38 @@ func printSagas(w io.Writer, sagas []*declare.Saga) {
 	}
 }
 
-// newSagasTestCmd is `relay sagas test FILE --trigger TRIGGER.json`: walks a
-// definition against a sample trigger without a database or network.
+// newSagasTestCmd is `relay sagas test`: walks a definition against a
+// sample trigger (FILE --trigger), or runs the test files of a directory
+// (DIR), without a database or network.
 func newSagasTestCmd() *cobra.Command {
 	var (
 		trigger                 string
 		replies, responses, rws []string
-		fail                    string
+		fail, expect            string
 	)
 	cmd := &cobra.Command{
-		Use:   "test FILE --trigger TRIGGER.json",
-		Short: "Walk one saga definition against a sample trigger, without a database or network",
-		Long: "Evaluates every expression of every step against the sample trigger and prints,\n" +
-			"step by step, the SQL with its bound parameters, the HTTP request (secrets masked),\n" +
-			"the command and the rows it would emit. --reply, --response and --rows give what a\n" +
-			"step would get back (step=JSON, repeatable); --fail STEP shows the compensations\n" +
-			"from that step, newest first. Exits 1 when an expression fails, naming its file:line.",
+		Use:   "test {FILE --trigger TRIGGER.json | DIR}",
+		Short: "Walk a saga as the runner would, or run the test files of DIR, without a database or network",
+		Long: "FILE --trigger: evaluates every expression of every step against the sample trigger\n" +
+			"as the runner would run it and prints, step by step, the SQL with its bound\n" +
+			"parameters, the HTTP request (secrets masked), the command and the rows it would\n" +
+			"emit. --reply, --response and --rows give what a step gets back (step=JSON,\n" +
+			"repeatable; --response step=422:JSON answers with a status). A step fails as at run\n" +
+			"time (a failing expression, a sql result that misses its expect, a non-2xx answer,\n" +
+			"a failed reply, --fail STEP) and the compensations follow, newest first; the\n" +
+			"trigger's schema and filter apply first. It ends with COMPLETED, COMPENSATED,\n" +
+			"FAILED, FILTERED or DEAD_LETTER; --expect STATUS exits 1 on another.\n\n" +
+			"DIR: runs every case of the test files of DIR (*.test.yaml, see\n" +
+			"saga/declare/sagatest.schema.json) against the sagas of DIR, prints PASS or FAIL\n" +
+			"per case with what differs, and exits 1 when a case fails.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fi, err := os.Stat(args[0]); err == nil && fi.IsDir() {
+				if trigger != "" || fail != "" || expect != "" || len(replies)+len(responses)+len(rws) > 0 {
+					return exitError{code: 2, msg: "with a directory, the cases come from its *.test.yaml files: drop --trigger, --reply, --response, --rows, --fail and --expect"}
+				}
+				return runSagaTests(cmd, args[0])
+			}
 			body, err := os.ReadFile(args[0])
 			if err != nil {
 				return exitError{code: 2, msg: fmt.Sprintf("%s: %v", args[0], err)}
@@ -97,6 +128,11 @@ func newSagasTestCmd() *cobra.Command {
 			}
 			if trigger == "" {
 				return exitError{code: 2, msg: "--trigger is required: a JSON file (or inline JSON) with the sample event, e.g. {\"event_type\": \"order.placed\", \"payload\": {…}}"}
+			}
+			switch expect {
+			case "", declare.WalkCompleted, declare.WalkCompensated, declare.WalkFailed, declare.WalkFiltered, declare.WalkDeadLetter:
+			default:
+				return exitError{code: 2, msg: fmt.Sprintf("--expect %q: use one of COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER", expect)}
 			}
 			in := declare.WalkInput{Fail: fail}
 			if in.Trigger, err = jsonArg("--trigger", trigger); err != nil {
@@ -112,6 +148,9 @@ func newSagasTestCmd() *cobra.Command {
 					if !ok || step == "" {
 						return exitError{code: 2, msg: fmt.Sprintf("%s %q: write step=JSON, e.g. %s ship='{\"tracking\": \"T1\"}'", x.flag, v, x.flag)}
 					}
+					if x.flag == "--response" {
+						raw = statusResponse(raw)
+					}
 					j, err := jsonArg(x.flag+" "+step, raw)
 					if err != nil {
 						return exitError{code: 2, msg: err.Error()}
@@ -122,8 +161,12 @@ func newSagasTestCmd() *cobra.Command {
 					(*x.dst)[step] = j
 				}
 			}
-			if err := declare.Walk(s, in, cmd.OutOrStdout()); err != nil {
+			res, err := declare.Walk(s, in, cmd.OutOrStdout())
+			if err != nil {
 				return exitError{code: 1, msg: err.Error()}
+			}
+			if expect != "" && res.Status != expect {
+				return exitError{code: 1, msg: fmt.Sprintf("--expect %s, but the saga ends %s: %s", expect, res.Status, res.Reason)}
 			}
 			return nil
 		},
@@ -131,10 +174,48 @@ func newSagasTestCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&trigger, "trigger", "", "the sample trigger event: a JSON file, or inline JSON")
 	f.StringArrayVar(&replies, "reply", nil, "step=JSON: the reply a command step gets (default {\"ok\": true})")
-	f.StringArrayVar(&responses, "response", nil, "step=JSON: the response of an http step ({\"status\", \"headers\", \"body\"} or just the body)")
+	f.StringArrayVar(&responses, "response", nil, "step=JSON or step=STATUS:JSON: the response of an http step ({\"status\", \"headers\", \"body\"} or just the body)")
 	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects")
-	f.StringVar(&fail, "fail", "", "the step that fails: shows the compensation path from it")
+	f.StringVar(&fail, "fail", "", "the step that fails for good: shows the compensation path from it")
+	f.StringVar(&expect, "expect", "", "the outcome the walk must end with (COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER): exit 1 on another")
 	return cmd
+}
+
+// statusResponse turns 422:{"error": "declined"} into {"status": 422,
+// "body": {"error": "declined"}}; anything else is left as it is.
+func statusResponse(raw string) string {
+	code, body, ok := strings.Cut(raw, ":")
+	if !ok || len(code) != 3 || strings.Trim(code, "0123456789") != "" {
+		return raw
+	}
+	if strings.TrimSpace(body) == "" {
+		body = "{}"
+	}
+	if !json.Valid([]byte(body)) {
+		return raw // reported as not JSON, as given
+	}
+	return `{"status": ` + code + `, "body": ` + body + `}`
+}
+
+// runSagaTests runs the test files of dir against its sagas.
+func runSagaTests(cmd *cobra.Command, dir string) error {
+	sagas, err := declare.LoadDir(dir, declare.Options{})
+	if err != nil {
+		return problemsExit(cmd.ErrOrStderr(), err)
+	}
+	files, err := declare.LoadTests(dir)
+	if err != nil {
+		return problemsExit(cmd.ErrOrStderr(), err)
+	}
+	if len(files) == 0 {
+		return exitError{code: 2, msg: fmt.Sprintf("%s holds no test file (*%s); write one per saga (see saga/declare/sagatest.schema.json)", dir, declare.TestFileSuffix)}
+	}
+	passed, failed := declare.RunTests(cmd.OutOrStdout(), sagas, files)
+	fmt.Fprintf(cmd.OutOrStdout(), "%d passed, %d failed\n", passed, failed)
+	if failed > 0 {
+		return exitError{code: 1, msg: fmt.Sprintf("%d of %d case(s) failed", failed, passed+failed)}
+	}
+	return nil
 }
 
 // jsonArg reads a JSON argument given inline or as a file name.

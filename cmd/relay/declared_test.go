@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -41,7 +43,7 @@ func TestSagasTestWalksTheExample(t *testing.T) {
 		code int
 		want string
 	}{
-		{"forward", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"id":"ch_1"}`, "--reply", `ship={"ok":true,"tracking":"TRK-1"}`}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
+		{"forward", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment={"id":"ch_1"}`, "--reply", `ship={"ok":true,"tracking":"TRK-1"}`, "--rows", "confirm=1", "--expect", "COMPLETED"}, 0, `order_fulfilment v1 (../../examples/orders/sagas/order_fulfilment.yaml), trigger order.placed
 
 1. reserve_stock (sql)
    sql: UPDATE stock SET reserved = reserved + $1 WHERE sku = $2 AND on_hand - reserved >= $1 RETURNING sku
@@ -67,7 +69,7 @@ func TestSagasTestWalksTheExample(t *testing.T) {
    sql: UPDATE orders SET status = 'CONFIRMED', tracking = $2 WHERE id = $1::uuid
    $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
    $2 = "TRK-1"
-   result: 0 row(s) [] (expect one_row)
+   result: 1 row(s) affected (expect one_row)
    emit: {"aggregate_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","aggregate_type":"order","event_type":"order.confirmed","payload":{"order_id":"7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01","tracking":"TRK-1"}}
 
 COMPLETED
@@ -99,13 +101,16 @@ COMPLETED
    $1 = "7d9f1c3e-5b2a-4c61-9e0f-2a6b8d4c1e01"
    $2 = "TRK-1"
    result: 0 row(s) [] (expect one_row)
-   FAILS (--fail confirm): the saga compensates the steps before it, newest first
+   FAILS: sql expected one row, got 0
+   the saga compensates the steps before it, newest first
 
 compensate 3. ship: nothing to undo (no compensate)
 
 compensate 2. charge_payment (http)
-   POST http://127.0.0.1:8099/charges/ch_9/refund
+   POST http://127.0.0.1:8099/refunds
+   Authorization: Bearer <secret PAYMENTS_TOKEN>
    Idempotency-Key: <instance id>:charge_payment:compensate
+   body: {"charge_key":"<instance id>:charge_payment"}
 
 compensate 1. reserve_stock (sql)
    sql: UPDATE stock SET reserved = reserved - $1 WHERE sku = $2
@@ -114,7 +119,10 @@ compensate 1. reserve_stock (sql)
 
 COMPENSATED
 `},
-		{"no rows for result.rows[0]", nil, 1, "relay: ../../examples/orders/sagas/order_fulfilment.yaml:24:23: expression ${ result.rows[0].sku } failed: index out of bounds: 0\n"},
+		{"no rows: the step fails at its expect", []string{"--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step reserve_stock failed: sql expected one row, got 0\n"},
+		{"a failing expression fails the step", []string{"--rows", `reserve_stock=[{"name":"apple"}]`, "--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step reserve_stock failed: ../../examples/orders/sagas/order_fulfilment.yaml:24:23: expression ${ result.rows[0].sku } failed: no such key: sku\n"},
+		{"an http status compensates", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment=422:{"error":"declined"}`, "--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step charge_payment failed: http POST answered 422 {\"error\":\"declined\"}\n"},
+		{"a 5xx may have acted: its compensation runs too", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment=503:`, "--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step charge_payment failed: http POST answered 503, and every retry alike\n"},
 		{"unknown step", []string{"--fail", "pack"}, 1, "relay: --fail pack: the saga has no such step; use one of: reserve_stock, charge_payment, ship, confirm\n"},
 		{"bad reply flag", []string{"--rows", "reserve_stock"}, 2, "relay: --rows \"reserve_stock\": write step=JSON, e.g. --rows ship='{\"tracking\": \"T1\"}'\n"},
 	}
@@ -143,7 +151,8 @@ COMPENSATED
 func TestSagasValidate(t *testing.T) {
 	t.Parallel()
 	out, code := runDeclaredCLI(t, "sagas", "validate", "../../examples/orders/sagas")
-	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → ship (command) → confirm (sql)\n"
+	want := "order_fulfilment v1  triggers: order.placed  steps: reserve_stock (sql, compensate sql) → charge_payment (http, compensate http) → ship (command) → confirm (sql)\n" +
+		"../../examples/orders/sagas/order_fulfilment.test.yaml: 5 test case(s) for order_fulfilment (run them with relay sagas test ../../examples/orders/sagas)\n"
 	if code != 0 || out != want {
 		t.Fatalf("exit %d:\n%s\nwant:\n%s", code, out, want)
 	}
@@ -151,4 +160,60 @@ func TestSagasValidate(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "no *.yaml or *.yml file in the saga directory") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
+}
+
+// TestSagasTestRunsTestFiles: `relay sagas test DIR` runs the example's
+// test files and passes; a deliberately wrong expectation fails with what
+// differs; a broken test file is reported at file:line:col, by validate too.
+func TestSagasTestRunsTestFiles(t *testing.T) {
+	t.Parallel()
+	out, code := runDeclaredCLI(t, "sagas", "test", "../../examples/orders/sagas")
+	if code != 0 || !strings.Contains(out, "5 passed, 0 failed") {
+		t.Fatalf("the example's test files: exit %d\n%s", code, out)
+	}
+
+	dir := t.TempDir()
+	for _, f := range []string{"order_fulfilment.yaml", "order_fulfilment.test.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../../examples/orders/sagas", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "order_fulfilment.test.yaml" {
+			b = []byte(strings.Replace(strings.ReplaceAll(string(b), "../trigger.json", "../../examples/orders/trigger.json"),
+				"      compensations: [charge_payment, reserve_stock]\n", "      compensations: [reserve_stock]\n", 1))
+			b = []byte(strings.ReplaceAll(string(b), "../../examples/orders/trigger.json", mustAbs(t, "../../examples/orders/trigger.json")))
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, code = runDeclaredCLI(t, "sagas", "test", dir)
+	if code != 1 || !strings.Contains(out, "4 passed, 1 failed") ||
+		!strings.Contains(out, "FAIL "+filepath.Join(dir, "order_fulfilment.test.yaml")+":37:5 a charge that timed out after acting is refunded by its key") ||
+		!strings.Contains(out, "compensations: want [reserve_stock], got [charge_payment, reserve_stock]") ||
+		!strings.Contains(out, "the walk:") {
+		t.Errorf("a wrong expectation: exit %d\n%s", code, out)
+	}
+
+	bad := "saga: order_fulfilment\ncases:\n  - name: x\n    trigger: {payload: {}}\n    expect: {status: DONE}\n    rowz: {}\n"
+	if err := os.WriteFile(filepath.Join(dir, "order_fulfilment.test.yaml"), []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, verb := range []string{"test", "validate"} {
+		out, code = runDeclaredCLI(t, "sagas", verb, dir)
+		f := filepath.Join(dir, "order_fulfilment.test.yaml")
+		if code != 2 || !strings.Contains(out, f+`:6:5: unknown key "rowz" in cases[0]; did you mean "rows"?`) ||
+			!strings.Contains(out, f+":5:22: cases[0].expect.status is DONE; use one of: COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER") {
+			t.Errorf("sagas %s of a broken test file: exit %d\n%s", verb, code, out)
+		}
+	}
+}
+
+func mustAbs(t *testing.T, p string) string {
+	t.Helper()
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

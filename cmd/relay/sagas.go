@@ -17,6 +17,7 @@ import (
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
 )
 
@@ -209,7 +210,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel, newSagasValidateCmd(), newSagasTestCmd())
+	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(), newSagasTestCmd())
 	return cmd
 }
 
@@ -224,7 +225,9 @@ func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Durat
 	if err != nil {
 		return nil, err
 	}
-	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: reg, StuckAfter: stuckAfter})
+	// The declared sagas stored by any relay count as known: a retry or
+	// cancel here is carried out by a relay that runs them.
+	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: declare.NewCatalog(reg, pool), StuckAfter: stuckAfter})
 }
 
 func parseInstanceID(s string) (uuid.UUID, error) {
@@ -312,7 +315,7 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 	in := d.Instance
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "instance\t%s\n", in.ID)
-	fmt.Fprintf(tw, "saga\t%s version %d%s\n", in.SagaName, in.SagaVersion, map[bool]string{true: "", false: " (not registered in this binary)"}[d.Registered])
+	fmt.Fprintf(tw, "saga\t%s version %d%s\n", in.SagaName, in.SagaVersion, map[bool]string{true: "", false: " (neither in this binary nor stored in saga_definitions)"}[d.Registered])
 	fmt.Fprintf(tw, "tenant\t%s\n", in.TenantID)
 	fmt.Fprintf(tw, "status\t%s\n", in.Status)
 	if in.StuckReason != "" {

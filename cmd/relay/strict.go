@@ -48,6 +48,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas show":        {"database-url"},
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
+	"relay sagas start":       {"database-url", "outbox-table"},
 	"relay sagas validate":    {},
 	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},

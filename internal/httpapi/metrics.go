@@ -50,10 +50,11 @@ type CorrelatorStats struct {
 	// EventsSeen): it started sagas, went to reply correlation, concerned
 	// no saga (ignored, by design: most outbox events are not triggers), or
 	// was parked.
-	OutcomeStarted uint64
-	OutcomeReply   uint64
-	OutcomeIgnored uint64
-	OutcomeParked  uint64
+	OutcomeStarted  uint64
+	OutcomeReply    uint64
+	OutcomeIgnored  uint64
+	OutcomeFiltered uint64
+	OutcomeParked   uint64
 }
 
 // Metrics holds the relay's Prometheus metric families. Stream and
@@ -227,6 +228,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		eventsOutcome("started", func(s CorrelatorStats) uint64 { return s.OutcomeStarted }),
 		eventsOutcome("reply", func(s CorrelatorStats) uint64 { return s.OutcomeReply }),
 		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
+		eventsOutcome("filtered", func(s CorrelatorStats) uint64 { return s.OutcomeFiltered }),
 		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),

@@ -325,6 +325,28 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("post by a read token: %d, want 403", r.status)
 			}
 		},
+		"POST /v1/sagas": func(t *testing.T) {
+			// A start naming tenant B is refused; one naming no tenant
+			// writes the trigger event under the token's tenant A.
+			body := `{"saga": "order", "tenant_id": "` + tenantB.String() + `", "payload": {}}`
+			if r := s.call(t, acmeToken, "POST", "/v1/sagas", body); r.status != http.StatusForbidden {
+				t.Errorf("start for tenant B: %d %s, want 403", r.status, r.body)
+			}
+			r := s.call(t, acmeToken, "POST", "/v1/sagas", `{"saga": "order", "payload": {}, "idempotency_key": "isolation"}`)
+			var res struct {
+				EventID string `json:"event_id"`
+			}
+			if r.status != http.StatusAccepted || json.Unmarshal(r.body, &res) != nil {
+				t.Fatalf("start without a tenant: %d %s", r.status, r.body)
+			}
+			var tenant uuid.UUID
+			if err := s.db.Pool.QueryRow(context.Background(), `SELECT tenant_id FROM outbox WHERE id = $1`, res.EventID).Scan(&tenant); err != nil || tenant != tenantA {
+				t.Errorf("the trigger event's tenant is %s (%v), want the token's %s", tenant, err, tenantA)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas", `{"saga": "order"}`); r.status != http.StatusForbidden {
+				t.Errorf("start by a read token: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/sinks": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/sinks", ""); r.status != http.StatusForbidden {
 				t.Errorf("sinks as a tenant-scoped token: %d, want 403 (a sink carries every tenant's events)", r.status)
@@ -453,6 +475,9 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
 		"POST /v1/events": {{"/v1/events", `{"event_type": "openapi.probe", "payload": {"n": 1}}`},
 			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
+		"POST /v1/sagas": {{"/v1/sagas", `{"saga": "order", "payload": {"n": 1}, "idempotency_key": "openapi"}`},
+			{"/v1/sagas", `{"saga": "order", "payload": {"n": 1}, "idempotency_key": "openapi"}`},
+			{"/v1/sagas", `{"saga": "nope"}`}, {"/v1/sagas", `{"bogus": 1}`}},
 		"GET /v1/sinks":               {{"/v1/sinks", ""}},
 		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
 		"GET /v1/sinks/{name}/parked": {{"/v1/sinks/hook/parked", ""}, {"/v1/sinks/hook/parked?limit=1", ""},

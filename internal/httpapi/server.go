@@ -190,6 +190,7 @@ type Route struct {
 func (s *Server) apiRoutes() []Route {
 	return []Route{
 		{http.MethodGet, "/v1/sagas", s.listSagas},
+		{http.MethodPost, "/v1/sagas", s.startSaga},
 		{http.MethodGet, "/v1/sagas/{id}", s.showSaga},
 		{http.MethodPost, "/v1/sagas/retry", s.bulkRetry},
 		{http.MethodPost, "/v1/sagas/cancel", s.bulkCancel},
@@ -220,8 +221,26 @@ func (s *Server) routes() {
 
 	// Every /v1 route checks the method itself so that a wrong one gets a
 	// JSON 405, and the catch-all answers JSON 404.
+	// A path served by several methods (GET and POST /v1/sagas) picks the
+	// handler by method; any other method gets the first one's JSON 405.
+	byPath := map[string]map[string]http.Handler{}
+	var paths []string
 	for _, rt := range s.apiRoutes() {
-		m.Handle(rt.Path, s.api(rt.handler, rt.Method))
+		if byPath[rt.Path] == nil {
+			byPath[rt.Path] = map[string]http.Handler{"": s.api(rt.handler, rt.Method)}
+			paths = append(paths, rt.Path)
+		}
+		byPath[rt.Path][rt.Method] = s.api(rt.handler, rt.Method)
+	}
+	for _, p := range paths {
+		hs := byPath[p]
+		m.Handle(p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if h, ok := hs[r.Method]; ok {
+				h.ServeHTTP(w, r)
+				return
+			}
+			hs[""].ServeHTTP(w, r)
+		}))
 	}
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")

@@ -59,7 +59,7 @@ func retryRule(id uuid.UUID) func(Instance) (bool, error) {
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: it has finished, there is nothing to retry", id, inst.Status)
 		}
 		if inst.StuckReason == StuckUnregistered {
-			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is pinned to %s version %d, which is not registered in this relay: a retry here would not run; deploy a relay that registers it", id, inst.SagaName, inst.SagaVersion)
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is pinned to %s version %d, which no relay can run (neither defined in this binary nor stored in saga_definitions): a retry would not run; deploy a relay that registers it", id, inst.SagaName, inst.SagaVersion)
 		}
 		if inst.Status == saga.StatusFailed {
 			return false, nil

@@ -33,13 +33,22 @@ type Config struct {
 	// Journal carries out Retry and Cancel. Nil makes the Admin read-only:
 	// Retry and Cancel fail with ErrReadOnly.
 	Journal Journal
-	// Registry says which (saga, version) pairs this process can run; an
+	// Registry says which (saga, version) pairs some relay can run: an
 	// instance of any other is stuck with reason StuckUnregistered, and it
-	// is also used to name steps. Nil skips that check (a CLI that does not
-	// know the definitions must not call every instance unregistered).
-	Registry *saga.Registry
+	// is also used to name steps. A *saga.Registry knows the sagas of this
+	// process; a declare.Catalog adds the declared ones stored in the
+	// database. Nil skips that check (a tool that does not know the
+	// definitions must not call every instance unregistered).
+	Registry Catalog
 	// StuckAfter: see DefaultStuckAfter. Negative is invalid.
 	StuckAfter time.Duration
+}
+
+// Catalog is a set of saga definitions by (name, version): a
+// *saga.Registry, or a declare.Catalog.
+type Catalog interface {
+	Definitions() []saga.Definition
+	Lookup(name string, version int) (saga.Definition, bool)
 }
 
 // ErrReadOnly is returned by Retry and Cancel on an Admin without a Journal.
@@ -62,6 +71,9 @@ func New(cfg Config) (*Admin, error) {
 		return nil, saga.Errorf(saga.ErrInvalid, "admin: Config.StuckAfter must not be negative, got %s", cfg.StuckAfter)
 	}
 	cfg.StuckAfter = cmp.Or(cfg.StuckAfter, DefaultStuckAfter)
+	if r, ok := cfg.Registry.(*saga.Registry); ok && r == nil {
+		cfg.Registry = nil // a nil registry in the interface is still none
+	}
 	return &Admin{cfg: cfg}, nil
 }
 

@@ -315,7 +315,7 @@ func (a *Admin) stuckDetail(it Item, now time.Time) string {
 		return fmt.Sprintf("step %s was due at %s (%s ago, more than the stuck-after %s) and no runner holds a lease; check that a relay is running, then retry to run it now",
 			a.describeStep(it), it.NextAttemptAt.UTC().Format(time.RFC3339), now.Sub(it.NextAttemptAt).Round(time.Second), a.cfg.StuckAfter)
 	case StuckUnregistered:
-		return fmt.Sprintf("no definition of saga %s version %d is registered in this relay, so no runner here can advance it; deploy a relay that registers that version", it.SagaName, it.SagaVersion)
+		return fmt.Sprintf("no definition of saga %s version %d is defined in this binary or stored in saga_definitions, so no relay can advance it; deploy a relay that registers that version", it.SagaName, it.SagaVersion)
 	}
 	return ""
 }

@@ -125,6 +125,13 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 		Name: s.Name, Version: s.Version, Triggers: s.Triggers, Deadline: s.Deadline,
 		StartState: StartState,
 	}
+	if len(s.contracts) == len(s.Triggers) {
+		d.Triggers = make([]saga.Trigger, len(s.Triggers))
+		for i, t := range s.Triggers {
+			t.Filter = s.contracts[i].filterFunc(s)
+			d.Triggers[i] = t
+		}
+	}
 	for _, st := range s.Steps {
 		d.Steps = append(d.Steps, st.runnerStep(s, rt))
 	}
@@ -209,19 +216,16 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 			if err != nil {
 				return err
 			}
+			c.vars[varStep] = stepVars(x.Instance.ID.String(), st.Name)
 			if _, recorded := c.st.Steps[st.Name]; comp.readsOwnOutput && !recorded {
-				// The step may have acted (a 5xx, no answer) but never
-				// completed, so the output this compensation reads (a
-				// charge id) does not exist and it cannot name what to
-				// undo; retrying would fail alike and end the instance
-				// FAILED. It is skipped with a warning. A service that
-				// acted and then answered 5xx keeps an effect that only the
-				// step's Idempotency-Key identifies: a compensation that
-				// must cover that case reads no output (it can send
-				// saga.id and the step name, which make up the key).
-				rt.logger().Warn("compensation skipped: it reads the step's output, which the step never recorded",
-					"saga_id", x.Instance.ID, "step", st.Name)
-				return nil
+				// The step may have acted (a 5xx, no answer, a timeout)
+				// but never completed, so the output this compensation
+				// reads (a charge id) does not exist and it cannot name
+				// what to undo. Skipping it could leave the effect in
+				// place unseen (a customer charged and never refunded):
+				// the instance ends FAILED with the reason, for a person.
+				return saga.Permanent(fmt.Errorf("the compensation of step %s reads the step's output, which the step never recorded (it may have acted: an error after sending, no answer or a timeout), so it cannot name what to undo; "+
+					"undo it by hand, or write the compensation by step.idempotency_key (%s), the key the step's calls carried, then retry", st.Name, c.vars[varStep].(map[string]any)["idempotency_key"]))
 			}
 			if err := c.act(ctx, comp, st.Name, true); err != nil {
 				return err
@@ -230,6 +234,12 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 		}
 	}
 	return out
+}
+
+// stepVars is step.* in a compensation: the step's name and the
+// Idempotency-Key its http calls carried (act builds the same).
+func stepVars(instance, step string) map[string]any {
+	return map[string]any{"name": step, "idempotency_key": instance + ":" + step}
 }
 
 // finish computes the output, writes the emitted rows and saves the state.
@@ -312,7 +322,7 @@ func (c *call) act(ctx context.Context, a *Action, step string, comp bool) error
 	case a.SQL != nil:
 		return c.runSQL(ctx, a.SQL)
 	case a.HTTP != nil:
-		key := c.x.Instance.ID.String() + ":" + step
+		key := stepVars(c.x.Instance.ID.String(), step)["idempotency_key"].(string)
 		if comp {
 			key += ":compensate"
 		}

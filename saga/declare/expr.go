@@ -32,6 +32,10 @@ const (
 	varResponse = "response"
 	varReply    = "reply"
 	varSecrets  = "secrets"
+	// varStep is the step a compensation undoes: its name and the
+	// Idempotency-Key its calls carried, which names what the step did
+	// even when it recorded no output.
+	varStep = "step"
 )
 
 // fields of the fixed-shape names, for load-time checks of trigger.X etc.
@@ -40,6 +44,7 @@ var fixedFields = map[string][]string{
 	varSaga:     {"id", "name", "version"},
 	varResult:   {"rows", "rows_affected"},
 	varResponse: {"status", "headers", "body"},
+	varStep:     {"name", "idempotency_key"},
 }
 
 var (
@@ -59,6 +64,7 @@ func exprEnv() (*cel.Env, error) {
 			cel.Variable(varResponse, dynMap),
 			cel.Variable(varReply, dynMap),
 			cel.Variable(varSecrets, cel.MapType(cel.StringType, cel.StringType)),
+			cel.Variable(varStep, cel.MapType(cel.StringType, cel.StringType)),
 		)
 	})
 	return celEnv, envErr
@@ -82,6 +88,13 @@ type scope struct {
 	// expression reads the step's own output.
 	selfName  string
 	readsSelf *bool
+	// noSteps: no step output exists here (a trigger's filter).
+	noSteps bool
+	// step: in a compensation, the step it undoes (step.*).
+	step bool
+	// contracts are the triggers' schemas: a read of trigger.payload.X is
+	// checked against the closed ones.
+	contracts []*triggerContract
 }
 
 // expr is one compiled ${ … } expression.
@@ -238,6 +251,10 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 				if !sc.reply {
 					bad(e.ID(), "reply is not available in %s; reply is what a step's own command got back: use it only in that step's output and emit", sc.place)
 				}
+			case varStep:
+				if !sc.step {
+					bad(e.ID(), "step is not available in %s; step (name, idempotency_key) is the step a compensation undoes: use it only in compensate", sc.place)
+				}
 			case varSecrets:
 				if !sc.secrets {
 					bad(e.ID(), "secrets may not be used in %s; secrets are allowed only in http.url and http.headers, so that they never reach the journal", sc.place)
@@ -247,6 +264,12 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			sel := e.AsSelect()
 			op := sel.Operand()
 			if op.Kind() != ast.IdentKind {
+				if op.Kind() == ast.SelectKind && op.AsSelect().Operand().Kind() == ast.IdentKind &&
+					op.AsSelect().Operand().AsIdent() == varTrigger && op.AsSelect().FieldName() == "payload" && !sel.IsTestOnly() {
+					if msg, ok := checkPayloadFields(sel.FieldName(), sc.contracts); !ok {
+						bad(e.ID(), "%s; read only fields the schema has, or let it allow more", msg)
+					}
+				}
 				if op.Kind() == ast.SelectKind && op.AsSelect().Operand().Kind() == ast.IdentKind &&
 					op.AsSelect().Operand().AsIdent() == varSteps && !sel.IsTestOnly() {
 					step := op.AsSelect().FieldName()
@@ -262,6 +285,10 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 			}
 			if root == varSteps && field == sc.selfName && sc.readsSelf != nil {
 				*sc.readsSelf = true
+			}
+			if root == varSteps && sc.noSteps {
+				bad(e.ID(), "steps are not available in %s; a trigger's filter sees only the event (trigger.*) and saga.name and saga.version", sc.place)
+				return
 			}
 			if root == varSteps {
 				if _, ok := sc.steps[field]; !ok {

@@ -33,6 +33,8 @@ type Saga struct {
 	Hash string
 
 	namePos pos
+	// contracts are the triggers' filters and schemas, index for index.
+	contracts []*triggerContract
 }
 
 // Step is one compiled step.
@@ -120,6 +122,10 @@ type Options struct {
 	RequireSecrets bool
 	// LookupEnv reads the environment; nil is os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// SkipSchemaFiles leaves out trigger schemas given as file paths (a
+	// stored body, loaded where its files are not: such a version is kept
+	// for its running instances and starts nothing new).
+	SkipSchemaFiles bool
 }
 
 // LoadDir loads every *.yaml and *.yml file of dir (not recursive). It
@@ -133,7 +139,7 @@ func LoadDir(dir string, opt Options) ([]*Saga, error) {
 	var files []string
 	for _, e := range entries {
 		ext := strings.ToLower(filepath.Ext(e.Name()))
-		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") && !isTestFile(e.Name()) {
 			files = append(files, filepath.Join(dir, e.Name()))
 		}
 	}
@@ -214,7 +220,7 @@ func LoadFile(name string, body []byte, opt Options) (*Saga, Problems) {
 	dv := newDocValue()
 	v := dv.convert(root, "", r, 0)
 	checkSchema(v, dv, r)
-	s := build(name, root, r, opt)
+	s, extraHash := build(name, root, v, r, opt)
 	if len(r.list) > 0 {
 		return nil, r.list.sorted()
 	}
@@ -223,7 +229,7 @@ func LoadFile(name string, body []byte, opt Options) (*Saga, Problems) {
 		r.add(pos{}, "cannot encode the definition: %v; report this as a bug", err)
 		return nil, r.list
 	}
-	sum := sha256.Sum256(canon)
+	sum := sha256.Sum256(append(canon, extraHash...))
 	s.Hash = hex.EncodeToString(sum[:])
 	s.Body = append([]byte(nil), body...)
 	return s, nil
@@ -355,18 +361,14 @@ func (m mapping) retry(key string, def saga.RetryPolicy, r *report) saga.RetryPo
 
 // build turns a schema-checked document into a Saga, checking what the
 // schema cannot: step names, scopes of expressions, CEL.
-func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
+func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga, []byte) {
 	m := mapping{root}
 	s := &Saga{File: file, Name: m.str("saga"), namePos: m.keyAt("saga")}
 	if n := m.get("version"); n != nil {
 		_ = n.Decode(&s.Version)
 	}
-	for _, tn := range m.list("triggers") {
-		tm := mapping{tn}
-		if et := tm.str("event_type"); et != "" {
-			s.Triggers = append(s.Triggers, saga.Trigger{EventType: et, AggregateType: tm.str("aggregate_type")})
-		}
-	}
+	var extraHash []byte
+	s.Triggers, s.contracts, extraHash = loadTriggers(file, m, doc, r, opt)
 	s.Deadline = m.duration("deadline", r)
 	defs := m.sub("defaults")
 	defTimeout := defs.duration("timeout", r)
@@ -402,7 +404,7 @@ func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
 		for k, v := range outputs {
 			before[k] = v
 		}
-		base := scope{steps: before, stepOrder: order, self: i}
+		base := scope{steps: before, stepOrder: order, self: i, contracts: s.contracts}
 		kinds := 0
 		for _, k := range []string{"sql", "http", "command"} {
 			if sm.get(k) != nil {
@@ -451,7 +453,7 @@ func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
 				}
 			}
 			reads := false
-			cs.selfName, cs.readsSelf = st.Name, &reads
+			cs.selfName, cs.readsSelf, cs.step = st.Name, &reads, true
 			a := buildAction(file, cm, place+".compensate", cs, true, r)
 			a.readsOwnOutput = reads
 			if ckinds == 0 && cm.get("emit") == nil && cm.get("command") == nil {
@@ -482,7 +484,7 @@ func build(file string, root *yaml.Node, r *report, opt Options) *Saga {
 			}
 		}
 	}
-	return s
+	return s, extraHash
 }
 
 // SecretEnvPrefix prefixes the environment variable of a secret:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	_ "embed"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -21,37 +22,62 @@ import (
 //go:embed saga.schema.json
 var Schema []byte
 
-var (
-	schemaOnce sync.Once
-	schemaDoc  map[string]any
-	schemaComp *jsonschema.Schema
-	schemaErr  error
+// TestSchema is the JSON Schema of a saga test file (*.test.yaml), which
+// `relay sagas test DIR` runs.
+//
+//go:embed sagatest.schema.json
+var TestSchema []byte
+
+const (
+	sagaSchemaURL = "saga.schema.json"
+	testSchemaURL = "sagatest.schema.json"
 )
 
-func compiledSchema() (*jsonschema.Schema, error) {
-	schemaOnce.Do(func() {
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(Schema))
+// builtSchema is one of the built-in schemas, compiled once.
+type builtSchema struct {
+	once sync.Once
+	body []byte
+	doc  map[string]any
+	comp *jsonschema.Schema
+	err  error
+}
+
+var schemas = map[string]*builtSchema{
+	sagaSchemaURL: {body: Schema},
+	testSchemaURL: {body: TestSchema},
+}
+
+func (b *builtSchema) compile(url string) (*jsonschema.Schema, error) {
+	b.once.Do(func() {
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(b.body))
 		if err != nil {
-			schemaErr = fmt.Errorf("saga.schema.json: %w", err)
+			b.err = fmt.Errorf("%s: %w", url, err)
 			return
 		}
-		schemaDoc, _ = doc.(map[string]any)
+		b.doc, _ = doc.(map[string]any)
 		c := jsonschema.NewCompiler()
-		if err := c.AddResource("saga.schema.json", doc); err != nil {
-			schemaErr = err
+		if err := c.AddResource(url, doc); err != nil {
+			b.err = err
 			return
 		}
-		schemaComp, schemaErr = c.Compile("saga.schema.json")
+		b.comp, b.err = c.Compile(url)
 	})
-	return schemaComp, schemaErr
+	return b.comp, b.err
+}
+
+func compiledSchema() (*jsonschema.Schema, error) {
+	return schemas[sagaSchemaURL].compile(sagaSchemaURL)
 }
 
 var printer = message.NewPrinter(language.English)
 
-// checkSchema validates v against the schema and reports each leaf error at
-// the place it concerns.
-func checkSchema(v any, d *docValue, r *report) {
-	sch, err := compiledSchema()
+// checkSchema validates v against the saga schema and reports each leaf
+// error at the place it concerns.
+func checkSchema(v any, d *docValue, r *report) { checkSchemaOf(sagaSchemaURL, v, d, r) }
+
+// checkSchemaOf validates v against the built-in schema url.
+func checkSchemaOf(url string, v any, d *docValue, r *report) {
+	sch, err := schemas[url].compile(url)
 	if err != nil {
 		r.add(pos{}, "the built-in schema does not compile: %v; report this as a bug", err)
 		return
@@ -180,12 +206,13 @@ func typeFix(want []string) string {
 // allowedKeys lists the properties of the schema object whose
 // additionalProperties refused a key, for the message.
 func allowedKeys(schemaURL string) []string {
-	_, frag, ok := strings.Cut(schemaURL, "#")
-	if !ok || schemaDoc == nil {
+	url, frag, ok := strings.Cut(schemaURL, "#")
+	b := schemas[path.Base(url)] // the compiler makes the URL absolute
+	if !ok || b == nil || b.doc == nil {
 		return nil
 	}
 	frag = strings.TrimSuffix(frag, "/additionalProperties")
-	var cur any = schemaDoc
+	var cur any = b.doc
 	for _, t := range strings.Split(strings.TrimPrefix(frag, "/"), "/") {
 		if t == "" {
 			continue

@@ -110,7 +110,7 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 			continue // removed, and nothing of it is left to finish
 		}
 		src := fmt.Sprintf("stored:%s@v%d (first loaded from %s)", r.name, r.version, filepath.Base(r.file))
-		s, ps := LoadFile(src, []byte(r.body), Options{})
+		s, ps := LoadFile(src, []byte(r.body), Options{SkipSchemaFiles: true})
 		if ps != nil {
 			probs = append(probs, Problem{File: src, Msg: fmt.Sprintf("the stored body no longer loads (%s); fix or finish its instances by hand", ps[0].Msg)})
 			continue
@@ -141,4 +141,5 @@ func (s *Saga) retire() {
 		s.Triggers[i].AggregateType = s.Name
 	}
 	s.Triggers = s.Triggers[:1]
+	s.contracts = nil
 }

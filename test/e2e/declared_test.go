@@ -61,7 +61,7 @@ steps:
       body: { order_id: "${ trigger.payload.order_id }", cents: "${ trigger.payload.cents }" }
     output: { charge_id: "${ response.body.id }" }
     compensate:
-      http: { method: POST, url: "${ 'PAYSVC/charges/' + steps.charge_payment.charge_id + '/refund' }" }
+      http: { method: POST, url: "PAYSVC/refunds", body: { charge_key: "${ step.idempotency_key }" } }
   - name: confirm
     sql:
       query: UPDATE orders SET status = 'CONFIRMED' WHERE id = $1::uuid AND NOT blocked
@@ -157,12 +157,22 @@ func (p *payments) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":%q}`, id)
-	case strings.HasPrefix(r.URL.Path, "/charges/") && strings.HasSuffix(r.URL.Path, "/refund"):
-		id := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/charges/"), "/refund")
+	case r.URL.Path == "/refunds":
+		// A refund names the charge by its request's Idempotency-Key: a
+		// key that charged nothing (a 503, a decline) refunds nothing.
+		var body struct {
+			ChargeKey string `json:"charge_key"`
+		}
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &body); err != nil || !strings.HasSuffix(body.ChargeKey, ":charge_payment") {
+			p.bad = append(p.bad, "refund body "+string(b))
+		}
 		if !strings.HasSuffix(key, ":charge_payment:compensate") {
 			p.bad = append(p.bad, "refund key "+key)
 		}
-		p.refunds[id]++
+		if id, charged := p.charges[body.ChargeKey]; charged {
+			p.refunds[id]++
+		}
 		fmt.Fprint(w, `{"ok":true}`)
 	default:
 		w.WriteHeader(http.StatusNotFound)

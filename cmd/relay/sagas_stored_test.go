@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/migrations"
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
+	"github.com/compensa/compensa/saga/pgjournal"
+)
+
+// TestSagasCLIKnowsStoredDefinitions: a declared saga pinned by some relay
+// (its body in saga_definitions) is known to `relay sagas` run without
+// --sagas: show names its steps, list --stuck does not call its instances
+// unregistered, and retry is accepted for a relay that runs it to carry out.
+// An instance of a version neither in the binary nor stored is still
+// reported as unregistered.
+func TestSagasCLIKnowsStoredDefinitions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	pool, err := pgxpool.New(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	// What a relay run with --sagas stores at start.
+	body, err := os.ReadFile(filepath.Join("..", "..", "examples", "orders", "sagas", "order_fulfilment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, probs := declare.LoadFile("order_fulfilment.yaml", body, declare.Options{})
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	if _, err := declare.Pin(ctx, pool, []*declare.Saga{s}); err != nil {
+		t.Fatal(err)
+	}
+
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(version int) uuid.UUID {
+		t.Helper()
+		id := uuid.New()
+		if err := j.Enqueue(ctx, saga.Instance{ID: id, TenantID: uuid.New(), SagaName: s.Name, SagaVersion: version,
+			Status: saga.StatusRunning, TriggerEventID: uuid.New(), Context: json.RawMessage(`{"trigger":{},"steps":{}}`)}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// A declared instance that failed for good at its second step.
+	failed := enqueue(s.Version)
+	claimed, err := j.ClaimPending(ctx, 1, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	lease := claimed[0].LeaseID.UUID
+	for _, ev := range []saga.Event{
+		{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve_stock"},
+		{Kind: saga.EventCompensationStarted, Step: 0, Reason: "card declined"},
+		{Kind: saga.EventCompensationFailed, Step: 0, StepName: "reserve_stock", Error: "stock table locked"},
+	} {
+		if _, err := j.Append(ctx, failed, lease, ev); err != nil {
+			t.Fatalf("append %s: %v", ev.Kind, err)
+		}
+	}
+	if ok, err := j.MarkTerminal(ctx, failed, lease, saga.StatusFailed, "stock table locked"); !ok || err != nil {
+		t.Fatalf("MarkTerminal: %v %v", ok, err)
+	}
+	// A version nobody stored: still unregistered.
+	orphan := enqueue(s.Version + 41)
+
+	out, err := runSagas(t, c.URL, "sagas", "show", failed.String())
+	if err != nil {
+		t.Fatalf("show: %v\n%s", err, out)
+	}
+	for _, want := range []string{"reserve_stock", "charge_payment", "ship", "confirm"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks the stored definition's step %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "neither in this binary") {
+		t.Errorf("show calls a stored definition unknown:\n%s", out)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "show", orphan.String())
+	if err != nil || !strings.Contains(out, "neither in this binary nor stored") {
+		t.Errorf("show of a version nobody stored should say so: %v\n%s", err, out)
+	}
+
+	out, err = runSagas(t, c.URL, "sagas", "list", "--stuck", "--json")
+	if err != nil {
+		t.Fatalf("list --stuck: %v\n%s", err, out)
+	}
+	var page struct {
+		Items []struct {
+			ID          uuid.UUID `json:"id"`
+			StuckReason string    `json:"stuck_reason"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("list --stuck --json: %v\n%s", err, out)
+	}
+	reasons := map[uuid.UUID]string{}
+	for _, it := range page.Items {
+		reasons[it.ID] = it.StuckReason
+	}
+	if reasons[failed] != "failed" {
+		t.Errorf("the failed declared instance is stuck as %q, want failed\n%s", reasons[failed], out)
+	}
+	if reasons[orphan] != "unregistered_version" {
+		t.Errorf("the instance of an unstored version is stuck as %q, want unregistered_version\n%s", reasons[orphan], out)
+	}
+
+	out, err = runSagas(t, c.URL, "sagas", "retry", failed.String(), "--reason", "stock table unlocked", "--yes")
+	if err != nil {
+		t.Fatalf("retry of a stored declared instance: %v\n%s", err, out)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM saga_instances WHERE id = $1`, failed).Scan(&status); err != nil || status != "COMPENSATING" && status != "RUNNING" {
+		t.Errorf("after retry the instance is %q (%v), want it back in the runners' hands", status, err)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "retry", orphan.String(), "--reason", "x", "--yes"); err == nil || !strings.Contains(err.Error(), "no relay can run") {
+		t.Errorf("retry of an unstored version: %v, want a refusal saying no relay can run it", err)
+	}
+
+	// Start by hand, from the stored body: the trigger event is written once
+	// per idempotency key.
+	payload := filepath.Join(t.TempDir(), "order.json")
+	if err := os.WriteFile(payload, []byte(`{"order_id": "o-1", "sku": "A", "qty": 1, "cents": 100}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "start", s.Name, "--payload", payload, "--idempotency-key", "o-1", "--aggregate-id", "o-1")
+	if err != nil || !strings.Contains(out, "written: trigger event") || !strings.Contains(out, "order.placed") {
+		t.Fatalf("sagas start: %v\n%s", err, out)
+	}
+	out, err = runSagas(t, c.URL, "sagas", "start", s.Name, "--payload", payload, "--idempotency-key", "o-1", "--aggregate-id", "o-1")
+	if err != nil || !strings.Contains(out, "already written") {
+		t.Fatalf("sagas start with the same key: %v\n%s", err, out)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE event_type = 'order.placed' AND aggregate_id = 'o-1' AND payload->>'order_id' = 'o-1'`).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("%d trigger rows for one idempotency key (%v), want 1", rows, err)
+	}
+	if _, err := runSagas(t, c.URL, "sagas", "start", "no_such_saga"); err == nil || !strings.Contains(err.Error(), "no saga \"no_such_saga\" is known") {
+		t.Errorf("start of an unknown saga: %v", err)
+	}
+}

@@ -1,0 +1,63 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/saga/admin"
+)
+
+// startBody is POST /v1/sagas.
+type startBody struct {
+	Saga           string          `json:"saga"`
+	Payload        json.RawMessage `json:"payload"`
+	AggregateID    string          `json:"aggregate_id"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	TenantID       *uuid.UUID      `json:"tenant_id"`
+}
+
+// startSaga is POST /v1/sagas: it writes the saga's trigger event to the
+// outbox (admin.Start), so the start takes the same path as any other and
+// happens once per trigger event; the same idempotency key names the same
+// event. A new event answers 202 (the relay starts the instance when it
+// streams the event), a key seen before 200 with the instance once started.
+func (s *Server) startSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	if s.cfg.OutboxTable == "" {
+		writeError(w, http.StatusNotImplemented, "this relay writes no events: its outbox table has custom columns (--outbox-columns); start the saga by writing its trigger event from your service")
+		return
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxEventBody+1))
+	dec.DisallowUnknownFields()
+	var b startBody
+	if err := dec.Decode(&b); err != nil {
+		writeError(w, http.StatusBadRequest, "body is not a start request: "+strings.TrimPrefix(err.Error(), "json: ")+
+			"; send {\"saga\": \"…\", \"payload\": {…}} with optional aggregate_id, idempotency_key, tenant_id")
+		return
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "body holds more than one JSON value; send one start per request")
+		return
+	}
+	req := admin.StartRequest{Saga: b.Saga, Payload: b.Payload, AggregateID: b.AggregateID, IdempotencyKey: b.IdempotencyKey}
+	if b.TenantID != nil {
+		req.TenantID = *b.TenantID
+	}
+	if c := callerOf(r); c.Tenant.Valid && req.TenantID != uuid.Nil && req.TenantID != c.Tenant.UUID {
+		writeError(w, http.StatusForbidden, "token "+c.Name+" is scoped to tenant "+c.Tenant.UUID.String()+": it cannot start a saga for another tenant")
+		return
+	}
+	res, err := a.Start(r.Context(), s.cfg.OutboxTable, req)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	status := http.StatusAccepted
+	if !res.Created {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, res)
+}
