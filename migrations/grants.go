@@ -67,7 +67,8 @@ var Grants = []Grant{
 	{FeatureRunner, "relay_dead_letters", false, []string{"SELECT"}},
 	{FeatureRunner, "relay_sinks", false, []string{"SELECT"}},
 	{FeatureRunner, "relay_sink_parked", false, []string{"SELECT"}},
-	{FeatureRunner, "", true, []string{"INSERT"}}, // the rows steps emit
+	{FeatureRunner, "saga_definitions", false, []string{"SELECT"}}, // the monitor knows every stored declared saga
+	{FeatureRunner, "", true, []string{"INSERT"}},                  // the rows steps emit
 
 	{FeatureStream, "", true, []string{"SELECT"}}, // the first start's snapshot
 	{FeatureStream, "relay_checkpoints", false, []string{"SELECT", "INSERT", "UPDATE"}},
@@ -85,7 +86,7 @@ var Grants = []Grant{
 	{FeatureSagas, "saga_definitions", false, []string{"SELECT", "INSERT"}},
 	{FeatureSagas, "saga_instances", false, []string{"SELECT"}},
 
-	{FeatureAPI, "", true, []string{"INSERT"}},
+	{FeatureAPI, "", true, []string{"SELECT", "INSERT"}}, // POST /v1/events and /v1/sagas: written once per id
 	{FeatureAPI, "relay_sinks", false, []string{"SELECT", "UPDATE"}},
 	{FeatureAPI, "relay_sink_parked", false, []string{"SELECT", "UPDATE", "DELETE"}},
 	{FeatureAPI, "relay_sink_skipped", false, []string{"SELECT", "INSERT"}}, // skip a parked event
@@ -94,6 +95,7 @@ var Grants = []Grant{
 	{FeatureOperations, "relay_dead_letters", false, []string{"SELECT", "UPDATE"}},
 	{FeatureOperations, "", true, []string{"SELECT"}},
 	{FeatureOperations, "relay_sinks", false, []string{"SELECT"}},
+	{FeatureOperations, "saga_definitions", false, []string{"SELECT"}}, // relay sagas: the stored declared sagas
 	{FeatureOperations, "relay_sink_parked", false, []string{"SELECT", "DELETE"}},
 	{FeatureOperations, "relay_sink_skipped", false, []string{"SELECT", "INSERT"}}, // relay sinks skip
 }
