@@ -168,8 +168,10 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	if s.key != nil {
 		h.Set("webhook-signature", Sign(s.key, ev.ID, ts, body))
 	}
+	// MessageHeaders leaves out every reserved name of the row's headers
+	// (sink.ReservedHeader), the signature's and the framing's included.
 	for _, kv := range ev.MessageHeaders() {
-		if validHeaderName(kv.Key) && !reservedHeader(kv.Key) {
+		if validHeaderName(kv.Key) {
 			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
 		}
 	}
@@ -214,17 +216,6 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return min(t.Sub(now), time.Hour)
 	}
 	return 0
-}
-
-// reservedHeader names headers a row's headers object must not set: the
-// signature's own, and those that frame the request.
-func reservedHeader(k string) bool {
-	k = strings.ToLower(k)
-	switch k {
-	case "content-type", "content-length", "content-encoding", "transfer-encoding", "host", "connection", "authorization", "te", "trailer", "upgrade":
-		return true
-	}
-	return strings.HasPrefix(k, "webhook-")
 }
 
 func validHeaderName(k string) bool {
