@@ -13,6 +13,7 @@ import (
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
 )
 
 // Config is everything a relay is assembled from. Its fields mirror the flags
@@ -99,6 +100,12 @@ type Config struct {
 	// defined in Go (a name defined both ways is refused); an error lists
 	// every problem (declare.Problems). ReloadSagas re-reads it. Empty: none.
 	Sagas string
+	// HTTPEgressAllow lists the host names, IP addresses and CIDR networks
+	// (`relay run --http-egress-allow`) that a declared http step whose URL's
+	// host comes from an expression may reach, beside its file's
+	// egress.allow. Hosts written literally in a saga file need no entry.
+	// Empty: only what the files allow.
+	HTTPEgressAllow []string
 
 	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
 	// relay also delivers outbox events to those NATS, Kafka and webhook
@@ -174,6 +181,9 @@ func (c Config) validate() error {
 		if err := httpapi.CheckTokenStrength("Config.APIToken", c.APIToken); err != nil {
 			errs = append(errs, fmt.Errorf("relay: %w", err))
 		}
+	}
+	if err := declare.ValidateEgressAllow(c.HTTPEgressAllow); err != nil {
+		bad("Config.HTTPEgressAllow: %v", err)
 	}
 	if err := c.checkExposure(); err != nil {
 		errs = append(errs, err)

@@ -104,7 +104,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	if cfg.Sagas != "" {
 		// Before the correlator and the runner exist: they see the declared
 		// sagas from their first batch and claim on.
-		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared")}
+		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared"), EgressAllow: cfg.HTTPEgressAllow}
 		loaded, err := declare.Install(ctx, pool, cfg.Registry, cfg.Sagas, r.declaredRT)
 		if err != nil {
 			r.closePools()
