@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -567,13 +568,13 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d: redirected to %s; call the URL it redirects to, or set follow_redirects: same_origin for a redirect within the same host",
 			h.Method, st, redirectHost(resp))))
 	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500:
-		err := saga.MayHaveActed(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw)))
+		err := saga.MayHaveActed(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw, redact)))
 		if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
 			err = saga.RetryAfter(err, d)
 		}
 		return scrub(err)
 	default:
-		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw))))
+		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw, redact))))
 	}
 	var b any = string(raw)
 	d := json.NewDecoder(bytes.NewReader(raw))
@@ -590,10 +591,20 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 	return nil
 }
 
-func snippet(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 200 {
-		s = s[:200] + "…"
+// snippetLen is how much of a response body an error shows.
+const snippetLen = 200
+
+// snippet is the start of a response body for an error. Secrets are masked
+// in the whole body first: cut first, a secret that straddles the cut would
+// keep its first half, which no longer matches the secret.
+func snippet(b []byte, redact func(string) string) string {
+	s := redact(strings.TrimSpace(string(b)))
+	if len(s) > snippetLen {
+		cut := snippetLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
 	}
 	if s == "" {
 		return ""

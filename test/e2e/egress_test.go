@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,6 +116,21 @@ steps:
       body: {n: 1}
 `
 
+// echoSaga calls a careless service that echoes its Authorization in a 400
+// answer after a padding the trigger chooses: the secret lands at every
+// offset around the 200 characters an error shows of a body.
+const echoSaga = `saga: echo_probe
+version: 1
+triggers: [{event_type: probe.echo}]
+defaults: {timeout: 3s, retry: {max_attempts: 1}}
+steps:
+  - name: echo
+    http:
+      method: POST
+      url: "http://FIRST/echo/${ trigger.payload.pad }"
+      headers: {Authorization: "${ secrets.PROBE_TOKEN }"}
+`
+
 func emit(t *testing.T, db *pgtest.DB, eventType string, payload map[string]any) uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
@@ -161,6 +177,12 @@ func TestDeclaredHTTPEgress(t *testing.T) {
 			http.Redirect(w, r, "/landed"+strings.TrimPrefix(r.URL.Path, "/moved"), http.StatusTemporaryRedirect)
 			return
 		}
+		if pad, ok := strings.CutPrefix(r.URL.Path, "/echo/"); ok {
+			n, _ := strconv.Atoi(pad)
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(strings.Repeat("x", n) + r.Header.Get("Authorization") + " was refused"))
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/landed/") {
 			w.Write([]byte(`{"ok":true}`))
 			return
@@ -169,7 +191,7 @@ func TestDeclaredHTTPEgress(t *testing.T) {
 	})
 	dir := t.TempDir()
 	for name, body := range map[string]string{"callback.yaml": callbackSaga, "allowed.yaml": allowedSaga,
-		"redirect.yaml": redirectSaga, "same_origin.yaml": sameOriginSaga} {
+		"redirect.yaml": redirectSaga, "same_origin.yaml": sameOriginSaga, "echo.yaml": echoSaga} {
 		body = strings.ReplaceAll(body, "FIRST", first.host)
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
@@ -195,6 +217,10 @@ func TestDeclaredHTTPEgress(t *testing.T) {
 	for i, c := range refused {
 		events[i] = emit(t, db, "probe.requested", map[string]any{"callback": c.url})
 	}
+	var echoes []uuid.UUID
+	for pad := 170; pad <= 205; pad++ {
+		echoes = append(echoes, emit(t, db, "probe.echo", map[string]any{"pad": strconv.Itoa(pad)}))
+	}
 	allowed := emit(t, db, "probe.allowed", map[string]any{"callback": "http://" + target.host + "/allowed"})
 	redirected := emit(t, db, "probe.redirect", map[string]any{"n": "7"})
 	sameOrigin := emit(t, db, "probe.same_origin", map[string]any{"n": "8"})
@@ -206,6 +232,20 @@ func TestDeclaredHTTPEgress(t *testing.T) {
 		}
 		if strings.Contains(reason, egressSecret) {
 			t.Errorf("callback %s: the reason shows the secret", c.url)
+		}
+	}
+	// Secrets are masked before the body is cut: no part of the secret
+	// shows, wherever it falls.
+	for i, ev := range echoes {
+		st, reason := endOf(t, db, ev)
+		if st == "COMPLETED" || !strings.Contains(reason, "answered 400") {
+			t.Errorf("echo at offset %d: %s %q", 170+i, st, reason)
+		}
+		for n := 4; n <= len(egressSecret); n++ {
+			if strings.Contains(reason, egressSecret[:n]) {
+				t.Errorf("echo at offset %d: last_error shows %q of the secret: %q", 170+i, egressSecret[:n], reason)
+				break
+			}
 		}
 	}
 	if st, reason := endOf(t, db, allowed); st != "COMPLETED" {
