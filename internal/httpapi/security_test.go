@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -65,5 +66,64 @@ func TestPostEventErrorsAreOurOwn(t *testing.T) {
 	r := b.do(t, "POST", "/v1/events", big, bearer...)
 	if r.status != http.StatusRequestEntityTooLarge || !strings.Contains(r.errorMessage(t), "larger than") {
 		t.Errorf("a 2 MiB event: %d %.200s, want 413", r.status, r.body)
+	}
+}
+
+// The page shows the sinks (every tenant's counts and reasons) only to a
+// session of a token of every tenant, as GET /v1/sinks does.
+func TestPageShowsSinksOnlyToEveryTenantTokens(t *testing.T) {
+	t.Parallel()
+	s := setupScoped(t)
+	if _, err := s.db.Pool.Exec(context.Background(), `INSERT INTO relay_sinks (name, kind, state, reason, delivered)
+		VALUES ('payments', 'webhook', 'disabled', 'POST http://h/x answered 410 Gone', 7)`); err != nil {
+		t.Fatal(err)
+	}
+	page := func(tok string) string {
+		r := s.do(t, "POST", "/login", url.Values{"token": {tok}}.Encode(), "Content-Type", "application/x-www-form-urlencoded")
+		if r.status != http.StatusSeeOther {
+			t.Fatalf("login: %d %s", r.status, r.body)
+		}
+		cookie := strings.SplitN(r.header.Get("Set-Cookie"), ";", 2)[0]
+		return string(s.do(t, "GET", "/", "", "Cookie", cookie).body)
+	}
+	if p := page(acmeToken); strings.Contains(p, `id="sink-payments"`) || strings.Contains(p, "410 Gone") {
+		t.Error("a tenant-scoped session sees the sinks on the page")
+	}
+	if p := page(opsToken); !strings.Contains(p, `id="sink-payments"`) {
+		t.Error("a session of every tenant does not see the sinks")
+	}
+}
+
+// POST /login and POST /logout refuse cross-site browser requests; a
+// logout ends the server's session whatever its origin.
+func TestLoginAndLogoutRefuseCrossSite(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{token: token})
+	form := url.Values{"token": {token}}.Encode()
+	ct := []string{"Content-Type", "application/x-www-form-urlencoded"}
+	for _, h := range [][]string{
+		{"Origin", "http://evil.example"},
+		{"Origin", "null"},
+		{"Sec-Fetch-Site", "cross-site"},
+		{"Sec-Fetch-Site", "same-site"},
+	} {
+		r := b.do(t, "POST", "/login", form, append(ct, h...)...)
+		if r.status != http.StatusForbidden || r.header.Get("Set-Cookie") != "" {
+			t.Errorf("login with %s: %s: %d, cookie %q; want 403 and no session", h[0], h[1], r.status, r.header.Get("Set-Cookie"))
+		}
+	}
+	own := strings.TrimPrefix(b.ts.URL, "http://")
+	for _, h := range [][]string{{"Origin", "http://" + own}, {"Sec-Fetch-Site", "same-origin"}, {"Sec-Fetch-Site", "none"}, {}} {
+		if r := b.do(t, "POST", "/login", form, append(ct, h...)...); r.status != http.StatusSeeOther {
+			t.Errorf("login with %v: %d, want 303", h, r.status)
+		}
+	}
+	cookie := login(t, b)
+	r := b.do(t, "POST", "/logout", "", "Cookie", cookie, "Sec-Fetch-Site", "cross-site", "Origin", "http://evil.example")
+	if r.status != http.StatusForbidden {
+		t.Errorf("cross-site logout: %d, want 403", r.status)
+	}
+	if r := b.do(t, "GET", "/v1/sagas", "", "Cookie", cookie); r.status != http.StatusUnauthorized {
+		t.Errorf("the session after a cross-site logout: %d, want 401 (ended on the server)", r.status)
 	}
 }
