@@ -93,6 +93,11 @@ type Config struct {
 	// HTTPServer bounds the monitor's connections (timeouts, the cap on
 	// open connections); zero fields mean httpapi's defaults.
 	HTTPServer httpapi.ServerConfig
+	// ProbeAddr, when set, is a listener of its own for /healthz and
+	// /readyz (`relay run --probe-addr`), with its own connection cap: a
+	// flood of connections to HTTPAddr cannot make the probes fail. The
+	// probes stay on HTTPAddr too. Empty: none.
+	ProbeAddr string
 
 	// Sagas is a directory of declared saga definitions (*.yaml, *.yml;
 	// `relay run --sagas`). New loads, checks and pins every file before
