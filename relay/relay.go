@@ -116,6 +116,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		r.declared = loaded
 		for _, s := range loaded {
 			cfg.Logger.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+			if len(cfg.HTTPEgressAllow) == 0 {
+				for _, w := range s.Warnings() {
+					cfg.Logger.Warn("declared saga: every call of this step will be refused", "saga", s.Name, "warning", w.String())
+				}
+			}
 		}
 	}
 	if err := r.assemble(ctx, table, cols); err != nil {
