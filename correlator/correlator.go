@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -291,7 +292,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID)
 	}
 	if len(p.replyEvent) > 0 {
-		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer)
+		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer, p.replyTenant)
 	}
 	if len(p.deadReason) > 0 {
 		deadQ = batch.Queue(sqlPark, p.deadEventID, p.deadEventType, p.deadLSN, p.deadReason, p.deadRaw)
@@ -318,8 +319,9 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 		}
 		out.dup = len(p.startSaga) - out.started
 	}
+	var foreign []uuid.UUID
 	if replyQ != nil {
-		if err := br.QueryRow().Scan(&out.delivered, &out.late); err != nil {
+		if err := br.QueryRow().Scan(&out.delivered, &out.late, &foreign); err != nil {
 			br.Close()
 			return fmt.Errorf("correlator: deliver replies at %s: %w", b.EndLSN, err)
 		}
@@ -333,6 +335,42 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
 	}
+	if len(foreign) > 0 {
+		return c.parkForeignReplies(ctx, tx, b, p, foreign, out)
+	}
+	return nil
+}
+
+// ReasonForeignReply is the dead letter's reason for a reply whose tenant is
+// not the tenant of the instance waiting on its correlation id.
+const ReasonForeignReply = "reply from another tenant"
+
+// parkForeignReplies parks the replies that answered another tenant's
+// command: they were not delivered, and they are data an operator should see.
+func (c *Correlator) parkForeignReplies(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, ids []uuid.UUID, out *outcome) error {
+	want := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	var dead plan
+	for i := range b.Events {
+		ev := &b.Events[i]
+		if want[ev.ID] && ev.CorrelationID.Valid {
+			delete(want, ev.ID)
+			dead.park(ev, ReasonForeignReply)
+		}
+	}
+	if len(dead.deadReason) == 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRow(ctx, sqlPark, dead.deadEventID, dead.deadEventType, dead.deadLSN, dead.deadReason, dead.deadRaw).Scan(&n); err != nil {
+		return fmt.Errorf("correlator: park replies from another tenant at %s: %w", b.EndLSN, err)
+	}
+	out.parked += n
+	p.outReply -= dead.outParked
+	p.outParked += dead.outParked
+	c.cfg.Logger.Warn("replies from another tenant parked", "slot", b.Slot, "lsn", b.EndLSN.String(), "count", dead.outParked)
 	return nil
 }
 

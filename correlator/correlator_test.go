@@ -199,13 +199,20 @@ func TestReplayedBatchStartsNothingAndDeliversNothingTwice(t *testing.T) {
 }
 
 // waitingInstance inserts an instance whose current step waits for a reply.
+// waitingInstance is an instance of the nil tenant waiting on a reply (the
+// replies of these tests carry no tenant).
 func (b *testBundle) waitingInstance(t *testing.T) (uuid.UUID, uuid.UUID) {
+	t.Helper()
+	return b.waitingInstanceOf(t, outbox.NilTenant)
+}
+
+func (b *testBundle) waitingInstanceOf(t *testing.T, tenant uuid.UUID) (uuid.UUID, uuid.UUID) {
 	t.Helper()
 	id, corr := uuid.New(), uuid.New()
 	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO saga_instances
 		(id, tenant_id, saga_name, saga_version, trigger_event_id, current_step, awaiting_correlation_id, awaiting_until, next_attempt_at, lease_id, lease_expires_at)
 		VALUES ($1, $2, 'brief_enrichment', 1, $3, 1, $4, now() + interval '1 hour', now() + interval '1 hour', gen_random_uuid(), now() + interval '1 hour')`,
-		id, uuid.New(), uuid.New(), corr)
+		id, tenant, uuid.New(), corr)
 	if err != nil {
 		t.Fatal(err)
 	}

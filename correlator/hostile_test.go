@@ -145,3 +145,44 @@ func TestReplayAfterNewVersionDoesNotStartAgain(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// A reply is accepted only from the tenant of the command it answers: one
+// from another tenant is parked with its reason and the instance keeps
+// waiting for its own tenant's reply.
+func TestReplyFromAnotherTenantIsParkedNotDelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	tenantA, tenantB := uuid.New(), uuid.New()
+	waiting, corr := b.waitingInstanceOf(t, tenantB)
+	forged := outbox.Event{ID: uuid.New(), TenantID: tenantA, EventType: "enrichment.done",
+		Payload: json.RawMessage(`{"which":"forged"}`), CorrelationID: uuid.NullUUID{UUID: corr, Valid: true}}
+	if err := b.corr.HandleBatch(ctx, b.batch(forged)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE id = $1 AND reply IS NULL AND awaiting_correlation_id = $2`, waiting, corr); n != 1 {
+		t.Fatal("another tenant's reply was delivered to the waiting instance")
+	}
+	var reason string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, forged.ID.String()).Scan(&reason); err != nil {
+		t.Fatalf("the forged reply is not a dead letter: %v", err)
+	}
+	if reason != "reply from another tenant" {
+		t.Fatalf("reason %q", reason)
+	}
+	own := outbox.Event{ID: uuid.New(), TenantID: tenantB, EventType: "enrichment.done",
+		Payload: json.RawMessage(`{"which":"own"}`), CorrelationID: uuid.NullUUID{UUID: corr, Valid: true}}
+	if err := b.corr.HandleBatch(ctx, b.batch(own)); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT reply->>'which' FROM saga_instances WHERE id = $1`, waiting).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != "own" {
+		t.Fatalf("delivered %q, want the own tenant's reply", got)
+	}
+	if s := b.corr.Stats(); s.RepliesDelivered != 1 || s.OutcomeParked != 1 || s.OutcomeReply != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}

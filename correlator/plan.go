@@ -47,6 +47,7 @@ type plan struct {
 	replyEvent   [][16]byte
 	replyCorr    [][16]byte
 	replyPayload []string
+	replyTenant  [][16]byte
 
 	// dead letters
 	deadEventID   []string
@@ -93,6 +94,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		p.replyEvent = append(p.replyEvent, ev.ID)
 		p.replyCorr = append(p.replyCorr, ev.CorrelationID.UUID)
 		p.replyPayload = append(p.replyPayload, string(ev.Payload))
+		p.replyTenant = append(p.replyTenant, ev.TenantID)
 		return
 	}
 	if ev.ID == uuid.Nil {

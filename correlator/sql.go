@@ -37,10 +37,13 @@ SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
 // again, so a step that stopped waiting meanwhile gets nothing, and the inbox
 // records what the UPDATE actually delivered. Delivery revokes the lease, so
 // a worker still holding one cannot commit over the reply, and journals a
-// reply_received event. It returns (delivered, late).
+// reply_received event. A reply is accepted only from the waiting instance's
+// own tenant: one from another tenant is never delivered, is recorded in the
+// inbox as foreign, and its event id is returned for the caller to park. It
+// returns (delivered, late, foreign event ids).
 const sqlReplies = `
 WITH ev AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) WITH ORDINALITY AS e(event_id, corr, payload, ord)
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $5::uuid[]) WITH ORDINALITY AS e(event_id, corr, payload, tenant, ord)
 ),
 fresh AS (
   SELECT DISTINCT ON (ev.event_id) ev.* FROM ev
@@ -48,14 +51,17 @@ fresh AS (
   ORDER BY ev.event_id, ev.ord
 ),
 waiting AS (
-  SELECT si.id, si.awaiting_correlation_id AS corr FROM saga_instances si
+  SELECT si.id, si.awaiting_correlation_id AS corr, si.tenant_id AS tenant FROM saga_instances si
   WHERE si.awaiting_correlation_id IN (SELECT corr FROM fresh) AND si.status = 'RUNNING'
   FOR UPDATE
 ),
 chosen AS (
   SELECT DISTINCT ON (w.id) w.id, f.event_id, f.payload
-  FROM waiting w JOIN fresh f ON f.corr = w.corr
+  FROM waiting w JOIN fresh f ON f.corr = w.corr AND f.tenant = w.tenant
   ORDER BY w.id, f.ord
+),
+foreign_reply AS (
+  SELECT DISTINCT f.event_id FROM fresh f JOIN waiting w ON f.corr = w.corr AND f.tenant <> w.tenant
 ),
 delivered AS (
   UPDATE saga_instances si
@@ -68,7 +74,10 @@ delivered AS (
 ),
 inbox AS (
   INSERT INTO relay_inbox (consumer, event_id, instance_id, outcome)
-  SELECT DISTINCT ON (f.event_id) $4, f.event_id, d.id, CASE WHEN d.id IS NULL THEN 'late' ELSE 'delivered' END
+  SELECT DISTINCT ON (f.event_id) $4, f.event_id, d.id,
+         CASE WHEN d.id IS NOT NULL THEN 'delivered'
+              WHEN f.event_id IN (SELECT event_id FROM foreign_reply) THEN 'foreign'
+              ELSE 'late' END
   FROM fresh f LEFT JOIN delivered d ON d.event_id = f.event_id
   ORDER BY f.event_id, d.id
   ON CONFLICT (consumer, event_id) DO NOTHING
@@ -82,7 +91,9 @@ journaled AS (
   FROM delivered d
   RETURNING 1
 )
-SELECT (SELECT count(*) FROM journaled), (SELECT count(*) FROM inbox WHERE outcome = 'late')`
+SELECT (SELECT count(*) FROM journaled), (SELECT count(*) FROM inbox WHERE outcome = 'late'),
+       (SELECT coalesce(array_agg(event_id), '{}') FROM foreign_reply
+         WHERE event_id NOT IN (SELECT event_id FROM delivered))`
 
 // sqlPark parks unusable events with their reason. It returns how many rows
 // it added (a replayed part of a large transaction adds none).

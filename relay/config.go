@@ -13,6 +13,7 @@ import (
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/declare"
 )
 
 // Config is everything a relay is assembled from. Its fields mirror the flags
@@ -96,6 +97,11 @@ type Config struct {
 	// HTTPServer bounds the monitor's connections (timeouts, the cap on
 	// open connections); zero fields mean httpapi's defaults.
 	HTTPServer httpapi.ServerConfig
+	// ProbeAddr, when set, is a listener of its own for /healthz and
+	// /readyz (`relay run --probe-addr`), with its own connection cap: a
+	// flood of connections to HTTPAddr cannot make the probes fail. The
+	// probes stay on HTTPAddr too. Empty: none.
+	ProbeAddr string
 
 	// Sagas is a directory of declared saga definitions (*.yaml, *.yml;
 	// `relay run --sagas`). New loads, checks and pins every file before
@@ -103,6 +109,12 @@ type Config struct {
 	// defined in Go (a name defined both ways is refused); an error lists
 	// every problem (declare.Problems). ReloadSagas re-reads it. Empty: none.
 	Sagas string
+	// HTTPEgressAllow lists the host names, IP addresses and CIDR networks
+	// (`relay run --http-egress-allow`) that a declared http step whose URL's
+	// host comes from an expression may reach, beside its file's
+	// egress.allow. Hosts written literally in a saga file need no entry.
+	// Empty: only what the files allow.
+	HTTPEgressAllow []string
 
 	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
 	// relay also delivers outbox events to those NATS, Kafka and webhook
@@ -181,6 +193,9 @@ func (c Config) validate() error {
 		if err := httpapi.CheckTokenStrength("Config.APIToken", c.APIToken); err != nil {
 			errs = append(errs, fmt.Errorf("relay: %w", err))
 		}
+	}
+	if err := declare.ValidateEgressAllow(c.HTTPEgressAllow); err != nil {
+		bad("Config.HTTPEgressAllow: %v", err)
 	}
 	if err := c.checkExposure(); err != nil {
 		errs = append(errs, err)

@@ -54,6 +54,9 @@ type Relay struct {
 
 	ln   net.Listener
 	http *http.Server
+	// probeLn and probeHTTP serve /healthz and /readyz on ProbeAddr.
+	probeLn   net.Listener
+	probeHTTP *http.Server
 
 	mu      sync.Mutex
 	started bool
@@ -112,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	if cfg.Sagas != "" {
 		// Before the correlator and the runner exist: they see the declared
 		// sagas from their first batch and claim on.
-		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared")}
+		r.declaredRT = &declare.Runtime{Logger: cfg.Logger.With("component", "declared"), EgressAllow: cfg.HTTPEgressAllow}
 		loaded, err := declare.Install(ctx, pool, cfg.Registry, cfg.Sagas, r.declaredRT)
 		if err != nil {
 			r.closePools()
@@ -121,6 +124,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		r.declared = loaded
 		for _, s := range loaded {
 			cfg.Logger.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
+			if len(cfg.HTTPEgressAllow) == 0 {
+				for _, w := range s.Warnings() {
+					cfg.Logger.Warn("declared saga: every call of this step will be refused", "saga", s.Name, "warning", w.String())
+				}
+			}
 		}
 	}
 	if err := r.assemble(ctx, table, cols); err != nil {
@@ -257,12 +265,30 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.ln = ln
 		r.http = httpapi.NewHTTPServer(r.monitor, r.cfg.HTTPServer)
 	}
+	if r.cfg.ProbeAddr != "" {
+		// Short bounds: a probe is one small GET.
+		pcfg := httpapi.ServerConfig{ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second,
+			WriteTimeout: 5 * time.Second, IdleTimeout: 10 * time.Second, MaxConns: 32}
+		ln, err := httpapi.Listen(r.cfg.ProbeAddr, pcfg)
+		if err != nil {
+			if r.ln != nil {
+				r.ln.Close()
+			}
+			r.failStart()
+			return fmt.Errorf("probe address %s: %w (pick another address)", r.cfg.ProbeAddr, err)
+		}
+		r.probeLn = ln
+		r.probeHTTP = httpapi.NewHTTPServer(r.monitor.ProbeHandler(), pcfg)
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
 	if err := r.runner.Start(runCtx); err != nil {
 		cancel()
 		if r.ln != nil {
 			r.ln.Close()
+		}
+		if r.probeLn != nil {
+			r.probeLn.Close()
 		}
 		r.failStart()
 		return err
@@ -278,6 +304,15 @@ func (r *Relay) Start(ctx context.Context) error {
 			defer r.wg.Done()
 			if err := r.http.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.cfg.Logger.Error("http monitor stopped", "err", err)
+			}
+		}()
+	}
+	if r.probeHTTP != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.probeHTTP.Serve(r.probeLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.cfg.Logger.Error("probe listener stopped", "err", err)
 			}
 		}()
 	}
@@ -363,6 +398,15 @@ func (r *Relay) Addr() string {
 	return r.ln.Addr().String()
 }
 
+// ProbeAddr is the probe listener's address (host:port), or "" without
+// Config.ProbeAddr.
+func (r *Relay) ProbeAddr() string {
+	if r.probeLn == nil {
+		return ""
+	}
+	return r.probeLn.Addr().String()
+}
+
 // ServeHTTP serves the monitor: the web page, /v1, /metrics, /healthz and
 // /readyz. Mount it when Config.HTTPAddr is empty (it works either way).
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.monitor.ServeHTTP(w, req) }
@@ -409,6 +453,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 	if r.http != nil {
 		r.http.Shutdown(ctx)
+	}
+	if r.probeHTTP != nil {
+		r.probeHTTP.Shutdown(ctx)
 	}
 	r.wg.Wait()
 	r.closePools()

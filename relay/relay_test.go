@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -199,5 +200,64 @@ func TestStartListensAndStops(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + r.Addr() + "/healthz"); err == nil {
 		t.Fatal("the monitor still answers after Stop")
+	}
+}
+
+// TestProbesAnswerUnderAConnectionFlood: 300 connections that never finish
+// their headers fill the monitor's connection cap (its /healthz answers
+// 503), while the probe listener (ProbeAddr) keeps answering 200.
+func TestProbesAnswerUnderAConnectionFlood(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := t.Context()
+	r, err := relay.New(ctx, relay.Config{
+		DatabaseURL: db.URL, Registry: saga.NewRegistry(), Slot: db.Slot, Publication: db.Publication,
+		HTTPAddr: "127.0.0.1:0", ProbeAddr: "127.0.0.1:0", NoStream: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r.Stop(sctx)
+	}()
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for range 300 {
+		c, err := net.Dial("tcp", r.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n")) // never finished
+		flood = append(flood, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	get := func(addr, path string) int {
+		c := &http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get("http://" + addr + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(r.Addr(), "/healthz"); code == http.StatusOK {
+		t.Fatal("the flood did not fill the monitor's connection cap: the test proves nothing")
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code := get(r.ProbeAddr(), path); code != http.StatusOK {
+			t.Errorf("%s on the probe listener under a flood of 300 connections: %d, want 200", path, code)
+		}
+	}
+	if code := get(r.ProbeAddr(), "/v1/sagas"); code != http.StatusNotFound {
+		t.Errorf("the probe listener serves /v1/sagas: %d, want 404", code)
 	}
 }

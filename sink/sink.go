@@ -113,8 +113,10 @@ type Header struct{ Key, Value string }
 // MessageHeaders are the headers every sink sends: the row's fields (empty
 // ones left out), "poison" with the reason for a row the relay could not
 // decode, and each key of the row's headers object (a value that is
-// not a string is sent as its JSON text). The row's fields win over a header
-// key of the same name, so a producer cannot forge event_type.
+// not a string is sent as its JSON text). A key that names a reserved
+// header (ReservedHeader: the row's fields, framing, hop-by-hop and
+// forwarding headers, in any case and with '-' or '_') is never taken from
+// the row, so a producer cannot forge event_type or tenant_id.
 func (e *Event) MessageHeaders() []Header {
 	out := make([]Header, 0, 8)
 	add := func(k, v string) {
@@ -129,7 +131,6 @@ func (e *Event) MessageHeaders() []Header {
 	add("correlation_id", e.CorrelationID)
 	add("causation_id", e.CausationID)
 	add("poison", e.Poison)
-	fixed := len(out)
 	var hs map[string]json.RawMessage
 	if len(e.Headers) > 0 && json.Unmarshal(e.Headers, &hs) == nil {
 		keys := make([]string, 0, len(hs))
@@ -138,7 +139,7 @@ func (e *Event) MessageHeaders() []Header {
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
-			if k == "" || slices.ContainsFunc(out[:fixed], func(h Header) bool { return h.Key == k }) {
+			if k == "" || ReservedHeader(k) {
 				continue
 			}
 			v := hs[k]

@@ -22,13 +22,20 @@ func newSagasValidateCmd() *cobra.Command {
 		Long: "Loads every *.yaml and *.yml file of DIR as relay run --sagas does: YAML, the JSON\n" +
 			"Schema (saga/declare/saga.schema.json), CEL expressions, step references. Prints\n" +
 			"every problem, one per line, as file:line:col: what is wrong; how to fix it, and\n" +
-			"exits 2; a valid set prints one line per saga.",
+			"exits 2; a valid set prints one line per saga. Warnings (an http step whose host\n" +
+			"comes from an expression in a file without egress.allow) go to stderr and do not\n" +
+			"change the exit code.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sagas, err := declare.LoadDir(args[0], declare.Options{})
 			tests, terr := declare.LoadTests(args[0])
 			if err != nil || terr != nil {
 				return problemsExit(cmd.ErrOrStderr(), errors.Join(err, terr))
+			}
+			for _, s := range sagas {
+				for _, w := range s.Warnings() {
+					fmt.Fprintln(cmd.ErrOrStderr(), w.String())
+				}
 			}
 			printSagas(cmd.OutOrStdout(), sagas)
 			for _, tf := range tests {

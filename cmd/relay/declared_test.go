@@ -217,3 +217,32 @@ func mustAbs(t *testing.T, p string) string {
 	}
 	return a
 }
+
+// TestSagasValidateWarnsOfExpressionHosts: an http step whose host comes
+// from an expression in a file without egress.allow is a warning (exit 0);
+// a bad allow entry is a problem with its place (exit 2).
+func TestSagasValidateWarnsOfExpressionHosts(t *testing.T) {
+	t.Parallel()
+	write := func(body string) string {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "cb.yaml"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	const open = "saga: cb\nversion: 1\ntriggers: [{event_type: e}]\nsteps:\n  - name: call\n    http: {method: POST, url: \"${ trigger.payload.callback }\"}\n"
+	dir := write(open)
+	out, code := runDeclaredCLI(t, "sagas", "validate", dir)
+	if code != 0 || !strings.Contains(out, filepath.Join(dir, "cb.yaml")+":6:31: warning: step call builds the host of its http.url from an expression and the file has no egress.allow") {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	out, code = runDeclaredCLI(t, "sagas", "validate", write(strings.Replace(open, "steps:", "egress: {allow: [hooks.internal]}\nsteps:", 1)))
+	if code != 0 || strings.Contains(out, "warning") {
+		t.Errorf("with an allow list: exit %d:\n%s", code, out)
+	}
+	dir = write(strings.Replace(open, "steps:", "egress: {allow: [\"10.0.0.0/40\"]}\nsteps:", 1))
+	out, code = runDeclaredCLI(t, "sagas", "validate", dir)
+	if code != 2 || !strings.Contains(out, filepath.Join(dir, "cb.yaml")+`:4:18: egress.allow: "10.0.0.0/40" is neither`) {
+		t.Errorf("a bad allow entry: exit %d:\n%s", code, out)
+	}
+}

@@ -50,6 +50,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			if cfg.HTTPAddr != "" && !cfg.HTTPInsecure && cfg.APIToken == "" && cfg.APITokensFile == "" && !httpapi.IsLoopback(cfg.HTTPAddr) {
 				return exitError{code: 2, msg: fmt.Sprintf("--http-addr %s is not a loopback address and no token is configured: anyone who can reach it could read every saga's state; pass --api-token (or RELAY_API_TOKEN) or --api-tokens FILE, or --http-insecure to accept that", cfg.HTTPAddr)}
 			}
+			if err := declare.ValidateEgressAllow(cfg.HTTPEgressAllow); err != nil {
+				return exitError{code: 2, msg: "--http-egress-allow: " + err.Error()}
+			}
 			if cfg.SessionTTL <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
@@ -70,10 +73,12 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
 	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see README.md, API tokens")
 	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token; the page shows a banner (env RELAY_HTTP_INSECURE)")
+	f.StringVar(&cfg.ProbeAddr, "probe-addr", "", "a listener of its own for /healthz and /readyz, e.g. :8081, so that a flood of connections to the monitor cannot fail the probes (env RELAY_PROBE_ADDR)")
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
 	f.StringVar(&cfg.Sagas, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts; SIGHUP reloads it (env RELAY_SAGAS)")
+	f.StringSliceVar(&cfg.HTTPEgressAllow, "http-egress-allow", nil, "host names, IP addresses and CIDR networks a declared http step may call when its URL's host comes from an expression; repeat or comma-separate (env RELAY_HTTP_EGRESS_ALLOW); see README.md, Outbound calls")
 	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	return cmd

@@ -69,6 +69,9 @@ def reply(cmd):
         "causation_id": cmd["id"],
         "payload": {"ok": True, "tracking": "TRK-" + cmd["id"][:8].upper()},
     }
+    # A reply is delivered only under the command's own tenant.
+    if cmd.get("tenant_id"):
+        event["tenant_id"] = cmd["tenant_id"]
     data = json.dumps(event).encode()
     for attempt in range(10):
         req = urllib.request.Request(RELAY_URL + "/v1/events", data=data, method="POST",

@@ -1,9 +1,10 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -41,10 +42,14 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		writeError(w, http.StatusNotImplemented, "this relay writes no events: its outbox table has custom columns (--outbox-columns); write to it from your service")
 		return
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxEventBody+1))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxEventBody))
 	dec.DisallowUnknownFields()
 	var b eventBody
 	if err := dec.Decode(&b); err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the event is larger than %d bytes; send a smaller payload (put large data elsewhere and send a reference)", maxEventBody))
+			return
+		}
 		writeError(w, http.StatusBadRequest, "body is not an event: "+strings.TrimPrefix(err.Error(), "json: ")+
 			"; send {\"event_type\": \"…\", \"payload\": {…}} with optional id, tenant_id, aggregate_type, aggregate_id, headers, correlation_id, causation_id")
 		return
@@ -55,6 +60,10 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 	}
 	if strings.TrimSpace(b.EventType) == "" {
 		writeError(w, http.StatusBadRequest, "event_type is missing; name the event, e.g. \"payment.charged\"")
+		return
+	}
+	if msg := storable(&b); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	msg := outbox.Message{AggregateType: b.AggregateType, AggregateID: b.AggregateID, EventType: b.EventType, Headers: b.Headers}
@@ -75,6 +84,24 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		}
 		msg.TenantID = c.Tenant.UUID
 	}
+	ctx := r.Context()
+	// A scoped token answers only its own tenant's commands: a reply whose
+	// correlation id is another tenant's waiting command is refused here
+	// (the correlator would park it as a reply from another tenant).
+	if c := callerOf(r); c.Tenant.Valid && msg.CorrelationID != uuid.Nil {
+		var foreign bool
+		err := s.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM saga_instances
+			WHERE awaiting_correlation_id = $1 AND tenant_id <> $2)`, msg.CorrelationID, c.Tenant.UUID).Scan(&foreign)
+		if err != nil {
+			s.writeErr(w, r, err)
+			return
+		}
+		if foreign {
+			writeError(w, http.StatusForbidden, "token "+c.Name+" is scoped to tenant "+c.Tenant.UUID.String()+
+				": correlation_id answers another tenant's command, which it cannot reply to")
+			return
+		}
+	}
 	idGiven := msg.ID != uuid.Nil
 	if !idGiven {
 		// Chosen here, not by outbox.Write, so that the answer can name it.
@@ -85,7 +112,6 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		writeError(w, http.StatusInternalServerError, "the relay's outbox table name is invalid")
 		return
 	}
-	ctx := r.Context()
 	created := true
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		if idGiven {
@@ -105,8 +131,14 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		created, err = false, nil // a concurrent post of the same id won
 	}
 	if err != nil {
+		// The database's own text stays in the log: it may name tables,
+		// columns and values a caller has no business seeing.
 		s.log.Warn("write posted event", "event_type", b.EventType, "err", err)
-		writeError(w, http.StatusBadRequest, "the event was not written: "+strings.TrimPrefix(err.Error(), "outbox: "))
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+			writeError(w, http.StatusBadRequest, "the event was not written: the database refused one of its values (SQLSTATE "+pgErr.Code+"); check the payload, headers and ids")
+			return
+		}
+		writeError(w, http.StatusInternalServerError, "the event was not written: the database failed; see the relay's log and retry")
 		return
 	}
 	status := http.StatusCreated
@@ -114,4 +146,27 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		status = http.StatusOK
 	}
 	writeJSON(w, status, map[string]any{"id": msg.ID, "created": created})
+}
+
+// storable reports, in words of our own, a value PostgreSQL would refuse: a
+// NUL character in a text column, or a payload its jsonb does not accept.
+// The empty string means none.
+func storable(b *eventBody) string {
+	fields := []struct{ name, v string }{
+		{"event_type", b.EventType}, {"aggregate_type", b.AggregateType}, {"aggregate_id", b.AggregateID},
+	}
+	for k, v := range b.Headers {
+		fields = append(fields, struct{ name, v string }{"a header", k + v})
+	}
+	for _, f := range fields {
+		if strings.ContainsRune(f.v, 0) {
+			return f.name + " holds a NUL character (\\u0000), which PostgreSQL text cannot store; remove it"
+		}
+	}
+	if p := bytes.TrimSpace(b.Payload); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
+		if err := outbox.CheckJSONB(p); err != nil {
+			return "payload cannot be stored as jsonb: " + err.Error() + "; send JSON without \\u0000 escapes, unpaired surrogates or out-of-range numbers"
+		}
+	}
+	return ""
 }

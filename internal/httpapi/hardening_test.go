@@ -405,8 +405,13 @@ func TestTokenStrength(t *testing.T) {
 		{"a", false},
 		{"hunter2", false},
 		{strings.Repeat("a", 40), false},
-		{"0123456789abcdef0123456789abcde", false},   // 31 hex: 124 bits
-		{"0123456789abcdef0123456789abcdef", true},   // 32 hex
+		{"0123456789abcdef0123456789abcde", false},  // 31 hex: 124 bits
+		{"9f86d081884c7d659a2feaa0c55ad015", true},  // 32 random hex
+		{"0123456789abcdef0123456789abcdef", false}, // 32 hex: a run and its repetition
+		{strings.Repeat("0123456789abcdef", 3), false},
+		{strings.Repeat("k3Zq9xW", 8), false}, // a random-looking part, repeated
+		{"abcdefghijklmnopqrstuvwxyz0123456789", false},
+		{"tok-for-test-0123456789abcdef", true},
 		{"Zm9vYmFyYmF6cXV4cXV1eA", true},             // 22 base64
 		{"Zm9vYmFyYmF6cXV4cXV1e", false},             // 21 base64
 		{"s3cret-token-for-tests", true},             // 22 base64url

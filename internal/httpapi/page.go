@@ -148,7 +148,9 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Temp
 	// Only our own script and stylesheet run: a saga's error text or output
 	// cannot inject anything even if escaping were ever missed.
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-	h.Set("Referrer-Policy", "no-referrer")
+	// No page URL (it may name an instance) goes to another site; our own
+	// forms still carry their Origin, which the sign-in checks.
+	h.Set("Referrer-Policy", "same-origin")
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
@@ -254,9 +256,13 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Chart = newChart(s.lag.samples())
 	}
-	if d.Sinks, err = sink.List(ctx, s.cfg.Pool); err != nil {
-		s.log.Warn("page: sinks", "err", err)
-		d.SinksErr = "cannot read the sinks' state; see the relay's log"
+	// A sink carries every tenant's events, so only a token of every
+	// tenant sees the sinks, as with GET /v1/sinks.
+	if !s.pageCaller(r).Tenant.Valid {
+		if d.Sinks, err = sink.List(ctx, s.cfg.Pool); err != nil {
+			s.log.Warn("page: sinks", "err", err)
+			d.SinksErr = "cannot read the sinks' state; see the relay's log"
+		}
 	}
 	s.render(w, r, s.page.index, http.StatusOK, d)
 }
@@ -409,6 +415,12 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	if crossSite(r) {
+		// Login CSRF: another site must not sign the browser in with a
+		// token of its choosing.
+		http.Error(w, "cross-site sign-in refused: sign in from the relay's own page", http.StatusForbidden)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 	if err := r.ParseForm(); err != nil {
 		http.Error(w, "bad form", http.StatusBadRequest)
@@ -442,9 +454,37 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 
 // logout deletes the session on the server, so that a copy of the cookie
 // is worthless from now on, not only the browser's.
+// Whatever the request's origin, the session whose cookie it carries ends
+// on the server, so that the browser never holds a cleared cookie while its
+// session lives on; a cross-site logout is then answered 403.
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	s.endSession(w, r)
+	if crossSite(r) {
+		http.Error(w, "cross-site sign-out refused: sign out from the relay's own page", http.StatusForbidden)
+		return
+	}
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// crossSite reports a browser request sent by another site. A browser that
+// sends Sec-Fetch-Site is believed: only same-origin and none (typed by the
+// user) pass. Otherwise an Origin that is not this request's own host
+// ("null" included) is cross-site. Clients that send neither (curl,
+// scripts) are not browsers and pass.
+func crossSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin", "none":
+		return false
+	case "":
+	default:
+		return true
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return false
+	}
+	u, err := url.Parse(origin)
+	return err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host)
 }
 
 // safeNext keeps a redirect target on this site. Control characters are

@@ -250,6 +250,19 @@ func (s *Server) routes() {
 	s.mux = m
 }
 
+// ProbeHandler serves only GET /healthz and GET /readyz, for a listener of
+// their own (relay run --probe-addr): a flood of connections to the monitor
+// then cannot make a liveness probe fail and get the relay restarted.
+func (s *Server) ProbeHandler() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /healthz", s.healthz)
+	m.HandleFunc("GET /readyz", s.readyz)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		m.ServeHTTP(w, r)
+	})
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")

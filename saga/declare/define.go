@@ -10,10 +10,12 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -25,20 +27,23 @@ import (
 
 // Runtime is what declared steps need from the process that runs them.
 type Runtime struct {
-	// HTTP makes the calls of http steps; nil is a client without a
-	// timeout of its own (the step's timeout bounds each call).
+	// HTTP, when its Transport is set, carries the calls of http steps to
+	// hosts written literally in the file; nil is a transport like
+	// http.DefaultTransport. Calls whose host comes from an expression
+	// always go through the relay's own checked transport, and no call
+	// follows a redirect (unless the action says follow_redirects:
+	// same_origin), whatever this client says. The step's timeout bounds
+	// each call.
 	HTTP *http.Client
+	// EgressAllow is the operator's allow list (--http-egress-allow): host
+	// names, IP addresses and CIDR networks that an http step whose host
+	// comes from an expression may reach, beside the file's egress.allow.
+	// Validate it with ValidateEgressAllow.
+	EgressAllow []string
 	// LookupEnv reads secrets (RELAY_SECRET_<NAME>); nil is os.LookupEnv.
 	LookupEnv func(string) (string, bool)
 	// Logger; nil discards.
 	Logger *slog.Logger
-}
-
-func (rt *Runtime) client() *http.Client {
-	if rt != nil && rt.HTTP != nil {
-		return rt.HTTP
-	}
-	return http.DefaultClient
 }
 
 func (rt *Runtime) logger() *slog.Logger {
@@ -132,8 +137,9 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 			d.Triggers[i] = t
 		}
 	}
+	eg := newEgress(s, rt)
 	for _, st := range s.Steps {
-		d.Steps = append(d.Steps, st.runnerStep(s, rt))
+		d.Steps = append(d.Steps, st.runnerStep(s, rt, eg))
 	}
 	return d
 }
@@ -142,17 +148,18 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 type call struct {
 	s    *Saga
 	rt   *Runtime
+	eg   *egress
 	x    *saga.StepTx
 	st   state
 	vars map[string]any
 }
 
-func newCall(s *Saga, rt *Runtime, x *saga.StepTx) (*call, error) {
+func newCall(s *Saga, rt *Runtime, eg *egress, x *saga.StepTx) (*call, error) {
 	st, err := decodeState(x.State)
 	if err != nil {
 		return nil, err
 	}
-	c := &call{s: s, rt: rt, x: x, st: st}
+	c := &call{s: s, rt: rt, eg: eg, x: x, st: st}
 	c.vars = map[string]any{
 		varTrigger: st.Trigger,
 		varSaga:    map[string]any{"id": x.Instance.ID.String(), "name": s.Name, "version": int64(s.Version)},
@@ -165,7 +172,7 @@ func newCall(s *Saga, rt *Runtime, x *saga.StepTx) (*call, error) {
 // the same values fails the same way on every attempt.
 func evalErr(err error) error { return saga.Permanent(err) }
 
-func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
+func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 	out := saga.Step{
 		Name: st.Name, Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
 	}
@@ -173,7 +180,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 	if a.Command != nil {
 		out.ReplyTimeout = a.Command.ReplyTimeout
 		out.Do = func(ctx context.Context, x *saga.StepTx) error {
-			c, err := newCall(s, rt, x)
+			c, err := newCall(s, rt, eg, x)
 			if err != nil {
 				return err
 			}
@@ -184,7 +191,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 			return x.EmitCommand(ctx, msg)
 		}
 		out.OnReply = func(ctx context.Context, x *saga.StepTx, reply saga.Reply) error {
-			c, err := newCall(s, rt, x)
+			c, err := newCall(s, rt, eg, x)
 			if err != nil {
 				return err
 			}
@@ -199,7 +206,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 		}
 	} else {
 		out.Do = func(ctx context.Context, x *saga.StepTx) error {
-			c, err := newCall(s, rt, x)
+			c, err := newCall(s, rt, eg, x)
 			if err != nil {
 				return err
 			}
@@ -212,7 +219,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 	if st.Compensate != nil {
 		comp := st.Compensate
 		out.Compensate = func(ctx context.Context, x *saga.StepTx) error {
-			c, err := newCall(s, rt, x)
+			c, err := newCall(s, rt, eg, x)
 			if err != nil {
 				return err
 			}
@@ -514,6 +521,23 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		}
 		body = bytes.NewReader(b)
 	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return scrub(saga.Permanent(fmt.Errorf("http %s: the URL is not a URL: %v", h.Method, err)))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return scrub(saga.Permanent(fmt.Errorf("http %s: scheme %q is refused: an http step calls only http:// and https:// URLs", h.Method, u.Scheme)))
+	}
+	if u.Host == "" {
+		return scrub(saga.Permanent(fmt.Errorf("http %s: the URL has no host", h.Method)))
+	}
+	// As written in the file, or checked against the egress allow list.
+	literal := h.LiteralHost != "" && strings.EqualFold(u.Host, h.LiteralHost)
+	if !literal {
+		if err := c.eg.policy.precheck(u.Hostname()); err != nil {
+			return scrub(saga.Permanent(fmt.Errorf("http %s: %v", h.Method, err)))
+		}
+	}
 	req, err := http.NewRequestWithContext(ctx, h.Method, url, body)
 	if err != nil {
 		return scrub(saga.Permanent(fmt.Errorf("http: %v", err)))
@@ -530,7 +554,11 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		req.Header.Set(hd.name, v)
 	}
 	req.Header.Set("Idempotency-Key", key)
-	resp, err := c.rt.client().Do(req)
+	resp, err := c.eg.client(literal, h.FollowRedirects).Do(req)
+	if egErr := new(EgressError); errors.As(err, &egErr) {
+		// Refused at the dial: no connection was made, nothing was sent.
+		return scrub(saga.Permanent(fmt.Errorf("http %s: %v", h.Method, egErr)))
+	}
 	if err != nil {
 		// No answer: the service may have acted before the connection
 		// broke.
@@ -544,14 +572,19 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		if rerr != nil {
 			return scrub(saga.MayHaveActed(fmt.Errorf("http %s: reading the %d response: %v", h.Method, st, rerr)))
 		}
+	case st >= 300 && st < 400:
+		// Not followed: the request, its headers and secrets go only to
+		// the URL the saga names.
+		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d: redirected to %s; call the URL it redirects to, or set follow_redirects: same_origin for a redirect within the same host",
+			h.Method, st, redirectHost(resp))))
 	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500:
-		err := saga.MayHaveActed(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw)))
+		err := saga.MayHaveActed(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw, redact)))
 		if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
 			err = saga.RetryAfter(err, d)
 		}
 		return scrub(err)
 	default:
-		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw))))
+		return scrub(saga.Permanent(fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw, redact))))
 	}
 	var b any = string(raw)
 	d := json.NewDecoder(bytes.NewReader(raw))
@@ -568,10 +601,20 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 	return nil
 }
 
-func snippet(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 200 {
-		s = s[:200] + "…"
+// snippetLen is how much of a response body an error shows.
+const snippetLen = 200
+
+// snippet is the start of a response body for an error. Secrets are masked
+// in the whole body first: cut first, a secret that straddles the cut would
+// keep its first half, which no longer matches the secret.
+func snippet(b []byte, redact func(string) string) string {
+	s := redact(strings.TrimSpace(string(b)))
+	if len(s) > snippetLen {
+		cut := snippetLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
 	}
 	if s == "" {
 		return ""

@@ -105,6 +105,9 @@ type expr struct {
 	prg       cel.Program
 	// secrets lists the secret names the expression reads.
 	secrets []string
+	// ast is the checked expression, for what a load reads of its form
+	// (the literal start of a URL).
+	ast *ast.AST
 }
 
 func (e *expr) String() string { return "${ " + strings.TrimSpace(e.text) + " }" }
@@ -224,6 +227,7 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 	}
 	x := &expr{text: text, file: file, line: line, col: col}
 	native := checked.NativeRep()
+	x.ast = native
 	info := native.SourceInfo()
 	ok := true
 	bad := func(id int64, format string, args ...any) {

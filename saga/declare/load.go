@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -31,6 +32,10 @@ type Saga struct {
 	// layout do not count as a change.
 	Body []byte
 	Hash string
+	// Egress is the file's egress.allow: the hosts, addresses and networks
+	// an http step whose host comes from an expression may reach (with the
+	// relay's --http-egress-allow).
+	Egress []string
 
 	namePos pos
 	// contracts are the triggers' filters and schemas, index for index.
@@ -92,6 +97,12 @@ type HTTPAction struct {
 	URL     *template
 	Headers []header
 	Body    *template
+	// FollowRedirects is "" (never) or FollowSameOrigin.
+	FollowRedirects string
+	// LiteralHost is the URL's host[:port] when the file writes it
+	// literally; "" when it comes from an expression (then the egress
+	// allow list applies).
+	LiteralHost string
 }
 
 type header struct {
@@ -370,6 +381,16 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 	var extraHash []byte
 	s.Triggers, s.contracts, extraHash = loadTriggers(file, m, doc, r, opt)
 	s.Deadline = m.duration("deadline", r)
+	for _, n := range m.sub("egress").list("allow") {
+		if n.Kind != yaml.ScalarNode {
+			continue // the schema says so
+		}
+		if _, _, err := parseAllowEntry(n.Value); err != nil {
+			r.add(nodeAt(n), "egress.allow: %v", err)
+			continue
+		}
+		s.Egress = append(s.Egress, n.Value)
+	}
 	defs := m.sub("defaults")
 	defTimeout := defs.duration("timeout", r)
 	defRetry := defs.retry("retry", saga.RetryPolicy{}, r)
@@ -526,11 +547,22 @@ func buildAction(file string, m mapping, place string, base scope, comp bool, r 
 		a.SQL = sa
 	}
 	if h := m.sub("http"); h.ok() {
-		ha := &HTTPAction{Method: h.str("method")}
+		ha := &HTTPAction{Method: h.str("method"), FollowRedirects: h.str("follow_redirects")}
+		if ha.FollowRedirects == "never" {
+			ha.FollowRedirects = ""
+		}
 		sc := base
 		sc.secrets = true
 		sc.place = place + ".http.url"
 		ha.URL = compileTemplate(h.get("url"), file, &sc, r)
+		ha.LiteralHost = literalURLHost(ha.URL)
+		if un := h.get("url"); un != nil && ha.URL != nil && ha.URL.single == nil && !ha.URL.isText {
+			if s, ok := ha.URL.literal.(string); ok {
+				if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					r.add(nodeAt(un), "%s.http.url %q is not an http:// or https:// URL with a host; an http step calls only those", place, s)
+				}
+			}
+		}
 		sc.place = place + ".http.headers"
 		ha.Headers = headers(h.get("headers"), file, &sc, r)
 		if bn := h.get("body"); bn != nil {
@@ -597,3 +629,31 @@ func (h *HTTPAction) secretNames() []string {
 }
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// Warnings are what a load accepts but an operator should know: an http
+// step whose URL's host comes from an expression in a file without
+// egress.allow (every call is refused unless the relay lists the hosts with
+// --http-egress-allow).
+func (s *Saga) Warnings() Problems {
+	if len(s.Egress) > 0 {
+		return nil
+	}
+	var out Problems
+	for _, st := range s.Steps {
+		for _, a := range []*Action{&st.Action, st.Compensate} {
+			if a == nil || a.HTTP == nil || a.HTTP.URL == nil || a.HTTP.LiteralHost != "" {
+				continue
+			}
+			at := a.HTTP.URL.at
+			what := "step " + st.Name
+			if a == st.Compensate {
+				what += "'s compensation"
+			}
+			out = append(out, Problem{File: s.File, Line: at.Line, Col: at.Col, Msg: fmt.Sprintf(
+				"warning: %s builds the host of its http.url from an expression and the file has no egress.allow; "+
+					"every call will be refused unless the relay runs with --http-egress-allow naming the hosts: "+
+					"add egress: {allow: [...]} or write the host literally", what)})
+		}
+	}
+	return out
+}

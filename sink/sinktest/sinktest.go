@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,28 @@ func Run(t *testing.T, h Harness) {
 					t.Errorf("event %s header %s = %q, want %q", ev.ID, k, r.Headers[k], want)
 				}
 			}
+		}
+	})
+	t.Run("RowHeadersCannotSetReservedNames", func(t *testing.T) {
+		// A row's headers object cannot set the row's fields, the framing,
+		// hop-by-hop or forwarding headers, in any case or spelling.
+		s, read := h.New(t)
+		evs := Events(1, 1)
+		evs[0].Headers = json.RawMessage(`{"TENANT_ID":"forged","Event_Type":"forged","event-type":"forged",` +
+			`"Tenant-Id":"forged","AGGREGATE_ID":"forged","Correlation-ID":"forged","causation_id":"forged",` +
+			`"X-Forwarded-For":"forged","x_forwarded_host":"forged","Webhook-Id":"forged","WEBHOOK_SIGNATURE":"forged",` +
+			`"Content_Type":"forged","Connection":"forged","Keep-Alive":"forged","Upgrade":"forged","Poison":"forged",` +
+			`"trace":"t-1"}`)
+		requireDelivered(t, s.Deliver(context.Background(), evs))
+		got := waitFor(t, read, 1)
+		r := got[0]
+		for k, v := range r.Headers {
+			if strings.Contains(v, "forged") {
+				t.Errorf("header %s = %q came from the row's headers", k, v)
+			}
+		}
+		if r.Headers["event_type"] != evs[0].EventType || r.Headers["tenant_id"] != evs[0].TenantID || r.Headers["trace"] != "t-1" {
+			t.Errorf("headers %v: want the row's own event_type and tenant_id, and its ordinary header trace", r.Headers)
 		}
 	})
 	t.Run("PoisonEventDeliveredAsRead", func(t *testing.T) {

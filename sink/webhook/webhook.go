@@ -4,7 +4,8 @@
 // webhook-timestamp, webhook-signature "v1,<base64 HMAC-SHA256>" over
 // "id.timestamp.body" with the whsec_ secret).
 //
-// Answers: 2xx delivered; 410 disables the sink (sink.Gone); 429 and any
+// Answers: 2xx delivered; a 3xx is never followed and parks the event with
+// the reason "redirected to <host>"; 410 disables the sink (sink.Gone); 429 and any
 // answer with Retry-After slow it down (sink.RetryAfter); 413 and other 4xx
 // refuse this event (sink.EventError); 5xx and transport errors mean the
 // endpoint is down.
@@ -72,7 +73,13 @@ func New(cfg Config) (*Sink, error) {
 		s.cfg.Client = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: s.cfg.Concurrency, IdleConnTimeout: 90 * time.Second,
 		}}
+	} else {
+		c := *s.cfg.Client
+		s.cfg.Client = &c
 	}
+	// A redirect is never followed: the signed body and its headers go only
+	// to the configured URL, and only its 2xx counts as delivered.
+	s.cfg.Client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return s, nil
 }
 
@@ -168,8 +175,10 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	if s.key != nil {
 		h.Set("webhook-signature", Sign(s.key, ev.ID, ts, body))
 	}
+	// MessageHeaders leaves out every reserved name of the row's headers
+	// (sink.ReservedHeader), the signature's and the framing's included.
 	for _, kv := range ev.MessageHeaders() {
-		if validHeaderName(kv.Key) && !reservedHeader(kv.Key) {
+		if validHeaderName(kv.Key) {
 			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
 		}
 	}
@@ -189,6 +198,13 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	if code >= 200 && code < 300 {
 		return nil
 	}
+	if code >= 300 && code < 400 {
+		// Parked with the reason: following it would send the signature to
+		// a host nobody configured, and an http→https redirect would turn
+		// the POST into a GET that delivers nothing.
+		return sink.EventError(fmt.Errorf("POST %s answered %s: redirected to %s; configure the URL the endpoint redirects to",
+			redactURL(s.cfg.URL), resp.Status, RedirectHost(resp)))
+	}
 	err = sink.WithStatus(code, fmt.Errorf("POST %s answered %s", redactURL(s.cfg.URL), resp.Status))
 	if ra := retryAfter(resp.Header.Get("Retry-After"), s.now()); code == http.StatusTooManyRequests || ra > 0 {
 		return sink.RetryAfter(max(ra, time.Second), err)
@@ -200,6 +216,16 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		return sink.EventError(err)
 	}
 	return err
+}
+
+// RedirectHost names where a 3xx answer points: the host of its Location
+// (resolved against the request's URL), or "an unnamed location" without one.
+func RedirectHost(resp *http.Response) string {
+	loc, err := resp.Location()
+	if err != nil || loc.Host == "" {
+		return "an unnamed location"
+	}
+	return loc.Host
 }
 
 // retryAfter reads Retry-After as seconds or an HTTP date.
@@ -214,17 +240,6 @@ func retryAfter(v string, now time.Time) time.Duration {
 		return min(t.Sub(now), time.Hour)
 	}
 	return 0
-}
-
-// reservedHeader names headers a row's headers object must not set: the
-// signature's own, and those that frame the request.
-func reservedHeader(k string) bool {
-	k = strings.ToLower(k)
-	switch k {
-	case "content-type", "content-length", "content-encoding", "transfer-encoding", "host", "connection", "authorization", "te", "trailer", "upgrade":
-		return true
-	}
-	return strings.HasPrefix(k, "webhook-")
 }
 
 func validHeaderName(k string) bool {

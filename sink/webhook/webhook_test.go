@@ -177,3 +177,39 @@ func TestRowHeadersCannotForgeFraming(t *testing.T) {
 		t.Fatalf("received %+v", got)
 	}
 }
+
+// TestRedirectsAreNeverFollowed: an endpoint answering 3xx gets the event
+// parked with "redirected to <host>"; nothing, and no signature, reaches
+// the host the redirect names.
+func TestRedirectsAreNeverFollowed(t *testing.T) {
+	var second atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		second.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer other.Close()
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		var first atomic.Int32
+		redirecting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			first.Add(1)
+			http.Redirect(w, r, other.URL+"/elsewhere", code)
+		}))
+		s, err := webhook.New(webhook.Config{URL: redirecting.URL + "/hook", Secret: secret, Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := s.Deliver(t.Context(), sinktest.Events(1, 1))
+		s.Close()
+		redirecting.Close()
+		host := other.Listener.Addr().String()
+		if errs[0] == nil || sink.Classify(errs[0]) != "event" || !contains(errs[0].Error(), "redirected to "+host) {
+			t.Errorf("%d: %v (%s), want the event parked with \"redirected to %s\"", code, errs[0], sink.Classify(errs[0]), host)
+		}
+		if first.Load() != 1 {
+			t.Errorf("%d: the configured endpoint got %d requests", code, first.Load())
+		}
+	}
+	if n := second.Load(); n != 0 {
+		t.Errorf("the host a redirect named got %d requests, want none", n)
+	}
+}

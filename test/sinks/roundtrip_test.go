@@ -33,7 +33,7 @@ func TestPostEventsRoundTrip(t *testing.T) {
 	// Not parallel: the webhook secret is passed through the environment.
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	token := "0123456789abcdef0123456789abcdef0123456789abcdef"
+	token := "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd6"
 	t.Setenv("RT_WEBHOOK_SECRET", secret)
 
 	var relayAddr atomic.Value
