@@ -66,7 +66,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			if tenant != "" {
 				id, err := uuid.Parse(tenant)
 				if err != nil {
-					return fmt.Errorf("--tenant %q is not a UUID", tenant)
+					return usageError("--tenant %q is not a UUID", tenant)
 				}
 				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
 			}
@@ -158,7 +158,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			if strings.TrimSpace(retryReason) == "" {
-				return fmt.Errorf("--reason is required: say why you retry (it is journaled with your name)")
+				return usageError("--reason is required: say why you retry (it is journaled with your name)")
 			}
 			if err := plainReason(retryReason); err != nil {
 				return err
@@ -230,7 +230,7 @@ func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Durat
 func parseInstanceID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil || len(s) != 36 {
-		return uuid.Nil, fmt.Errorf("%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", s)
+		return uuid.Nil, usageError("%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", s)
 	}
 	return id, nil
 }
