@@ -258,6 +258,10 @@ func writeIndentedJSON(w io.Writer, v any) error {
 
 const sagaTimeLayout = "2006-01-02 15:04:05Z"
 
+// journalTimeLayout shows journal entries to the millisecond: a saga's
+// steps often take less than a second.
+const journalTimeLayout = "2006-01-02 15:04:05.000Z"
+
 func clipText(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
@@ -283,14 +287,10 @@ func printSagaItems(out io.Writer, items []admin.Item, stuckOnly bool) {
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSAGA\tSTATUS\tSTEP\tATTEMPT\tNEXT ATTEMPT\tSTUCK\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tSAGA\tSTATUS\tSTEP\tATTEMPT\tNEXT ATTEMPT\tSTUCK\tREASON")
 	for _, it := range items {
-		stuck := it.StuckReason
-		if stuck == "" {
-			stuck = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s@v%d\t%s\t%s\t%d\t%s\t%s\t%s\n", it.ID, it.SagaName, it.SagaVersion, it.Status,
-			stepLabel(it.CurrentStep, it.CurrentStepName), it.Attempt, it.NextAttemptAt.UTC().Format(sagaTimeLayout), stuck, clipText(it.LastError, 60))
+		c := sagaListRow(it)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Saga, c.Status, c.Step, c.Attempt, c.NextAttempt, c.Stuck, c.Reason)
 	}
 	tw.Flush()
 	if stuckOnly {
@@ -299,6 +299,38 @@ func printSagaItems(out io.Writer, items []admin.Item, stuckOnly bool) {
 			fmt.Fprintf(out, "%s: %s\n", it.ID, it.StuckDetail)
 		}
 	}
+}
+
+// sagaRow is a list row's cells as people read them, in the CLI and on
+// the monitor's page alike: a finished instance shows how it ended and no
+// next attempt or attempt count, a reason is cut to ReasonWidth characters.
+type sagaRow struct {
+	ID, Saga, Status, Step, Attempt, NextAttempt, Stuck, Reason string
+}
+
+// ReasonWidth is how much of a reason a list row shows (the detail has it
+// whole).
+const reasonWidth = 60
+
+func sagaListRow(it admin.Item) sagaRow {
+	r := sagaRow{ID: it.ID.String(), Saga: fmt.Sprintf("%s@v%d", it.SagaName, it.SagaVersion), Status: string(it.Status),
+		Step: it.StepSummary, Attempt: "-", NextAttempt: "-", Stuck: it.StuckReason, Reason: clipText(it.Reason, reasonWidth)}
+	if !it.Terminal() && it.Status != saga.StatusFailed {
+		r.Attempt = fmt.Sprint(it.Attempt)
+		r.NextAttempt = it.NextAttemptAt.UTC().Format(sagaTimeLayout)
+		if it.AwaitingReply {
+			r.NextAttempt = "-"
+		}
+	}
+	if r.Step == "" {
+		r.Step = stepLabel(it.CurrentStep, it.CurrentStepName)
+	}
+	for _, c := range []*string{&r.Stuck, &r.Reason} {
+		if *c == "" {
+			*c = "-"
+		}
+	}
+	return r
 }
 
 func sagaTime(t *time.Time) string {
@@ -355,7 +387,7 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 		if e.Step != nil && *e.Step >= 0 {
 			step = fmt.Sprint(*e.Step)
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", e.Version, e.CreatedAt.UTC().Format(sagaTimeLayout), e.Kind, step, sagaEventDetails(e.Payload))
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", e.Version, e.CreatedAt.UTC().Format(journalTimeLayout), e.Kind, step, sagaEventDetails(e.Payload))
 	}
 	tw.Flush()
 }

@@ -124,14 +124,15 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 			return writeIndentedJSON(out, res)
 		}
 		if res.DryRun {
-			fmt.Fprintf(out, "%d instances match; nothing was changed (dry run).\n", res.Matched)
+			fmt.Fprintf(out, "%d instances match; %d can be %s, %d would be skipped (a %s cannot act on them); nothing was changed (dry run).\n",
+				res.Matched, res.Applicable, pastTense(action), res.Skipped, action)
 			for _, id := range res.Sample {
 				fmt.Fprintf(out, "  %s\n", id)
 			}
-			if res.Matched > int64(len(res.Sample)) {
-				fmt.Fprintf(out, "  … and %d more\n", res.Matched-int64(len(res.Sample)))
+			if res.Applicable > int64(len(res.Sample)) {
+				fmt.Fprintf(out, "  … and %d more\n", res.Applicable-int64(len(res.Sample)))
 			}
-			if res.Matched > 0 {
+			if res.Applicable > 0 {
 				fmt.Fprintf(out, "Add --yes to %s them (at most --limit %d per run).\n", action, b.limit)
 			}
 			return nil
@@ -140,11 +141,18 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 		if action == "cancel" {
 			done = admin.OutcomeCancelled
 		}
-		fmt.Fprintf(out, "%d matched: %d %s, %d already requested, %d conflict (refused or changed meanwhile).\n",
-			res.Matched, res.Outcomes[done], done, res.Outcomes[admin.OutcomeAlreadyRequested], res.Outcomes[admin.OutcomeConflict])
-		if left := res.Matched - res.Outcomes[done] - res.Outcomes[admin.OutcomeAlreadyRequested] - res.Outcomes[admin.OutcomeConflict]; left > 0 {
+		fmt.Fprintf(out, "%d matched, %d skipped (a %s cannot act on them): %d %s, %d already requested, %d conflict (refused or changed meanwhile).\n",
+			res.Matched, res.Skipped, action, res.Outcomes[done], done, res.Outcomes[admin.OutcomeAlreadyRequested], res.Outcomes[admin.OutcomeConflict])
+		if left := res.Applicable - res.Outcomes[done] - res.Outcomes[admin.OutcomeAlreadyRequested] - res.Outcomes[admin.OutcomeConflict]; left > 0 {
 			fmt.Fprintf(out, "%d more match: run the same command again.\n", left)
 		}
 		return nil
 	})
+}
+
+func pastTense(action string) string {
+	if action == "cancel" {
+		return "cancelled"
+	}
+	return action + "d"
 }
