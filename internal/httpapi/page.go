@@ -51,7 +51,6 @@ func newPageRenderer() (*pageRenderer, error) {
 		"attempt":    listAttempt,
 		"timems":     fmtTimeMs,
 		"gap":        journalGap,
-		"took":       stepTook,
 		"next":       listNextAttempt,
 		"lower":      lower,
 		"canRetry":   canRetry,
@@ -644,7 +643,9 @@ func newChart(samples []LagSample) chart {
 			c.Gaps = append(c.Gaps, x(s.At))
 			continue
 		}
-		fmt.Fprintf(&sp, "%.1f,%.1f ", x(s.At), y(s.LagSeconds, c.MaxSeconds))
+		// The seconds axis reaches at least 1 s: a few milliseconds of lag
+		// must not fill the chart.
+		fmt.Fprintf(&sp, "%.1f,%.1f ", x(s.At), y(s.LagSeconds, max(c.MaxSeconds, 1)))
 		fmt.Fprintf(&bp, "%.1f,%.1f ", x(s.At), y(float64(s.LagBytes), float64(c.MaxBytes)))
 	}
 	c.SecondsPoints, c.BytesPoints = strings.TrimSpace(sp.String()), strings.TrimSpace(bp.String())

@@ -32,6 +32,9 @@ type timeline struct {
 	From          string // the axis' origin, to the millisecond
 	Waiting       bool   // a step still waits for a reply (the axis ends now)
 	Empty         bool
+	// Took says, per step index, how long its attempts (backoffs and
+	// waits included) and its compensation took, for the steps list.
+	Took map[int]string
 }
 
 type timelineLane struct {
@@ -55,8 +58,9 @@ type timelineBar struct {
 }
 
 type timelineTick struct {
-	X     float64
-	Label string
+	X      float64
+	Label  string
+	Anchor string // text-anchor class: tick-mid, or tick-end for the last
 }
 
 const (
@@ -261,7 +265,39 @@ func layoutTimeline(d admin.Detail, now time.Time) timeline {
 	}
 	for i := 0; i <= 4; i++ {
 		at := time.Duration(float64(total) * float64(i) / 4)
-		tl.Ticks = append(tl.Ticks, timelineTick{X: float64(tl.LabelWidth) + plot*float64(i)/4, Label: "+" + fmtMs(at)})
+		anchor := "tick-mid"
+		if i == 4 {
+			anchor = "tick-end"
+		}
+		tl.Ticks = append(tl.Ticks, timelineTick{X: float64(tl.LabelWidth) + plot*float64(i)/4, Label: "+" + fmtMs(at), Anchor: anchor})
+	}
+	// Per step: from its first bar to its last, forwards and undoing.
+	type extent struct{ from, to time.Time }
+	fwd, back := map[int]extent{}, map[int]extent{}
+	for _, sp := range spans {
+		m := fwd
+		if sp.kind == "compensation" || laneKeys[sp.lane].comp {
+			m = back
+		}
+		e, ok := m[sp.step]
+		if !ok || sp.from.Before(e.from) {
+			e.from = sp.from
+		}
+		if sp.to.After(e.to) {
+			e.to = sp.to
+		}
+		m[sp.step] = e
+	}
+	tl.Took = map[int]string{}
+	for step, e := range fwd {
+		tl.Took[step] = fmtMs(e.to.Sub(e.from))
+	}
+	for step, e := range back {
+		undo := "undone in " + fmtMs(e.to.Sub(e.from))
+		if t := tl.Took[step]; t != "" {
+			undo = t + ", " + undo
+		}
+		tl.Took[step] = undo
 	}
 	tl.Span = fmtMs(total)
 	tl.From = origin.UTC().Format("2006-01-02 15:04:05.000Z")
@@ -275,21 +311,6 @@ func journalGap(events []admin.Event, i int) string {
 		return "—"
 	}
 	return "+" + fmtMs(events[i].CreatedAt.Sub(events[i-1].CreatedAt))
-}
-
-// stepTook is how long a step took from its first start to its completion
-// (or compensation), "—" when it has not ended.
-func stepTook(s admin.Step) string {
-	if s.StartedAt == nil {
-		return "—"
-	}
-	switch {
-	case s.CompletedAt != nil:
-		return fmtMs(s.CompletedAt.Sub(*s.StartedAt))
-	case s.CompensatedAt != nil:
-		return fmtMs(s.CompensatedAt.Sub(*s.StartedAt)) + " to compensated"
-	}
-	return "—"
 }
 
 // fmtTimeMs is fmtTime to the millisecond, for the journal.
