@@ -363,14 +363,14 @@ func (a *Admin) summarize(ctx context.Context, db pgx.Tx, items []Item) error {
 		return fmt.Errorf("admin: read how instances ended: %w", err)
 	}
 	type end struct {
-		steps, compStep int
-		compName        string
+		steps, compStep       int
+		compName, currentName string
 	}
 	ends := make(map[uuid.UUID]end, len(items))
 	for rows.Next() {
 		var id uuid.UUID
 		var e end
-		if err := rows.Scan(&id, &e.steps, &e.compStep, &e.compName); err != nil {
+		if err := rows.Scan(&id, &e.steps, &e.compStep, &e.compName, &e.currentName); err != nil {
 			rows.Close()
 			return fmt.Errorf("admin: read how instances ended: %w", err)
 		}
@@ -391,10 +391,7 @@ func (a *Admin) summarize(ctx context.Context, db pgx.Tx, items []Item) error {
 			}
 			return fmt.Sprintf("step %d", seq)
 		}
-		current := it.CurrentStepName
-		if current == "" {
-			current = fmt.Sprintf("step %d", it.CurrentStep)
-		}
+		current := named(it.CurrentStep, e.currentName)
 		after := ""
 		if e.compStep >= 0 {
 			after = " after " + named(e.compStep, e.compName)

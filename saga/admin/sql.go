@@ -85,14 +85,16 @@ const (
 )
 
 // sqlItemEnds reads, for the instances of a page, what their step column
-// says: how many steps they recorded, and the step (index and recorded
-// name) the forward run ended at before their newest compensation started:
+// says: how many steps they recorded, the recorded name of the step they
+// stand at, and the step (index and recorded name) the forward run ended at before their newest compensation started:
 // that of the newest step event before it (the failed attempt, the step a
 // deadline or a cancel found), -1 when there is none. Each lookup walks one
 // instance's journal backwards by its primary key.
 const sqlItemEnds = `
-SELECT i.id, n.steps, coalesce(l.step, -1), coalesce(st.step_name, '')
+SELECT i.id, n.steps, coalesce(l.step, -1), coalesce(st.step_name, ''), coalesce(cur.step_name, '')
 FROM unnest($1::uuid[]) AS i(id)
+JOIN saga_instances s ON s.id = i.id
+LEFT JOIN saga_steps cur ON cur.saga_instance_id = i.id AND cur.sequence = s.current_step
 CROSS JOIN LATERAL (SELECT count(*)::int AS steps FROM saga_steps WHERE saga_instance_id = i.id) n
 LEFT JOIN LATERAL (SELECT e.version FROM saga_events e WHERE e.instance_id = i.id AND e.kind = 'compensation_started'
                    ORDER BY e.version DESC LIMIT 1) c ON true
