@@ -350,8 +350,13 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 	if in.StuckReason != "" {
 		fmt.Fprintf(tw, "stuck\t%s: %s\n", in.StuckReason, in.StuckDetail)
 	}
-	fmt.Fprintf(tw, "current step\t%s, attempt %d\n", stepLabel(in.CurrentStep, in.CurrentStepName), in.Attempt)
-	fmt.Fprintf(tw, "next attempt\t%s\n", in.NextAttemptAt.UTC().Format(sagaTimeLayout))
+	row := sagaListRow(in.Item)
+	if in.Terminal() {
+		fmt.Fprintf(tw, "step\t%s\n", row.Step)
+	} else {
+		fmt.Fprintf(tw, "step\t%s (index %d), attempt %s\n", row.Step, in.CurrentStep, row.Attempt)
+	}
+	fmt.Fprintf(tw, "next attempt\t%s\n", row.NextAttempt)
 	fmt.Fprintf(tw, "deadline\t%s\n", sagaTime(in.TimeoutAt))
 	fmt.Fprintf(tw, "lease until\t%s\n", sagaTime(in.LeaseExpiresAt))
 	if in.LastError != "" {
