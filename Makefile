@@ -98,3 +98,12 @@ test-db-down: postgres
 .PHONY: test-sinks
 test-sinks: postgres
 	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full
+
+# `make test-lag-idle` watches an idle relay's lag for a full minute (go test
+# watches for 15 s): the stream's and QueryLag's lag_seconds, and the
+# monitor's chart in Chromium (screenshots in $ARTIFACTS_DIR, default
+# $TMPDIR/compensa-artifacts).
+.PHONY: test-lag-idle
+test-lag-idle: postgres chromium
+	$(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc -args -cdc.lag-idle=60s
+	$(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi -args -httpapi.lag-idle=60s

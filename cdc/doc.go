@@ -61,9 +61,12 @@
 //
 // # Lag
 //
-// Stream.Lag is the in-process view (bytes behind the newest server position
-// seen, seconds since the newest handled commit or heartbeat). QueryLag is
-// the view from any process: bytes are pg_current_wal_lsn() −
-// confirmed_flush_lsn; seconds are the age of relay_checkpoints.updated_at,
-// the last time the sink committed anything (a batch or a heartbeat).
+// Stream.Lag is the in-process view: bytes behind the newest server position
+// seen, and seconds as the age of the oldest transaction received and not
+// yet committed by the sink (0 when caught up). QueryLag is the view from
+// any process: bytes are pg_current_wal_lsn() − confirmed_flush_lsn;
+// seconds are the age of the oldest outbox row created after the source
+// commit time of the newest transaction the sink handled
+// (relay_checkpoints.updated_at), 0 when there is none. Neither grows while
+// the outbox is idle, whatever the heartbeat interval.
 package cdc

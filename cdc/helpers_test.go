@@ -78,8 +78,13 @@ func (s *recordingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 		fresh = !behind
 	} else {
-		tag, err := tx.Exec(ctx, `INSERT INTO relay_checkpoints AS c (slot_name, lsn, updated_at) VALUES ($1, $2::pg_lsn, now())
-			ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now() WHERE c.lsn < EXCLUDED.lsn`, b.Slot, b.EndLSN.String())
+		// As the correlator does: updated_at is the source commit time.
+		var commitTime *time.Time
+		if !b.CommitTime.IsZero() {
+			commitTime = &b.CommitTime
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO relay_checkpoints AS c (slot_name, lsn, updated_at) VALUES ($1, $2::pg_lsn, coalesce($3::timestamptz, now()))
+			ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = EXCLUDED.updated_at WHERE c.lsn < EXCLUDED.lsn`, b.Slot, b.EndLSN.String(), commitTime)
 		if err != nil {
 			return err
 		}

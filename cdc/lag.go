@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/compensa/compensa/outbox"
 )
 
 // Lag is the stream's own view of how far behind it is, for metrics and the
@@ -21,9 +23,10 @@ type Lag struct {
 	// Bytes is the newest server WAL position the stream has seen (from the
 	// server's messages and from each heartbeat) minus FlushLSN.
 	Bytes uint64
-	// Seconds is the age of LastCommit, by this machine's clock; zero before
-	// anything was handled. While the stream is healthy it stays below about
-	// HeartbeatInterval.
+	// Seconds is the age, by this machine's clock, of the oldest committed
+	// transaction the stream has received and the sink has not yet
+	// committed: 0 when the stream is caught up, however long ago the last
+	// commit was; it grows while the sink is stuck on a transaction.
 	Seconds float64
 	// LastCommit is the source commit time of the newest transaction or
 	// heartbeat the sink committed.
@@ -45,11 +48,12 @@ type LagReport struct {
 	// LagBytes is pg_current_wal_lsn() − confirmed_flush_lsn: the WAL the
 	// relay has not yet confirmed.
 	LagBytes int64 `json:"lag_bytes"`
-	// LagSeconds is the time since the relay last committed a checkpoint
-	// (relay_checkpoints.updated_at): a batch or a heartbeat. While the relay
-	// streams it stays below about the heartbeat interval; it grows while the
-	// relay is stopped or stuck. A backlog being worked through shows in
-	// LagBytes, not here. Nil when the slot has no checkpoint yet.
+	// LagSeconds is the age of the oldest outbox row committed after the
+	// newest transaction the relay handled (the source commit time in
+	// relay_checkpoints.updated_at): 0 when the relay is caught up, however
+	// long ago it last handled anything; it grows with that row's age while
+	// the relay is stopped, stuck or working through a backlog. Nil when the
+	// slot has no checkpoint yet, or the outbox table cannot be read.
 	LagSeconds        *float64 `json:"lag_seconds"`
 	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
 	CurrentLSN        string   `json:"current_lsn"`
@@ -61,13 +65,26 @@ SELECT s.active, coalesce(s.wal_status, ''),
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn), 0)::bigint
 FROM pg_replication_slots s WHERE s.slot_name = $1`
 
+// sqlLagSeconds finds the oldest outbox row created after the checkpoint's
+// source commit time (an index scan on created_at). A row's created_at is
+// its transaction's start: a row committed after the checkpoint by a
+// transaction that began before it is counted once a later row is, so the
+// figure errs low by at most the length of such a transaction.
 const sqlLagSeconds = `
-SELECT extract(epoch FROM clock_timestamp() - updated_at)::float8
-FROM relay_checkpoints WHERE slot_name = $1`
+SELECT coalesce(extract(epoch FROM clock_timestamp() - (
+         SELECT min(o.%[2]s) FROM %[1]s o WHERE o.%[2]s > c.updated_at)), 0)::float8
+FROM relay_checkpoints c WHERE c.slot_name = $1`
 
-// QueryLag reads the slot's lag with read-only queries. A missing slot is an
-// ErrSlotNotFound; a database without relay_checkpoints reports no seconds.
+// QueryLag reads the slot's lag with read-only queries, for the default
+// outbox table. A missing slot is an ErrSlotNotFound; a database without
+// relay_checkpoints reports no seconds.
 func QueryLag(ctx context.Context, q Querier, slot string) (LagReport, error) {
+	return QueryLagOf(ctx, q, slot, outbox.TableName{Name: outbox.DefaultTable}, "created_at")
+}
+
+// QueryLagOf is QueryLag for an outbox table whose creation time is in the
+// column createdAt.
+func QueryLagOf(ctx context.Context, q Querier, slot string, table outbox.TableName, createdAt string) (LagReport, error) {
 	r := LagReport{Slot: slot}
 	err := q.QueryRow(ctx, sqlLag, slot).Scan(&r.Active, &r.WALStatus, &r.ConfirmedFlushLSN, &r.CurrentLSN, &r.LagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -77,13 +94,16 @@ func QueryLag(ctx context.Context, q Querier, slot string) (LagReport, error) {
 		return r, fmt.Errorf("cdc: read the lag of slot %q: %w", slot, err)
 	}
 	var secs float64
-	err = q.QueryRow(ctx, sqlLagSeconds, slot).Scan(&secs)
+	query := fmt.Sprintf(sqlLagSeconds, table.Quoted(), pgx.Identifier{createdAt}.Sanitize())
+	err = q.QueryRow(ctx, query, slot).Scan(&secs)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		secs = max(secs, 0)
 		r.LagSeconds = &secs
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01":
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "42501"):
+		// No checkpoint yet, or no outbox table or column this role may
+		// read: the age is unknown.
 	default:
 		return r, fmt.Errorf("cdc: read the checkpoint of slot %q: %w", slot, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"maps"
 	"slices"
 	"strings"
@@ -83,4 +84,93 @@ func TestHumanBytes(t *testing.T) {
 			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
 		}
 	}
+}
+
+// lagIdle is how long TestLagIsTheAgeOfTheOldestUnhandledChange watches an
+// idle stream (go test ./cdc -run TestLag -args -cdc.lag-idle=60s for the
+// full minute).
+var lagIdle = flag.Duration("cdc.lag-idle", 15*time.Second, "how long the lag test watches an idle stream")
+
+// TestLagIsTheAgeOfTheOldestUnhandledChange: an idle stream reports a lag
+// under a second in memory and through QueryLag, across many heartbeats
+// (the age of the last heartbeat would saw-tooth up to the interval); a
+// stream whose sink stops consuming reports the age of the oldest change it
+// has not handled, growing with it, not the age of newer ones.
+func TestLagIsTheAgeOfTheOldestUnhandledChange(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	sink := newSink(t, db.Pool)
+	release := make(chan struct{})
+	sink.setBefore(func(ctx context.Context, b cdc.Batch) error {
+		for _, e := range b.Events {
+			if e.EventType == "stuck" {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		return nil
+	})
+	cfg := baseConfig(t, db)
+	cfg.HeartbeatInterval = 2 * time.Second
+	r := startStream(t, cfg, sink)
+	writeEvents(t, db.Pool, 3, "x")
+	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
+
+	read := func() (mem, query float64) {
+		t.Helper()
+		rep, err := cdc.QueryLag(ctx, db.Pool, db.Slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.LagSeconds == nil {
+			t.Fatalf("QueryLag reports no lag_seconds: %+v", rep)
+		}
+		return r.s.Lag().Seconds, *rep.LagSeconds
+	}
+
+	idleUntil := time.Now().Add(*lagIdle)
+	worstMem, worstQuery := 0.0, 0.0
+	samples := 0
+	for time.Now().Before(idleUntil) {
+		mem, query := read()
+		worstMem, worstQuery = max(worstMem, mem), max(worstQuery, query)
+		samples++
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("idle for %s (%d samples, heartbeat every %s): worst lag %.3fs in memory, %.3fs from QueryLag", *lagIdle, samples, cfg.HeartbeatInterval, worstMem, worstQuery)
+	if worstMem >= 1 || worstQuery >= 1 {
+		t.Fatalf("an idle stream reported a lag of %.3fs in memory and %.3fs from QueryLag, want < 1s", worstMem, worstQuery)
+	}
+
+	// The sink stops consuming at the "stuck" row; newer rows queue behind it.
+	stuckAt := time.Now()
+	writeEvents(t, db.Pool, 1, "stuck")
+	time.Sleep(1500 * time.Millisecond)
+	writeEvents(t, db.Pool, 1, "x")
+	var prevMem, prevQuery float64
+	for i := range 3 {
+		time.Sleep(1500 * time.Millisecond)
+		mem, query := read()
+		age := time.Since(stuckAt).Seconds()
+		t.Logf("stuck for %.1fs: lag %.3fs in memory, %.3fs from QueryLag", age, mem, query)
+		for name, got := range map[string]float64{"in memory": mem, "from QueryLag": query} {
+			if got < age-0.5 || got > age+0.5 {
+				t.Fatalf("lag %s = %.3fs, want the age of the oldest unhandled row, %.3fs", name, got, age)
+			}
+		}
+		if i > 0 && (mem < prevMem+1 || query < prevQuery+1) {
+			t.Fatalf("lag does not grow: %.3f→%.3f in memory, %.3f→%.3f from QueryLag", prevMem, mem, prevQuery, query)
+		}
+		prevMem, prevQuery = mem, query
+	}
+	close(release)
+	waitFor(t, 20*time.Second, "the stuck rows", func() bool { return countHandled(t, db.Pool) == 5 })
+	waitFor(t, 10*time.Second, "the lag back under a second", func() bool {
+		mem, query := read()
+		return mem < 1 && query < 1
+	})
 }

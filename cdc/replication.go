@@ -143,6 +143,9 @@ type receiver struct {
 func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn.PgConn, t *tableInfo, start, replayUntil pglogrepl.LSN) (progressed bool, err error) {
 	began := time.Now()
 	s.flushed.Store(uint64(start))
+	// Whatever a previous session left unhandled comes again after start.
+	s.handledThrough(^pglogrepl.LSN(0))
+	defer s.handledThrough(^pglogrepl.LSN(0))
 	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
 		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now(), replayUntil: replayUntil}
 	r.committed.Store(uint64(start))
@@ -336,6 +339,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
 			r.tx.events, r.tx.bytes = nil, 0
 			r.tx.parts++
+			r.s.received(r.tx.commitLSN, r.tx.commitTime)
 			if err := r.flushPending(ctx); err != nil {
 				return err
 			}
@@ -362,6 +366,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 			Transactions: 1}
 		r.tx.events = nil
 		r.queuedEnd = end
+		r.s.received(m.CommitLSN, m.CommitTime)
 		if r.tx.parts > 0 {
 			return r.queue(ctx, b)
 		}
@@ -512,6 +517,7 @@ func (s *Stream) runSink(sinkCtx, stop context.Context, batches <-chan Batch, co
 		handled.Add(1)
 		if !b.Partial {
 			storeMax(committed, b.EndLSN)
+			s.handledThrough(b.EndLSN)
 		}
 	}
 }

@@ -42,6 +42,51 @@ type Stream struct {
 	flushed    atomic.Uint64 // LSN last reported as flushed
 	serverLSN  atomic.Uint64 // newest server WAL position seen
 	lastCommit atomic.Int64  // unix nanoseconds, source commit time
+
+	// unhandled lists the transactions received for the sink and not yet
+	// committed by it, oldest first: their age is the lag.
+	unhandledMu sync.Mutex
+	unhandled   []txMark
+}
+
+// txMark is a transaction handed towards the sink: its commit LSN and
+// source commit time.
+type txMark struct {
+	commitLSN pglogrepl.LSN
+	at        time.Time
+}
+
+// received records a transaction on its way to the sink.
+func (s *Stream) received(commitLSN pglogrepl.LSN, at time.Time) {
+	s.unhandledMu.Lock()
+	defer s.unhandledMu.Unlock()
+	if n := len(s.unhandled); n > 0 && s.unhandled[n-1].commitLSN >= commitLSN {
+		return // a part of a transaction already recorded, or a replay
+	}
+	s.unhandled = append(s.unhandled, txMark{commitLSN: commitLSN, at: at})
+}
+
+// handledThrough forgets the transactions the sink committed: those whose
+// commit lies before end.
+func (s *Stream) handledThrough(end pglogrepl.LSN) {
+	s.unhandledMu.Lock()
+	defer s.unhandledMu.Unlock()
+	i := 0
+	for i < len(s.unhandled) && s.unhandled[i].commitLSN < end {
+		i++
+	}
+	s.unhandled = append(s.unhandled[:0], s.unhandled[i:]...)
+}
+
+// oldestUnhandled is the commit time of the oldest transaction received and
+// not yet committed by the sink; zero when there is none.
+func (s *Stream) oldestUnhandled() time.Time {
+	s.unhandledMu.Lock()
+	defer s.unhandledMu.Unlock()
+	if len(s.unhandled) == 0 {
+		return time.Time{}
+	}
+	return s.unhandled[0].at
 }
 
 // NewStream checks cfg and returns a stream that hands batches to sink.
@@ -76,7 +121,9 @@ func (s *Stream) Lag() Lag {
 	}
 	if ns := s.lastCommit.Load(); ns != 0 {
 		l.LastCommit = time.Unix(0, ns)
-		l.Seconds = max(time.Since(l.LastCommit).Seconds(), 0)
+	}
+	if at := s.oldestUnhandled(); !at.IsZero() {
+		l.Seconds = max(time.Since(at).Seconds(), 0)
 	}
 	return l
 }

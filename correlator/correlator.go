@@ -272,7 +272,11 @@ func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, error) {
 		}
 		return !behind, nil
 	}
-	tag, err := tx.Exec(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String())
+	var commitTime *time.Time
+	if !b.CommitTime.IsZero() {
+		commitTime = &b.CommitTime
+	}
+	tag, err := tx.Exec(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String(), commitTime)
 	if err != nil {
 		return false, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
 	}

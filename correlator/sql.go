@@ -4,11 +4,14 @@ package correlator
 // unnests them, so a batch of any size costs one statement per kind of effect.
 
 // sqlCheckpoint advances the slot's checkpoint only forwards; it affects no
-// row when the batch is not past it (a replay).
+// row when the batch is not past it (a replay). updated_at is the source
+// commit time of the batch's newest transaction (now() for a first-start
+// read): every outbox row created after it is not handled yet, which is
+// what cdc.QueryLag measures.
 const sqlCheckpoint = `
 INSERT INTO relay_checkpoints AS c (slot_name, lsn, updated_at)
-VALUES ($1, $2::pg_lsn, now())
-ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = now()
+VALUES ($1, $2::pg_lsn, coalesce($3::timestamptz, now()))
+ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = EXCLUDED.updated_at
 WHERE c.lsn < EXCLUDED.lsn`
 
 // sqlStart starts one instance per (saga, trigger event); the unique index

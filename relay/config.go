@@ -118,7 +118,8 @@ type Config struct {
 
 	// Sinks is the path of a sinks file (YAML, see sink.LoadFile): the
 	// relay also delivers outbox events to those NATS, Kafka and webhook
-	// destinations. Empty: no sinks. Ignored with NoStream.
+	// destinations. Empty: no sinks. With NoStream the file is checked
+	// (secrets included) but no sink is opened.
 	Sinks string
 
 	// Logger receives the relay's structured logs (default: discarded).

@@ -89,9 +89,16 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 	}
 	// A bad sinks file is reported before anything connects.
 	var sinks *sink.Config
-	if cfg.Sinks != "" && !cfg.NoStream {
+	if cfg.Sinks != "" {
 		if sinks, err = sink.LoadFile(cfg.Sinks); err != nil {
 			return nil, fmt.Errorf("sinks: %w", err)
+		}
+		if err = dial.Check(sinks, nil); err != nil {
+			return nil, fmt.Errorf("sinks: %w", err)
+		}
+		if cfg.NoStream {
+			// Checked the same way, but only the stream delivers to sinks.
+			sinks = nil
 		}
 	}
 	// The workers, the correlator, the stream's checkpoint reads and the
@@ -233,7 +240,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 			l := r.stream.Lag()
 			return int64(l.Bytes), l.Seconds
 		}
-		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
+		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot, table, cols["created_at"])
 		sources.Stream = func() (bool, uint64) {
 			h := r.stream.Health()
 			return h.Stalled, h.BatchFailures
@@ -485,9 +492,9 @@ func (r *Relay) health() []string {
 }
 
 // replicationFunc reports the slot for /v1/replication and /readyz.
-func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
+func replicationFunc(pool *pgxpool.Pool, slot string, table outbox.TableName, createdAt string) httpapi.ReplicationFunc {
 	return func(ctx context.Context) (httpapi.ReplicationStatus, error) {
-		r, err := cdc.QueryLag(ctx, pool, slot)
+		r, err := cdc.QueryLagOf(ctx, pool, slot, table, createdAt)
 		if errors.Is(err, cdc.ErrSlotNotFound) {
 			return httpapi.ReplicationStatus{Slot: slot}, nil
 		}

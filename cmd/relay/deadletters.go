@@ -93,7 +93,7 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil || id <= 0 {
-				return fmt.Errorf("dead letter id %q is not a positive number (see `relay deadletters list`)", args[0])
+				return usageError("dead letter id %q is not a positive number (see `relay deadletters list`)", args[0])
 			}
 			ctx := cmd.Context()
 			pool, err := openPool(ctx, opts, 2)

@@ -484,6 +484,11 @@ func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL,
 	row(briefs.EventEnriched, s.enrichedEvents)
 	row(briefs.EventEnrichmentReverted, s.revertedEvents)
 	tw.Flush()
+	if d.exitWhenDone {
+		// The cluster, the relay and the monitor are removed on exit:
+		// nothing here would still answer.
+		return
+	}
 	fmt.Fprintf(w, "\nmonitor:   %s (API token %s)\n", monitor, d.apiToken)
 	fmt.Fprintf(w, "database:  %s\n", dbURL)
 	fmt.Fprintf(w, "slot:      %s\n", slot)

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/outbox"
 )
 
 func init() { registerCommand(newLagCmd) }
@@ -23,14 +24,22 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 		Use:   "lag",
 		Short: "Print the replication lag of the relay's slot (read-only)",
 		Long: "Prints the slot, whether a relay streams it (active), its wal_status, the lag in bytes\n" +
-			"(pg_current_wal_lsn() - confirmed_flush_lsn, human and exact) and in seconds (time since the\n" +
-			"relay last committed a checkpoint: a batch or a heartbeat).\n" +
+			"(pg_current_wal_lsn() - confirmed_flush_lsn, human and exact) and in seconds (the age of the\n" +
+			"oldest outbox row the relay has not handled yet: 0 when it is caught up).\n" +
 			"--json prints one object per line with the keys slot, active, wal_status, lag_bytes,\n" +
 			"lag_seconds, confirmed_flush_lsn and current_lsn. --follow prints one line per --interval.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if interval <= 0 {
 				return fmt.Errorf("--interval must be positive, got %s", interval)
+			}
+			table, err := outbox.ParseTableName(opts.OutboxTable)
+			if err != nil {
+				return usageError("%v", err)
+			}
+			cols, err := outbox.ParseColumnMap(opts.OutboxColumns)
+			if err != nil {
+				return usageError("%v", err)
 			}
 			ctx := cmd.Context()
 			pool, err := openPool(ctx, opts, 1)
@@ -41,7 +50,7 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
 			for {
-				rep, err := cdc.QueryLag(ctx, pool, opts.Slot)
+				rep, err := cdc.QueryLagOf(ctx, pool, opts.Slot, table, cols["created_at"])
 				switch {
 				case err != nil && ctx.Err() != nil:
 					return nil

@@ -18,6 +18,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/compensa/compensa/internal/dbconn"
 )
 
 // version and commit are set at build time with -ldflags "-X main.version=...
@@ -53,6 +55,10 @@ func execute(ctx context.Context, root *cobra.Command, opts *rootOptions, args [
 	var ee exitError
 	if errors.As(err, &ee) {
 		code, msg = ee.code, ee.msg
+	} else if errors.Is(err, dbconn.ErrNoDatabase) || errors.Is(err, dbconn.ErrInvalidDSN) {
+		// A missing or malformed --database-url is a usage error, whichever
+		// command reads it.
+		code = 2
 	}
 	if msg != "" {
 		fmt.Fprintln(stderr, "relay: "+termSafe(oneLine(redactAll(msg, opts.secrets()))))

@@ -67,7 +67,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			if tenant != "" {
 				id, err := uuid.Parse(tenant)
 				if err != nil {
-					return fmt.Errorf("--tenant %q is not a UUID", tenant)
+					return usageError("--tenant %q is not a UUID", tenant)
 				}
 				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
 			}
@@ -159,7 +159,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			if strings.TrimSpace(retryReason) == "" {
-				return fmt.Errorf("--reason is required: say why you retry (it is journaled with your name)")
+				return usageError("--reason is required: say why you retry (it is journaled with your name)")
 			}
 			if err := plainReason(retryReason); err != nil {
 				return err
@@ -233,7 +233,7 @@ func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Durat
 func parseInstanceID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil || len(s) != 36 {
-		return uuid.Nil, fmt.Errorf("%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", s)
+		return uuid.Nil, usageError("%q is not a saga instance id (a UUID like 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90)", s)
 	}
 	return id, nil
 }
@@ -261,6 +261,10 @@ func writeIndentedJSON(w io.Writer, v any) error {
 
 const sagaTimeLayout = "2006-01-02 15:04:05Z"
 
+// journalTimeLayout shows journal entries to the millisecond: a saga's
+// steps often take less than a second.
+const journalTimeLayout = "2006-01-02 15:04:05.000Z"
+
 func clipText(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
@@ -286,14 +290,10 @@ func printSagaItems(out io.Writer, items []admin.Item, stuckOnly bool) {
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSAGA\tSTATUS\tSTEP\tATTEMPT\tNEXT ATTEMPT\tSTUCK\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tSAGA\tSTATUS\tSTEP\tATTEMPT\tNEXT ATTEMPT\tSTUCK\tREASON")
 	for _, it := range items {
-		stuck := it.StuckReason
-		if stuck == "" {
-			stuck = "-"
-		}
-		fmt.Fprintf(tw, "%s\t%s@v%d\t%s\t%s\t%d\t%s\t%s\t%s\n", it.ID, it.SagaName, it.SagaVersion, it.Status,
-			stepLabel(it.CurrentStep, it.CurrentStepName), it.Attempt, it.NextAttemptAt.UTC().Format(sagaTimeLayout), stuck, clipText(it.LastError, 60))
+		c := sagaListRow(it)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Saga, c.Status, c.Step, c.Attempt, c.NextAttempt, c.Stuck, c.Reason)
 	}
 	tw.Flush()
 	if stuckOnly {
@@ -302,6 +302,38 @@ func printSagaItems(out io.Writer, items []admin.Item, stuckOnly bool) {
 			fmt.Fprintf(out, "%s: %s\n", it.ID, it.StuckDetail)
 		}
 	}
+}
+
+// sagaRow is a list row's cells as people read them, in the CLI and on
+// the monitor's page alike: a finished instance shows how it ended and no
+// next attempt or attempt count, a reason is cut to ReasonWidth characters.
+type sagaRow struct {
+	ID, Saga, Status, Step, Attempt, NextAttempt, Stuck, Reason string
+}
+
+// ReasonWidth is how much of a reason a list row shows (the detail has it
+// whole).
+const reasonWidth = 60
+
+func sagaListRow(it admin.Item) sagaRow {
+	r := sagaRow{ID: it.ID.String(), Saga: fmt.Sprintf("%s@v%d", it.SagaName, it.SagaVersion), Status: string(it.Status),
+		Step: it.StepSummary, Attempt: "-", NextAttempt: "-", Stuck: it.StuckReason, Reason: clipText(it.Reason, reasonWidth)}
+	if !it.Terminal() && it.Status != saga.StatusFailed {
+		r.Attempt = fmt.Sprint(it.Attempt)
+		r.NextAttempt = it.NextAttemptAt.UTC().Format(sagaTimeLayout)
+		if it.AwaitingReply {
+			r.NextAttempt = "-"
+		}
+	}
+	if r.Step == "" {
+		r.Step = stepLabel(it.CurrentStep, it.CurrentStepName)
+	}
+	for _, c := range []*string{&r.Stuck, &r.Reason} {
+		if *c == "" {
+			*c = "-"
+		}
+	}
+	return r
 }
 
 func sagaTime(t *time.Time) string {
@@ -321,8 +353,13 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 	if in.StuckReason != "" {
 		fmt.Fprintf(tw, "stuck\t%s: %s\n", in.StuckReason, in.StuckDetail)
 	}
-	fmt.Fprintf(tw, "current step\t%s, attempt %d\n", stepLabel(in.CurrentStep, in.CurrentStepName), in.Attempt)
-	fmt.Fprintf(tw, "next attempt\t%s\n", in.NextAttemptAt.UTC().Format(sagaTimeLayout))
+	row := sagaListRow(in.Item)
+	if in.Terminal() {
+		fmt.Fprintf(tw, "step\t%s\n", row.Step)
+	} else {
+		fmt.Fprintf(tw, "step\t%s (index %d), attempt %s\n", row.Step, in.CurrentStep, row.Attempt)
+	}
+	fmt.Fprintf(tw, "next attempt\t%s\n", row.NextAttempt)
 	fmt.Fprintf(tw, "deadline\t%s\n", sagaTime(in.TimeoutAt))
 	fmt.Fprintf(tw, "lease until\t%s\n", sagaTime(in.LeaseExpiresAt))
 	if in.LastError != "" {
@@ -358,7 +395,7 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 		if e.Step != nil && *e.Step >= 0 {
 			step = fmt.Sprint(*e.Step)
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", e.Version, e.CreatedAt.UTC().Format(sagaTimeLayout), e.Kind, step, sagaEventDetails(e.Payload))
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\n", e.Version, e.CreatedAt.UTC().Format(journalTimeLayout), e.Kind, step, sagaEventDetails(e.Payload))
 	}
 	tw.Flush()
 }

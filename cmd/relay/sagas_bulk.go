@@ -47,10 +47,10 @@ func parseBulkFilter(pairs []string) (admin.Filter, error) {
 		for _, kv := range strings.Split(arg, ",") {
 			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 			if !ok || v == "" {
-				return f, fmt.Errorf("--filter %q: write KEY=VALUE, e.g. --filter saga=order --filter status=FAILED", kv)
+				return f, usageError("--filter %q: write KEY=VALUE, e.g. --filter saga=order --filter status=FAILED", kv)
 			}
 			if seen[k] {
-				return f, fmt.Errorf("--filter: %s is given twice", k)
+				return f, usageError("--filter: %s is given twice", k)
 			}
 			seen[k] = true
 			switch k {
@@ -65,19 +65,19 @@ func parseBulkFilter(pairs []string) (admin.Filter, error) {
 			case "version":
 				n, err := strconv.Atoi(v)
 				if err != nil || n < 1 {
-					return f, fmt.Errorf("--filter version=%s: want a positive integer", v)
+					return f, usageError("--filter version=%s: want a positive integer", v)
 				}
 				f.Version = n
 			case "stuck":
 				bv, err := strconv.ParseBool(v)
 				if err != nil {
-					return f, fmt.Errorf("--filter stuck=%s: want true or false", v)
+					return f, usageError("--filter stuck=%s: want true or false", v)
 				}
 				f.Stuck = bv
 			case "created_after", "created_before":
 				t, err := time.Parse(time.RFC3339Nano, v)
 				if err != nil {
-					return f, fmt.Errorf("--filter %s=%s: want an RFC 3339 time like 2026-01-02T15:04:05Z", k, v)
+					return f, usageError("--filter %s=%s: want an RFC 3339 time like 2026-01-02T15:04:05Z", k, v)
 				}
 				if k == "created_after" {
 					f.CreatedAfter = t
@@ -87,11 +87,11 @@ func parseBulkFilter(pairs []string) (admin.Filter, error) {
 			case "tenant":
 				id, err := uuid.Parse(v)
 				if err != nil {
-					return f, fmt.Errorf("--filter tenant=%s: want a UUID", v)
+					return f, usageError("--filter tenant=%s: want a UUID", v)
 				}
 				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
 			default:
-				return f, fmt.Errorf("--filter: unknown key %q; the keys are saga, version, status, step, stuck, error_contains, created_after, created_before, tenant", k)
+				return f, usageError("--filter: unknown key %q; the keys are saga, version, status, step, stuck, error_contains, created_after, created_before, tenant", k)
 			}
 		}
 	}
@@ -102,17 +102,17 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 	withAdmin func(*cobra.Command, func(*admin.Admin) error) error,
 	do func(*admin.Admin, context.Context, admin.BulkRequest) (admin.BulkResult, error)) error {
 	if len(args) > 0 {
-		return fmt.Errorf("give an instance ID or --filter, not both")
+		return usageError("give an instance ID or --filter, not both")
 	}
 	if len(b.filters) == 0 {
-		return fmt.Errorf("give an instance ID, or --filter KEY=VALUE to %s every instance that matches", action)
+		return usageError("give an instance ID, or --filter KEY=VALUE to %s every instance that matches", action)
 	}
 	f, err := parseBulkFilter(b.filters)
 	if err != nil {
 		return err
 	}
 	if strings.TrimSpace(reason) == "" {
-		return fmt.Errorf("--reason is required with --filter: say why (it is journaled on every instance with your name)")
+		return usageError("--reason is required with --filter: say why (it is journaled on every instance with your name)")
 	}
 	return withAdmin(cmd, func(a *admin.Admin) error {
 		res, err := do(a, cmd.Context(), admin.BulkRequest{Filter: f, Reason: reason, Actor: cliActor(), DryRun: !b.yes, Limit: b.limit})
@@ -124,14 +124,15 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 			return writeIndentedJSON(out, res)
 		}
 		if res.DryRun {
-			fmt.Fprintf(out, "%d instances match; nothing was changed (dry run).\n", res.Matched)
+			fmt.Fprintf(out, "%d instances match; %d can be %s, %d would be skipped (a %s cannot act on them); nothing was changed (dry run).\n",
+				res.Matched, res.Applicable, pastTense(action), res.Skipped, action)
 			for _, id := range res.Sample {
 				fmt.Fprintf(out, "  %s\n", id)
 			}
-			if res.Matched > int64(len(res.Sample)) {
-				fmt.Fprintf(out, "  … and %d more\n", res.Matched-int64(len(res.Sample)))
+			if res.Applicable > int64(len(res.Sample)) {
+				fmt.Fprintf(out, "  … and %d more\n", res.Applicable-int64(len(res.Sample)))
 			}
-			if res.Matched > 0 {
+			if res.Applicable > 0 {
 				fmt.Fprintf(out, "Add --yes to %s them (at most --limit %d per run).\n", action, b.limit)
 			}
 			return nil
@@ -140,11 +141,18 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 		if action == "cancel" {
 			done = admin.OutcomeCancelled
 		}
-		fmt.Fprintf(out, "%d matched: %d %s, %d already requested, %d conflict (refused or changed meanwhile).\n",
-			res.Matched, res.Outcomes[done], done, res.Outcomes[admin.OutcomeAlreadyRequested], res.Outcomes[admin.OutcomeConflict])
-		if left := res.Matched - res.Outcomes[done] - res.Outcomes[admin.OutcomeAlreadyRequested] - res.Outcomes[admin.OutcomeConflict]; left > 0 {
+		fmt.Fprintf(out, "%d matched, %d skipped (a %s cannot act on them): %d %s, %d already requested, %d conflict (refused or changed meanwhile).\n",
+			res.Matched, res.Skipped, action, res.Outcomes[done], done, res.Outcomes[admin.OutcomeAlreadyRequested], res.Outcomes[admin.OutcomeConflict])
+		if left := res.Applicable - res.Outcomes[done] - res.Outcomes[admin.OutcomeAlreadyRequested] - res.Outcomes[admin.OutcomeConflict]; left > 0 {
 			fmt.Fprintf(out, "%d more match: run the same command again.\n", left)
 		}
 		return nil
 	})
+}
+
+func pastTense(action string) string {
+	if action == "cancel" {
+		return "cancelled"
+	}
+	return action + "d"
 }

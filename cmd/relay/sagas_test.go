@@ -190,14 +190,14 @@ func TestSagasCLI(t *testing.T) {
 		t.Errorf("bulk cancel with a bad key: %v", err)
 	}
 	out, err = runSagas(t, c.URL, append([]string{"sagas", "cancel", "--reason", "tenant offboarded"}, filter...)...)
-	if err != nil || !strings.Contains(out, "3 instances match; nothing was changed (dry run)") || !strings.Contains(out, bulk[0].String()) {
+	if err != nil || !strings.Contains(out, "3 instances match; 3 can be cancelled, 0 would be skipped (a cancel cannot act on them); nothing was changed (dry run)") || !strings.Contains(out, bulk[0].String()) {
 		t.Fatalf("bulk cancel dry run: %v\n%s", err, out)
 	}
 	if evs, _ := j.Load(ctx, bulk[0]); len(evs) != 0 {
 		t.Fatalf("the dry run journaled %d events", len(evs))
 	}
 	out, err = runSagas(t, c.URL, append([]string{"sagas", "cancel", "--reason", "tenant offboarded", "--yes"}, filter...)...)
-	if err != nil || !strings.Contains(out, "3 matched: 3 cancelled, 0 already requested, 0 conflict") {
+	if err != nil || !strings.Contains(out, "3 matched, 0 skipped (a cancel cannot act on them): 3 cancelled, 0 already requested, 0 conflict") {
 		t.Fatalf("bulk cancel: %v\n%s", err, out)
 	}
 	for _, id := range bulk {
@@ -209,5 +209,11 @@ func TestSagasCLI(t *testing.T) {
 	out, err = runSagas(t, c.URL, append([]string{"sagas", "cancel", "--reason", "tenant offboarded", "--yes"}, filter...)...)
 	if err != nil || !strings.Contains(out, "0 matched") {
 		t.Errorf("second bulk cancel: %v\n%s", err, out)
+	}
+	// The same tenant without the status filter: the three are compensating
+	// now, which a cancel cannot act on; the dry run says it skips them.
+	out, err = runSagas(t, c.URL, "sagas", "cancel", "--reason", "again", "--filter", "tenant="+tenant.String())
+	if err != nil || !strings.Contains(out, "3 instances match; 0 can be cancelled, 3 would be skipped") || strings.Contains(out, "--yes") {
+		t.Errorf("bulk cancel dry run over compensating instances: %v\n%s", err, out)
 	}
 }

@@ -43,7 +43,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay version":           {},
 	"relay help":              {},
 	"relay migrate":           {"database-url", "slot", "publication", "outbox-table", "outbox-columns"},
-	"relay lag":               {"database-url", "slot"},
+	"relay lag":               {"database-url", "slot", "outbox-table", "outbox-columns"},
 	"relay sagas list":        {"database-url"},
 	"relay sagas show":        {"database-url"},
 	"relay sagas retry":       {"database-url"},

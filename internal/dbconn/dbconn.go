@@ -25,6 +25,10 @@ const connectTimeout = 15 * time.Second
 // ErrNoDatabase is returned when no connection string was given.
 var ErrNoDatabase = errors.New("no database: pass --database-url postgres://user:password@host:5432/db or set RELAY_DATABASE_URL")
 
+// ErrInvalidDSN is the kind of the error for a connection string that does
+// not parse.
+var ErrInvalidDSN = errors.New("invalid connection string")
+
 // Connect opens one connection.
 func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	if dsn == "" {
@@ -114,7 +118,7 @@ func (e *ConnectError) Unwrap() error { return e.err }
 func parseError(err error, dsn string) error {
 	return &ConnectError{
 		msg: parseErrorMessage(err, dsn),
-		err: errors.New("invalid connection string"),
+		err: ErrInvalidDSN,
 	}
 }
 

@@ -232,7 +232,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),
-		gaugeFunc("replication_lag_seconds", "Age of the newest source commit or heartbeat the relay has processed.",
+		gaugeFunc("replication_lag_seconds", "Age of the oldest committed change this relay has received and not yet handled; 0 when caught up.",
 			lag(func(_ int64, s float64) float64 { return s })),
 		&scrapeCollector{m: m},
 	}

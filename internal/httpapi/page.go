@@ -46,7 +46,12 @@ func newPageRenderer() (*pageRenderer, error) {
 		"time":       fmtTime,
 		"timep":      fmtTimePtr,
 		"bytes":      humanBytes,
-		"short":      func(s fmt.Stringer) string { return s.String()[:8] },
+		"short":      shortID,
+		"clip":       func(s string) string { return clipText(s, listReasonWidth) },
+		"attempt":    listAttempt,
+		"timems":     fmtTimeMs,
+		"gap":        journalGap,
+		"next":       listNextAttempt,
 		"lower":      lower,
 		"canRetry":   canRetry,
 		"canCancel":  func(st saga.Status) bool { return st == saga.StatusRunning },
@@ -179,11 +184,12 @@ type indexData struct {
 	Overview      *admin.Overview
 	OverviewChart overviewChart
 	OverviewErr   string
-	// Matched counts every instance the filter matches (for "Retry all
-	// N"); FilterJSON is the filter as the bulk API takes it.
-	Matched     int64
-	MatchedMore bool
-	FilterJSON  string
+	// Matched counts every instance the filter matches; Retryable and
+	// Cancellable those a retry or a cancel can act on ("Retry all N",
+	// "Cancel all N"); FilterJSON is the filter as the bulk API takes it.
+	Matched, Retryable, Cancellable             int64
+	MatchedMore, RetryableMore, CancellableMore bool
+	FilterJSON                                  string
 }
 
 // pageCountCap bounds the page's count of a filtered list; the bulk
@@ -223,6 +229,12 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil && d.HasFilter {
 		d.Matched, d.MatchedMore, err = adm.CountUpTo(ctx, f, pageCountCap)
+		if err == nil {
+			d.Retryable, d.RetryableMore, err = adm.CountApplicable(ctx, f, admin.ActionRetry, pageCountCap)
+		}
+		if err == nil {
+			d.Cancellable, d.CancellableMore, err = adm.CountApplicable(ctx, f, admin.ActionCancel, pageCountCap)
+		}
 		d.FilterJSON = bulkFilterJSON(f)
 	}
 	switch {
@@ -269,7 +281,8 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 
 type sagaData struct {
 	layoutData
-	D admin.Detail
+	D        admin.Detail
+	Timeline timeline
 }
 
 func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
@@ -283,7 +296,7 @@ func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, r, err)
 		return
 	}
-	s.render(w, r, s.page.detail, http.StatusOK, sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+id.String()[:8]), D: d})
+	s.render(w, r, s.page.detail, http.StatusOK, sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+shortID(id)), D: d, Timeline: newTimeline(d)})
 }
 
 // searchData is the page of a search.
@@ -500,6 +513,45 @@ func safeNext(next string) string {
 
 // --- template helpers -----------------------------------------------------
 
+// shortID is the part of an instance id that tells instances apart: its
+// last 12 hex characters (a UUIDv7 begins with its creation time, the same
+// for every instance of a minute). Search takes any end of 8 or more.
+func shortID(id fmt.Stringer) string {
+	s := id.String()
+	return s[len(s)-12:]
+}
+
+// listReasonWidth is how much of a reason a list row shows; the detail page
+// has it whole. `relay sagas list` cuts at the same width.
+const listReasonWidth = 60
+
+// clipText folds whitespace and cuts s to n characters, ending in "…".
+func clipText(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// listAttempt is the attempt cell: none for an instance that has ended or
+// waits for a person.
+func listAttempt(it admin.Item) string {
+	if it.Terminal() || it.Status == saga.StatusFailed {
+		return "—"
+	}
+	return fmt.Sprint(it.Attempt)
+}
+
+// listNextAttempt is the next attempt cell: none for an instance that has
+// ended, waits for a person or waits for a reply.
+func listNextAttempt(it admin.Item) string {
+	if it.Terminal() || it.Status == saga.StatusFailed || it.AwaitingReply {
+		return "—"
+	}
+	return fmtTime(it.NextAttemptAt)
+}
+
 func fmtTime(t time.Time) string {
 	if t.IsZero() {
 		return "—"
@@ -631,7 +683,9 @@ func newChart(samples []LagSample) chart {
 			c.Gaps = append(c.Gaps, x(s.At))
 			continue
 		}
-		fmt.Fprintf(&sp, "%.1f,%.1f ", x(s.At), y(s.LagSeconds, c.MaxSeconds))
+		// The seconds axis reaches at least 1 s: a few milliseconds of lag
+		// must not fill the chart.
+		fmt.Fprintf(&sp, "%.1f,%.1f ", x(s.At), y(s.LagSeconds, max(c.MaxSeconds, 1)))
 		fmt.Fprintf(&bp, "%.1f,%.1f ", x(s.At), y(float64(s.LagBytes), float64(c.MaxBytes)))
 	}
 	c.SecondsPoints, c.BytesPoints = strings.TrimSpace(sp.String()), strings.TrimSpace(bp.String())

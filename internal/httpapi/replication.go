@@ -20,8 +20,9 @@ type ReplicationStatus struct {
 	// unreserved, lost).
 	WALStatus string `json:"wal_status"`
 	LagBytes  int64  `json:"lag_bytes"`
-	// LagSeconds is the age of the newest commit or heartbeat the relay
-	// handled; nil when unknown (no checkpoint yet).
+	// LagSeconds is the age of the oldest committed outbox row the relay
+	// has not handled yet: 0 when it is caught up (cdc.LagReport); nil when
+	// unknown (no checkpoint yet).
 	LagSeconds        *float64 `json:"lag_seconds"`
 	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
 	CurrentLSN        string   `json:"current_lsn"`

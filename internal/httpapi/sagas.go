@@ -299,7 +299,7 @@ func (s *Server) bulk(w http.ResponseWriter, r *http.Request, action string, do 
 		for outcome, n := range res.Outcomes {
 			s.metrics.manualN(action, bulkMetricResult(outcome), n)
 		}
-		s.log.Info("bulk saga "+action+" by operator", "matched", res.Matched, "outcomes", res.Outcomes, "actor", req.Actor, "reason", req.Reason)
+		s.log.Info("bulk saga "+action+" by operator", "matched", res.Matched, "skipped", res.Skipped, "outcomes", res.Outcomes, "actor", req.Actor, "reason", req.Reason)
 	}
 	writeJSON(w, http.StatusOK, res)
 }

@@ -53,11 +53,19 @@ type BulkRequest struct {
 // BulkResult answers a bulk action. A dry run has Sample (the first
 // SampleSize matching ids, in the order a real run takes them: oldest
 // first); a real run has Outcomes (how many instances ended each way).
+//
+// Matched counts every instance the filter matches; Applicable those the
+// action can act on (a retry: RUNNING, COMPENSATING or FAILED, not held by a
+// runner, of a registered version; a cancel: RUNNING); Skipped the rest,
+// which the action leaves alone. Sample and a real run take only applicable
+// instances.
 type BulkResult struct {
-	DryRun   bool             `json:"dry_run"`
-	Matched  int64            `json:"matched"`
-	Sample   []uuid.UUID      `json:"sample,omitempty"`
-	Outcomes map[string]int64 `json:"outcomes,omitempty"`
+	DryRun     bool             `json:"dry_run"`
+	Matched    int64            `json:"matched"`
+	Applicable int64            `json:"applicable"`
+	Skipped    int64            `json:"skipped"`
+	Sample     []uuid.UUID      `json:"sample,omitempty"`
+	Outcomes   map[string]int64 `json:"outcomes,omitempty"`
 }
 
 // MarshalJSON writes the answer's documented shape: a dry run always has
@@ -69,19 +77,23 @@ func (r BulkResult) MarshalJSON() ([]byte, error) {
 			r.Sample = []uuid.UUID{}
 		}
 		return json.Marshal(struct {
-			DryRun  bool        `json:"dry_run"`
-			Matched int64       `json:"matched"`
-			Sample  []uuid.UUID `json:"sample"`
-		}{true, r.Matched, r.Sample})
+			DryRun     bool        `json:"dry_run"`
+			Matched    int64       `json:"matched"`
+			Applicable int64       `json:"applicable"`
+			Skipped    int64       `json:"skipped"`
+			Sample     []uuid.UUID `json:"sample"`
+		}{true, r.Matched, r.Applicable, r.Skipped, r.Sample})
 	}
 	if r.Outcomes == nil {
 		r.Outcomes = map[string]int64{}
 	}
 	return json.Marshal(struct {
-		DryRun   bool             `json:"dry_run"`
-		Matched  int64            `json:"matched"`
-		Outcomes map[string]int64 `json:"outcomes"`
-	}{false, r.Matched, r.Outcomes})
+		DryRun     bool             `json:"dry_run"`
+		Matched    int64            `json:"matched"`
+		Applicable int64            `json:"applicable"`
+		Skipped    int64            `json:"skipped"`
+		Outcomes   map[string]int64 `json:"outcomes"`
+	}{false, r.Matched, r.Applicable, r.Skipped, r.Outcomes})
 }
 
 // errNoLongerMatches: between selection and row lock, the instance stopped
@@ -95,7 +107,7 @@ var errNoLongerMatches = errors.New("admin: instance no longer matches the filte
 // refusal Retry would answer 409 to, or an instance that stopped matching
 // meanwhile). Matched counts the instances matching when the call began.
 func (a *Admin) RetryMatching(ctx context.Context, req BulkRequest) (BulkResult, error) {
-	return a.bulk(ctx, req, OutcomeRetried, retryRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return a.bulk(ctx, req, OutcomeRetried, sqlRetryable, retryRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
 		return a.cfg.Journal.RequestRetry(ctx, id, reason, actor)
 	})
 }
@@ -104,12 +116,12 @@ func (a *Admin) RetryMatching(ctx context.Context, req BulkRequest) (BulkResult,
 // them; the outcome of an instance whose compensation started is
 // "cancelled".
 func (a *Admin) CancelMatching(ctx context.Context, req BulkRequest) (BulkResult, error) {
-	return a.bulk(ctx, req, OutcomeCancelled, cancelRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return a.bulk(ctx, req, OutcomeCancelled, sqlCancellable, cancelRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
 		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
 	})
 }
 
-func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule func(uuid.UUID) func(Instance) (bool, error),
+func (a *Admin) bulk(ctx context.Context, req BulkRequest, done, applicable string, rule func(uuid.UUID) func(Instance) (bool, error),
 	request func(ctx context.Context, id uuid.UUID, reason, actor string) error) (BulkResult, error) {
 	f := req.Filter
 	f.Limit, f.Cursor = 0, ""
@@ -132,11 +144,17 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 	}
 
 	res := BulkResult{DryRun: req.DryRun}
-	if res.Matched, err = a.countMatching(ctx, a.cfg.Pool, f, uuid.NullUUID{}); err != nil {
+	if res.Matched, err = a.countMatching(ctx, a.cfg.Pool, f, uuid.NullUUID{}, ""); err != nil {
 		return BulkResult{}, err
 	}
+	if res.Applicable, err = a.countMatching(ctx, a.cfg.Pool, f, uuid.NullUUID{}, applicable); err != nil {
+		return BulkResult{}, err
+	}
+	// Counted apart, the two may straddle a change: never report less than
+	// nothing skipped.
+	res.Skipped = max(res.Matched-res.Applicable, 0)
 	if req.DryRun {
-		res.Sample, err = a.idsMatching(ctx, f, time.Time{}, uuid.Nil, SampleSize)
+		res.Sample, err = a.idsMatching(ctx, f, applicable, SampleSize)
 		if res.Sample == nil {
 			res.Sample = []uuid.UUID{}
 		}
@@ -148,7 +166,7 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 	var afterID uuid.UUID
 	acted := 0
 	for acted < limit {
-		ids, err := a.idsMatchingAfter(ctx, f, afterAt, afterID, min(bulkBatch, limit-acted))
+		ids, err := a.idsMatchingAfter(ctx, f, applicable, afterAt, afterID, min(bulkBatch, limit-acted))
 		if err != nil {
 			return res, err
 		}
@@ -158,7 +176,7 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 		for _, m := range ids {
 			afterAt, afterID = m.createdAt, m.id
 			still := func(ctx context.Context, tx pgx.Tx) (bool, error) {
-				n, err := a.countMatching(ctx, tx, f, uuid.NullUUID{UUID: m.id, Valid: true})
+				n, err := a.countMatching(ctx, tx, f, uuid.NullUUID{UUID: m.id, Valid: true}, "")
 				return n == 1, err
 			}
 			id := m.id
@@ -185,12 +203,36 @@ func (a *Admin) bulk(ctx context.Context, req BulkRequest, done string, rule fun
 // not count millions of COMPLETED rows to label a button. more reports that
 // at least most match (n is then most).
 func (a *Admin) CountUpTo(ctx context.Context, f Filter, most int64) (n int64, more bool, err error) {
+	return a.countUpTo(ctx, f, "", most)
+}
+
+// Bulk actions, for CountApplicable.
+const (
+	ActionRetry  = "retry"
+	ActionCancel = "cancel"
+)
+
+// CountApplicable is CountUpTo for the instances f matches that action
+// (ActionRetry or ActionCancel) can act on, as RetryMatching and
+// CancelMatching select them: what "Retry all N" and "Cancel all N" count.
+func (a *Admin) CountApplicable(ctx context.Context, f Filter, action string, most int64) (n int64, more bool, err error) {
+	switch action {
+	case ActionRetry:
+		return a.countUpTo(ctx, f, sqlRetryable, most)
+	case ActionCancel:
+		return a.countUpTo(ctx, f, sqlCancellable, most)
+	}
+	return 0, false, saga.Errorf(saga.ErrInvalid, "action %q is not %s or %s", action, ActionRetry, ActionCancel)
+}
+
+func (a *Admin) countUpTo(ctx context.Context, f Filter, applicable string, most int64) (n int64, more bool, err error) {
 	f.Limit, f.Cursor = 0, ""
 	if err := f.validate(); err != nil {
 		return 0, false, err
 	}
 	q := a.selection(f)
 	q.close(f)
+	q.sql.WriteString(applicable)
 	q.add(sqlLimit, most)
 	if err := a.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM ("+q.sql.String()+") c", q.args...).Scan(&n); err != nil {
 		return 0, false, fmt.Errorf("admin: count matching instances: %w", err)
@@ -203,14 +245,15 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// countMatching counts the instances f matches; with only set, whether
-// that one instance does.
-func (a *Admin) countMatching(ctx context.Context, db querier, f Filter, only uuid.NullUUID) (int64, error) {
+// countMatching counts the instances f matches (and the applicable
+// clause, when given); with only set, whether that one instance does.
+func (a *Admin) countMatching(ctx context.Context, db querier, f Filter, only uuid.NullUUID, applicable string) (int64, error) {
 	q := a.selection(f)
 	if only.Valid {
 		q.add(sqlWhereID, only.UUID)
 	}
 	q.close(f)
+	q.sql.WriteString(applicable)
 	var n int64
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM ("+q.sql.String()+") c", q.args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("admin: count matching instances: %w", err)
@@ -225,9 +268,10 @@ type matchedID struct {
 
 // idsMatchingAfter returns up to n matching instances, oldest first,
 // strictly after (afterAt, afterID) when afterID is set.
-func (a *Admin) idsMatchingAfter(ctx context.Context, f Filter, afterAt time.Time, afterID uuid.UUID, n int) ([]matchedID, error) {
+func (a *Admin) idsMatchingAfter(ctx context.Context, f Filter, applicable string, afterAt time.Time, afterID uuid.UUID, n int) ([]matchedID, error) {
 	q := a.selection(f)
 	q.close(f)
+	q.sql.WriteString(applicable)
 	if afterID != uuid.Nil {
 		q.add(sqlAfterKey, afterAt, afterID)
 	}
@@ -246,8 +290,8 @@ func (a *Admin) idsMatchingAfter(ctx context.Context, f Filter, afterAt time.Tim
 	return out, nil
 }
 
-func (a *Admin) idsMatching(ctx context.Context, f Filter, afterAt time.Time, afterID uuid.UUID, n int) ([]uuid.UUID, error) {
-	ms, err := a.idsMatchingAfter(ctx, f, afterAt, afterID, n)
+func (a *Admin) idsMatching(ctx context.Context, f Filter, applicable string, n int) ([]uuid.UUID, error) {
+	ms, err := a.idsMatchingAfter(ctx, f, applicable, time.Time{}, uuid.Nil, n)
 	ids := make([]uuid.UUID, len(ms))
 	for i, m := range ms {
 		ids[i] = m.id

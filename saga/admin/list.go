@@ -84,8 +84,30 @@ type Item struct {
 	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
+	// StepSummary says where the instance stands or how it ended, for a
+	// person: the step's name while RUNNING ("score_brief", "score_brief ·
+	// waiting for a reply"), "compensating score_brief", "completed 4/4",
+	// "compensated after score_brief", "timed out after score_brief",
+	// "compensation of score_brief failed".
+	StepSummary string `json:"step_summary"`
+	// Reason is why a FAILED, COMPENSATING, COMPENSATED or TIMED_OUT
+	// instance is where it is (the compensation's cause, else the last
+	// error), or the last error of a RUNNING one; uncut.
+	Reason string `json:"reason"`
+	// AwaitingReply: a step waits for a reply event.
+	AwaitingReply bool `json:"awaiting_reply"`
 
-	leaseLive bool
+	leaseLive          bool
+	compensationReason string
+}
+
+// Terminal reports whether the instance has ended: it has no next attempt.
+func (it Item) Terminal() bool {
+	switch it.Status {
+	case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
+		return true
+	}
+	return false
 }
 
 // Page is one page of List. NextCursor is empty on the last page.
@@ -197,6 +219,9 @@ func (a *Admin) List(ctx context.Context, f Filter) (Page, error) {
 	if err != nil {
 		return Page{}, fmt.Errorf("admin: list instances: %w", err)
 	}
+	if err := a.summarize(ctx, nil, items); err != nil {
+		return Page{}, err
+	}
 	page := Page{Items: items}
 	if len(items) > f.Limit {
 		page.Items = items[:f.Limit]
@@ -296,14 +321,106 @@ func (a *Admin) scanItem(r pgx.Row, extra ...any) (Item, error) {
 	var dbNow time.Time
 	dest := []any{&it.ID, &it.TenantID, &it.SagaName, &it.SagaVersion, &status, &it.CurrentStep, &it.Attempt,
 		&it.NextAttemptAt, &it.TimeoutAt, &it.LastError, &it.LeaseExpiresAt, &it.leaseLive,
-		&it.CreatedAt, &it.UpdatedAt, &dbNow, &it.StuckReason}
+		&it.CreatedAt, &it.UpdatedAt, &dbNow, &it.StuckReason, &it.compensationReason, &it.AwaitingReply}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return it, err
 	}
 	it.Status = saga.Status(status)
 	it.CurrentStepName = a.stepName(it.SagaName, it.SagaVersion, it.CurrentStep)
 	it.StuckDetail = a.stuckDetail(it, dbNow)
+	it.Reason = it.LastError
+	switch it.Status {
+	case saga.StatusCompensating, saga.StatusCompensated, saga.StatusTimedOut:
+		if it.compensationReason != "" {
+			it.Reason = it.compensationReason
+		}
+	case saga.StatusFailed:
+		if it.Reason == "" {
+			it.Reason = it.compensationReason
+		}
+	}
 	return it, nil
+}
+
+// summarize fills StepSummary for items read by scanItem: one query for all
+// of them (the steps they recorded, where their compensation started).
+func (a *Admin) summarize(ctx context.Context, db pgx.Tx, items []Item) error {
+	if len(items) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(items))
+	for i := range items {
+		ids[i] = items[i].ID
+	}
+	var rows pgx.Rows
+	var err error
+	if db != nil {
+		rows, err = db.Query(ctx, sqlItemEnds, ids)
+	} else {
+		rows, err = a.cfg.Pool.Query(ctx, sqlItemEnds, ids)
+	}
+	if err != nil {
+		return fmt.Errorf("admin: read how instances ended: %w", err)
+	}
+	type end struct {
+		steps, compStep       int
+		compName, currentName string
+	}
+	ends := make(map[uuid.UUID]end, len(items))
+	for rows.Next() {
+		var id uuid.UUID
+		var e end
+		if err := rows.Scan(&id, &e.steps, &e.compStep, &e.compName, &e.currentName); err != nil {
+			rows.Close()
+			return fmt.Errorf("admin: read how instances ended: %w", err)
+		}
+		ends[id] = e
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("admin: read how instances ended: %w", err)
+	}
+	for i := range items {
+		it := &items[i]
+		e := ends[it.ID]
+		named := func(seq int, recorded string) string {
+			if n := a.stepName(it.SagaName, it.SagaVersion, seq); n != "" {
+				return n
+			}
+			if recorded != "" {
+				return recorded
+			}
+			return fmt.Sprintf("step %d", seq)
+		}
+		current := named(it.CurrentStep, e.currentName)
+		after := ""
+		if e.compStep >= 0 {
+			after = " after " + named(e.compStep, e.compName)
+		}
+		switch it.Status {
+		case saga.StatusCompleted:
+			n := e.steps
+			if a.cfg.Registry != nil {
+				if d, ok := a.cfg.Registry.Lookup(it.SagaName, it.SagaVersion); ok {
+					n = len(d.Steps)
+				}
+			}
+			it.StepSummary = fmt.Sprintf("completed %d/%d", n, n)
+		case saga.StatusCompensated:
+			it.StepSummary = "compensated" + after
+		case saga.StatusTimedOut:
+			it.StepSummary = "timed out" + after
+		case saga.StatusFailed:
+			it.StepSummary = "compensation of " + current + " failed"
+		case saga.StatusCompensating:
+			it.StepSummary = "compensating " + current
+		default:
+			it.StepSummary = current
+			if it.AwaitingReply {
+				it.StepSummary += " · waiting for a reply"
+			}
+		}
+	}
+	return nil
 }
 
 // stuckDetail says why an instance is stuck and what a person can do.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -318,8 +319,30 @@ func errorLink(g ErrorGroup) string {
 type SearchHit struct {
 	Item
 	// MatchedBy: instance_id, trigger_event_id, correlation_id,
-	// aggregate_id or command_id.
+	// aggregate_id, command_id, or instance_id_suffix (the query is the end
+	// of exactly one instance id).
 	MatchedBy string `json:"matched_by"`
+}
+
+// MinIDSuffix is the shortest end of an instance id Search looks up: the
+// list shows the last 12 hex characters, which differ between instances
+// created in the same millisecond (a UUIDv7 begins with its creation time).
+const MinIDSuffix = 8
+
+// idSuffix returns q as the end of an instance id (lower-case hex without
+// dashes) when it can be one: at least MinIDSuffix hex characters, dashes
+// where a UUID has them allowed.
+func idSuffix(q string) (string, bool) {
+	hex := strings.ToLower(strings.ReplaceAll(q, "-", ""))
+	if len(hex) < MinIDSuffix || len(hex) >= 32 {
+		return "", false
+	}
+	for _, c := range hex {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return "", false
+		}
+	}
+	return hex, true
 }
 
 // MaxSearchHits bounds a search's answer.
@@ -327,11 +350,15 @@ const MaxSearchHits = 100
 
 // Search finds instances by any id an operator may hold: the instance's
 // own, its trigger event's, its correlation id, its trigger's aggregate id,
-// or the id of a command one of its steps sent. Every lookup is by index.
+// or the id of a command one of its steps sent; every such lookup is by
+// index. A query of 8 to 31 hex characters is also looked up as the end of
+// an instance id (a scan of the instances, stopped at a second match): one
+// match is a hit, several (and nothing else found) an ErrInvalid that says
+// to give more of the id.
 func (a *Admin) Search(ctx context.Context, q string) ([]SearchHit, error) {
 	q = strings.TrimSpace(q)
 	if q == "" {
-		return nil, saga.Errorf(saga.ErrInvalid, "q is empty: give an instance, trigger event, correlation, aggregate or command id")
+		return nil, saga.Errorf(saga.ErrInvalid, "q is empty: give an instance id (or its last 8 or more characters), a trigger event, correlation, aggregate or command id")
 	}
 	if len(q) > 200 {
 		return nil, saga.Errorf(saga.ErrInvalid, "q is %d characters long; an id is at most 200", len(q))
@@ -354,6 +381,37 @@ func (a *Admin) Search(ctx context.Context, q string) ([]SearchHit, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admin: search: %w", err)
+	}
+	if suffix, ok := idSuffix(q); ok && !asUUID.Valid {
+		rows, err := a.cfg.Pool.Query(ctx, sqlSearchSuffix, a.cfg.StuckAfter, names, versions, known, suffix, 2, a.scope)
+		if err != nil {
+			return nil, fmt.Errorf("admin: search: %w", err)
+		}
+		ends, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SearchHit, error) {
+			var h SearchHit
+			var err error
+			h.Item, err = a.scanItem(r, &h.MatchedBy)
+			return h, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("admin: search: %w", err)
+		}
+		switch {
+		case len(ends) > 1 && len(hits) == 0:
+			return nil, saga.Errorf(saga.ErrInvalid, "%q is the end of more than one instance id: give more of it (the whole id always works)", q)
+		case len(ends) == 1 && !slices.ContainsFunc(hits, func(h SearchHit) bool { return h.ID == ends[0].ID }):
+			hits = append(ends, hits...)
+		}
+	}
+	items := make([]Item, len(hits))
+	for i := range hits {
+		items[i] = hits[i].Item
+	}
+	if err := a.summarize(ctx, nil, items); err != nil {
+		return nil, err
+	}
+	for i := range hits {
+		hits[i].Item = items[i]
 	}
 	if hits == nil {
 		hits = []SearchHit{}

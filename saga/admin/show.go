@@ -135,6 +135,11 @@ func (a *Admin) get(ctx context.Context, q pgx.Tx, id uuid.UUID, lock bool) (Ins
 	if err != nil {
 		return inst, fmt.Errorf("admin: read instance %s: %w", id, err)
 	}
+	one := []Item{inst.Item}
+	if err := a.summarize(ctx, q, one); err != nil {
+		return inst, err
+	}
+	inst.Item = one[0]
 	return inst, nil
 }
 

@@ -38,7 +38,8 @@ const sqlItemColumns = `
 s.id, s.tenant_id, s.saga_name, s.saga_version, s.status::text, s.current_step, s.attempt,
 s.next_attempt_at, s.timeout_at, coalesce(s.last_error, ''), s.lease_expires_at,
 (s.lease_id IS NOT NULL AND s.lease_expires_at >= clock_timestamp()) AS lease_live,
-s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason`
+s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason,
+coalesce(s.compensation_reason, '') AS item_compensation_reason, s.awaiting_correlation_id IS NOT NULL AS item_awaiting`
 
 // sqlListHead starts the list query; where clauses and the order follow.
 // The inner query classifies; the outer one filters on the classification
@@ -67,8 +68,14 @@ const (
 	// migration 0007), which no finished instance has an entry in.
 	sqlWhereMaybeStuck = ` AND (s.status IN ('RUNNING','COMPENSATING') OR s.status = 'FAILED')`
 	sqlListStuckOnly   = `) q WHERE q.stuck_reason <> ''`
-	sqlListAll         = `) q WHERE true`
-	sqlListTail        = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
+	// What a bulk action can act on, after the filter: a retry an instance
+	// that can still move, is not held by a runner and whose version is
+	// registered; a cancel a RUNNING instance (retryRule and cancelRule say
+	// the same under the row lock).
+	sqlRetryable   = ` AND q.status IN ('RUNNING','COMPENSATING','FAILED') AND q.stuck_reason <> 'unregistered_version' AND NOT q.lease_live`
+	sqlCancellable = ` AND q.status = 'RUNNING'`
+	sqlListAll     = `) q WHERE true`
+	sqlListTail    = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
 	// A bulk action's selection: one instance (re-checked under its lock),
 	// and batches oldest first after the last one taken.
 	sqlWhereID     = ` AND s.id = $%d`
@@ -76,6 +83,33 @@ const (
 	sqlOldestFirst = ` ORDER BY q.created_at, q.id LIMIT $%d`
 	sqlLimit       = ` LIMIT $%d`
 )
+
+// sqlItemEnds reads, for the instances of a page, what their step column
+// says: how many steps they recorded, the recorded name of the step they
+// stand at, and the step (index and recorded name) the forward run ended at before their newest compensation started:
+// that of the newest step event before it (the failed attempt, the step a
+// deadline or a cancel found), -1 when there is none. Each lookup walks one
+// instance's journal backwards by its primary key.
+const sqlItemEnds = `
+SELECT i.id, n.steps, coalesce(l.step, -1), coalesce(st.step_name, ''), coalesce(cur.step_name, '')
+FROM unnest($1::uuid[]) AS i(id)
+JOIN saga_instances s ON s.id = i.id
+LEFT JOIN saga_steps cur ON cur.saga_instance_id = i.id AND cur.sequence = s.current_step
+CROSS JOIN LATERAL (SELECT count(*)::int AS steps FROM saga_steps WHERE saga_instance_id = i.id) n
+LEFT JOIN LATERAL (SELECT e.version FROM saga_events e WHERE e.instance_id = i.id AND e.kind = 'compensation_started'
+                   ORDER BY e.version DESC LIMIT 1) c ON true
+LEFT JOIN LATERAL (SELECT f.step FROM saga_events f WHERE f.instance_id = i.id AND f.version < c.version
+                     AND f.kind IN ('step_failed', 'step_awaiting', 'step_completed', 'reply_received')
+                   ORDER BY f.version DESC LIMIT 1) l ON true
+LEFT JOIN saga_steps st ON st.saga_instance_id = i.id AND st.sequence = l.step`
+
+// sqlSearchSuffix finds the instances whose id ends with $5 (lower-case
+// hex, no dashes), at most $6 of them: a scan, bounded by the limit that
+// tells one match from several.
+const sqlSearchSuffix = `
+SELECT ` + sqlItemColumns + `, 'instance_id_suffix' FROM saga_instances s
+WHERE right(replace(s.id::text, '-', ''), length($5::text)) = $5::text AND ($7::uuid IS NULL OR s.tenant_id = $7)
+LIMIT $6`
 
 // sqlGetItem reads one instance; $5 is the id and $6 the tenant scope (NULL
 // for none). FOR UPDATE is appended when acting.

@@ -38,6 +38,29 @@ func Open(cfg *sink.Config, getenv func(string) string) ([]sink.Destination, err
 	return out, nil
 }
 
+// Check refuses what Open would refuse before anything connects: a
+// webhook's secret_env that is not set or does not hold a valid secret. It
+// connects nothing, so a relay that does not stream (and opens no sink)
+// checks a sinks file exactly as one that does.
+func Check(cfg *sink.Config, getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var errs []error
+	for _, s := range cfg.Sinks {
+		if s.Webhook == nil {
+			continue
+		}
+		sk, err := open(s, getenv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: sink %q: %w", cfg.File, s.Line, s.Name, err))
+			continue
+		}
+		sk.Close()
+	}
+	return errors.Join(errs...)
+}
+
 // Close closes every destination.
 func Close(ds []sink.Destination) {
 	for _, d := range ds {

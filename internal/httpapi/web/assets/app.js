@@ -48,13 +48,16 @@
       show("Dry run refused (" + dry.status + "): " + (dry.data.error || ""), true);
       return;
     }
-    const n = dry.data.matched;
+    const n = dry.data.applicable;
+    const skipped = dry.data.skipped || 0;
     pending = { bulk: action, filter: filter, count: n, button: btn };
     document.getElementById("confirm-title").textContent =
       (action === "retry" ? "Retry all " : "Cancel all ") + n + " instances?";
     document.getElementById("confirm-text").textContent =
-      n + " instances match this filter now (" + JSON.stringify(filter) + "). Each is " +
-      (action === "retry" ? "retried" : "cancelled") + " exactly as the single action would: " + explain[action];
+      dry.data.matched + " instances match this filter now (" + JSON.stringify(filter) + "); " + n + " can be " +
+      (action === "retry" ? "retried" : "cancelled") + " and " + skipped + " would be skipped (a " + action +
+      " cannot act on them). Each is " + (action === "retry" ? "retried" : "cancelled") +
+      " exactly as the single action would: " + explain[action];
     document.getElementById("confirm-reason").value = "";
     dialog.showModal();
   }
@@ -83,7 +86,7 @@
       total.acted += o[done] || 0;
       total.already += o.already_requested || 0;
       total.conflict += o.conflict || 0;
-      if (n === 0 || r.data.matched <= n) break;
+      if (n === 0 || r.data.applicable <= n) break;
     }
     show(total.acted + " " + done + ", " + total.already + " already requested, " + total.conflict +
       " conflict (refused or changed meanwhile). Reload to see where they stand.", false);
