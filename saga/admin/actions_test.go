@@ -422,7 +422,7 @@ func TestActionRules(t *testing.T) {
 
 	// Unregistered version, unknown id, other tenant, bad input.
 	orphan := l.start(t, "order", 9)
-	if _, err := l.adm.Retry(ctx, orphan, "push", "test"); !errors.Is(err, saga.ErrConflict) || !strings.Contains(err.Error(), "not registered") {
+	if _, err := l.adm.Retry(ctx, orphan, "push", "test"); !errors.Is(err, saga.ErrConflict) || !strings.Contains(err.Error(), "no relay can run") {
 		t.Errorf("retry of an unregistered version: %v", err)
 	}
 	if _, err := l.adm.Retry(ctx, uuid.New(), "push", "test"); !errors.Is(err, saga.ErrNotFound) {
