@@ -112,16 +112,21 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		return false, fmt.Errorf("read due parked events: %w", err)
 	}
 	var evs []*Event
+	var keys []string // event_id of each row: the event's id, or its clipped form
 	var attempts []int
 	var id, body string
+	var raw []byte
 	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &body, &n}, func() error {
-		ev, err := decodeParked([]byte(body))
+	_, err = pgx.ForEachRow(rows, []any{&id, &body, &raw, &n}, func() error {
+		ev, err := decodeParked([]byte(body), raw)
 		if err != nil {
 			return fmt.Errorf("parked event %s: %w", id, err)
 		}
-		ev.ID = id
+		if ev.ID == "" {
+			ev.ID = id
+		}
 		evs = append(evs, ev)
+		keys = append(keys, id)
 		attempts = append(attempts, n)
 		return nil
 	})
@@ -136,9 +141,9 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	errs := d.deliver(ctx, evs)
 	var done, deferred, reasons []string
 	var waits []int64
-	for i, ev := range evs {
+	for i := range evs {
 		if errs[i] == nil {
-			done = append(done, ev.ID)
+			done = append(done, keys[i])
 			continue
 		}
 		if errors.Is(errs[i], ErrHeldBack) {
@@ -154,7 +159,7 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		if kind == kindDown {
 			wait = 0 // the sink's probe interval paces it
 		}
-		deferred, reasons, waits = append(deferred, ev.ID), append(reasons, errs[i].Error()), append(waits, wait.Milliseconds())
+		deferred, reasons, waits = append(deferred, keys[i]), append(reasons, cleanText(errs[i].Error())), append(waits, wait.Milliseconds())
 	}
 	if len(deferred) > 0 {
 		// One statement for the page: a sink refusing many aggregates' heads
@@ -201,7 +206,7 @@ func (f *Fanout) saveState(ctx context.Context, d *dest) {
 	d.mu.Lock()
 	state, reason := d.state, d.reason
 	d.mu.Unlock()
-	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, reason); err != nil && ctx.Err() == nil {
+	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, cleanText(reason)); err != nil && ctx.Err() == nil {
 		d.log.Warn("record sink state", "err", err)
 	}
 }

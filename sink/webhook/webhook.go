@@ -16,7 +16,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -150,10 +149,7 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 }
 
 func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
-	body, err := json.Marshal(ev)
-	if err != nil {
-		return sink.EventError(fmt.Errorf("encode event: %w", err))
-	}
+	body := ev.Envelope()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
