@@ -80,6 +80,22 @@ func TestHostileDeadLetterKeysAreParked(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE raw->>'id' = $1`, long.RawID); n != 1 {
 		t.Fatal("the raw row lost the long id")
 	}
+
+	// Ids that are not UTF-8 (a SQL_ASCII database) and differ only in
+	// those bytes stay two dead letters; a raw value larger than jsonb
+	// holds comfortably is clipped, not refused.
+	a := outbox.Event{RawID: "id-ÿ", EventType: "tþ", Poison: "id is not valid UTF-8",
+		Raw: map[string]any{"id": "id-ÿ", "payload": strings.Repeat("p", 17<<20)}}
+	c := outbox.Event{RawID: "id-þ", EventType: "tþ", Poison: "id is not valid UTF-8", Raw: map[string]any{"id": "id-þ"}}
+	if err := b.corr.HandleBatch(ctx, b.batch(a, c)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(DISTINCT event_id) FROM relay_dead_letters WHERE event_id LIKE 'id-%'`); n != 2 {
+		t.Fatalf("%d dead letters for two ids that are not UTF-8, want 2", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE length(raw->>'payload') < 17 << 20 AND raw->>'payload' LIKE '%clipped%'`); n != 1 {
+		t.Fatal("the huge raw value is not clipped")
+	}
 }
 
 func TestTwoRepliesForOneInstanceInOneBatch(t *testing.T) {

@@ -50,8 +50,10 @@ type parkedBytes struct {
 	CausationID   []byte `json:"causation_id,omitempty"`
 	CreatedAt     string `json:"created_at,omitempty"`
 	Poison        []byte `json:"poison,omitempty"`
-	RawPayload    []byte `json:"payload_base64,omitempty"`
-	RawHeaders    []byte `json:"headers_base64,omitempty"`
+	// Not omitted when empty: an empty payload read from a bytea column is
+	// sent as an empty body, a missing one as the payload.
+	RawPayload []byte `json:"payload_base64"`
+	RawHeaders []byte `json:"headers_base64"`
 }
 
 // maxParkedJSONB bounds the payload and headers parked as JSON in event:
@@ -109,6 +111,9 @@ func needsRaw(ev *Event) bool {
 	}
 	if len(ev.Payload)+len(ev.Headers)+len(ev.RawPayload)+len(ev.RawHeaders) > maxParkedJSONB {
 		return true
+	}
+	if ev.RawPayload != nil && len(ev.RawPayload) == 0 || ev.RawHeaders != nil && len(ev.RawHeaders) == 0 {
+		return true // the envelope's JSON drops an empty value
 	}
 	return jsonbUnsafe(ev.Payload) || jsonbUnsafe(ev.Headers)
 }

@@ -99,3 +99,72 @@ func requireStorable(t *testing.T, s string) {
 		t.Fatalf("the event column has no id: %.200s", s)
 	}
 }
+
+// FuzzParkedForm: whatever an event holds, its parked form is JSON that
+// jsonb takes (plus, when needed, bytes), and it reads back unchanged; its
+// webhook envelope is UTF-8 JSON.
+func FuzzParkedForm(f *testing.F) {
+	f.Add("id-1", "order.placed", "o-1", []byte(`{"n":1}`), []byte(`{"k":"v"}`), "", []byte(nil), uint16(0))
+	f.Add("id-\xff", "order.pla\xffced", "o-\x00", []byte("{\"a\":\"\xff\"}"), []byte(`{"n":1e200000}`), "poison", []byte{0, 0xff}, uint16(12000))
+	f.Add("", "", "", []byte(`{"a":"\u0000"}`), []byte(`["\udc00"]`), "p\x00", []byte(nil), uint16(1500))
+	f.Fuzz(func(t *testing.T, id, typ, agg string, payload, headers []byte, poison string, rawPayload []byte, depth uint16) {
+		d := int(depth) % 13000
+		payload = append(append([]byte(strings.Repeat("[", d)), payload...), strings.Repeat("]", d)...)
+		ev := &Event{ID: id, EventType: typ, AggregateID: agg, AggregateType: agg, Payload: payload, Headers: headers,
+			Poison: poison, RawPayload: rawPayload}
+		if len(ev.Payload) == 0 {
+			ev.Payload = json.RawMessage("null")
+		}
+		if len(ev.Headers) == 0 {
+			ev.Headers = nil
+		}
+		body, raw := encodeParked(ev)
+		requireStorable(t, body)
+		back, err := decodeParked([]byte(body), raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(back, ev) {
+			t.Fatalf("round trip changed the event:\n%+v\n%+v", ev, back)
+		}
+		env := ev.Envelope()
+		if !utf8.Valid(env) || !json.Valid(env) {
+			t.Fatalf("envelope is not UTF-8 JSON: %.200s", env)
+		}
+		for _, k := range []string{storedKey(ev.ID), ev.AggregateKey()} {
+			if len(k) > maxStoredKey || !utf8.ValidString(k) || strings.ContainsRune(k, 0) {
+				t.Fatalf("key %.60q (%d bytes) cannot be stored", k, len(k))
+			}
+		}
+	})
+}
+
+// An event Go's encoder cannot encode as it is (JSON too deep, not UTF-8)
+// still gets an envelope: its payload and headers in base64, the reason in
+// poison.
+func TestEnvelopeOfAnEventGoCannotEncode(t *testing.T) {
+	t.Parallel()
+	deep := json.RawMessage(strings.Repeat("[", 12000) + strings.Repeat("]", 12000))
+	for _, ev := range []*Event{
+		{ID: "1", EventType: "x", Payload: deep},
+		{ID: "2", EventType: "x", Payload: json.RawMessage(`{}`), Headers: deep},
+		{ID: "3", EventType: "x", Payload: json.RawMessage("{\"a\":\"\xff\"}")},
+	} {
+		var env struct {
+			Payload       json.RawMessage `json:"payload"`
+			Poison        string          `json:"poison"`
+			PayloadBase64 []byte          `json:"payload_base64"`
+			HeadersBase64 []byte          `json:"headers_base64"`
+		}
+		b := ev.Envelope()
+		if err := json.Unmarshal(b, &env); err != nil || !utf8.Valid(b) {
+			t.Fatalf("event %s: envelope %.100s: %v", ev.ID, b, err)
+		}
+		if !strings.Contains(env.Poison, "cannot be encoded as JSON") || string(env.Payload) != "null" {
+			t.Errorf("event %s: poison %q, payload %s", ev.ID, env.Poison, env.Payload)
+		}
+		if !bytes.Equal(env.PayloadBase64, ev.Payload) || (ev.Headers != nil && !bytes.Equal(env.HeadersBase64, ev.Headers)) {
+			t.Errorf("event %s: the bytes did not travel in base64", ev.ID)
+		}
+	}
+}
