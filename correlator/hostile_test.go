@@ -161,3 +161,24 @@ func TestReplayAfterNewVersionDoesNotStartAgain(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// A trigger whose aggregate id is longer than an index entry takes (random
+// text, which does not compress) starts its saga; the instance keeps the
+// id clipped, with a hash of the whole.
+func TestTriggerWithAnOverlongAggregateIDStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var agg strings.Builder
+	for agg.Len() < 6000 {
+		agg.WriteString(uuid.NewString())
+	}
+	ev := trigger(uuid.New())
+	ev.AggregateID = agg.String()
+	if err := b.corr.HandleBatch(ctx, b.batch(ev)); err != nil {
+		t.Fatalf("the batch failed on the trigger's aggregate id: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1 AND length(trigger_aggregate_id) < 1100`, ev.ID); n != 1 {
+		t.Fatal("the trigger did not start its saga with a clipped aggregate id")
+	}
+}

@@ -128,7 +128,8 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	var agg *string
 	if ev.AggregateID != "" {
-		agg = &ev.AggregateID
+		a := instanceAggregate(ev.AggregateID)
+		agg = &a
 	}
 	p.outStarted++
 	for i, d := range defs {
@@ -299,6 +300,26 @@ func stripNUL(s string) string {
 // maxKeyBytes bounds the producer text that goes into the dead-letter index:
 // a btree entry must stay under about 2.7 kB, or parking itself would fail.
 const maxKeyBytes = 200
+
+// maxAggregateBytes bounds the aggregate id an instance keeps for finding
+// it (saga_aggregate_idx): a btree entry must stay under about 2.7 kB, or
+// the start, and with it the batch, would fail.
+const maxAggregateBytes = 1000
+
+// instanceAggregate is the aggregate id as saga_instances keeps it: as it
+// is, or clipped with a hash of the whole when longer than
+// maxAggregateBytes.
+func instanceAggregate(s string) string {
+	if len(s) <= maxAggregateBytes {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := maxAggregateBytes - 20
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…" + hex.EncodeToString(sum[:8])
+}
 
 // deadKey is producer text made fit for the dead-letter key: valid UTF-8
 // without NUL (text refuses both) and at most maxKeyBytes long. A value that

@@ -399,6 +399,9 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 			} else if _, ok := dead[r.deadKey()]; ok {
 				t.Errorf("a usable row is a dead letter: %s", dead[r.deadKey()])
 			}
+			if n := count(t, db, `SELECT count(*) FROM saga_instances WHERE trigger_event_id::text = $1`, r.id); r.starts && n != 1 {
+				t.Errorf("the trigger started %d sagas, want 1", n)
+			}
 			var where map[string]string
 			waitFor(t, 30*time.Second, "the row delivered or parked in every sink", func() bool {
 				got := h.received(t)
@@ -444,6 +447,7 @@ type hostileCase struct {
 	// id is the row's id (empty for a row without one, then agg names it).
 	id, agg    string
 	deadLetter bool
+	starts     bool              // a usable trigger: it must start its saga
 	poison     string            // in the dead letter's reason and in what the sinks carry
 	parked     map[string]string // sink → part of the reason it must be parked with
 }
@@ -515,7 +519,16 @@ func hostileCases() []hostileCase {
 	long.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes"}
 	// Usable, but deeper than the parked table keeps as JSON.
 	fairlyDeep := mk("payload_nested_5000_deep", "h-1", lit(`{"d":`+strings.Repeat("[", 5000)+strings.Repeat("]", 5000)+`}`)+"::jsonb", "'{}'")
-	return []hostileCase{deepPayload, deepHeaders, deepObject, nullPayload, nullType, noID, tooBig, bigHeaders, long, fairlyDeep}
+	fairlyDeep.starts = true
+	// A trigger whose aggregate id (random, so it does not compress) is
+	// longer than an index entry takes.
+	var agg strings.Builder
+	for agg.Len() < 6000 {
+		agg.WriteString(uuid.NewString())
+	}
+	longAgg := mk("trigger_with_an_aggregate_id_longer_than_an_index_entry", agg.String(), `'{"n":1}'`, "'{}'")
+	longAgg.starts = true
+	return []hostileCase{deepPayload, deepHeaders, deepObject, nullPayload, nullType, noID, tooBig, bigHeaders, long, fairlyDeep, longAgg}
 }
 
 // TestHostileRowsGoThrough: rows PostgreSQL accepts and the relay cannot
