@@ -17,6 +17,11 @@
 //     A row the relay cannot decode (a dead letter for the sagas) is still
 //     delivered with what could be read (Event.Poison, RawPayload); one whose
 //     match or id cannot be known is held for the operator (routePoison).
+//   - No row fails a batch. Whatever PostgreSQL accepted is delivered,
+//     parked or held: encoding an envelope (Event.Envelope) and parking
+//     (encodeParked, storedKey) cannot fail on what a row holds, and an
+//     event a broker cannot take (too large, a subject or topic it refuses)
+//     is refused for that event, never taken for an outage.
 //
 // Wiring: the correlator's Config.InBatchTx is Fanout.WriteParked, the
 // stream's sink is Fanout.Sink(correlator), the stream's LoadCheckpoint
