@@ -114,13 +114,25 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	var evs []*Event
 	var keys []string // event_id of each row: the event's id, or its clipped form
 	var attempts []int
-	var id, body string
+	// A row that cannot be read (altered by hand, say) is deferred with the
+	// reason like a refused head, and the rows behind it wait: it must not
+	// stop the sink's other aggregates.
+	var unread, unreadWhy []string
+	var unreadAttempts []int
+	unreadAgg := map[string]bool{}
+	var id, agg, body string
 	var raw []byte
 	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &body, &raw, &n}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &agg, &body, &raw, &n}, func() error {
+		if unreadAgg[agg] {
+			return nil
+		}
 		ev, err := decodeParked([]byte(body), raw)
 		if err != nil {
-			return fmt.Errorf("parked event %s: %w", id, err)
+			unreadAgg[agg] = true
+			unread, unreadWhy = append(unread, id), append(unreadWhy, "the parked row cannot be read: "+err.Error())
+			unreadAttempts = append(unreadAttempts, n)
+			return nil
 		}
 		if ev.ID == "" {
 			ev.ID = id
@@ -130,6 +142,16 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		attempts = append(attempts, n)
 		return nil
 	})
+	if err == nil && len(unread) > 0 {
+		waits := make([]int64, len(unread))
+		for i := range unread {
+			waits[i] = f.backoff(unreadAttempts[i]).Milliseconds()
+		}
+		if _, err := conn.Exec(ctx, sqlDeferred, d.spec.Name, unread, unreadWhy, waits); err != nil {
+			return false, fmt.Errorf("defer %d parked events that cannot be read: %w", len(unread), err)
+		}
+		d.log.Error("parked events cannot be read: they wait, and hold back the later events of their aggregate", "count", len(unread), "first_event_id", unread[0], "reason", unreadWhy[0])
+	}
 	if err != nil || len(evs) == 0 {
 		if state != StateUp && err == nil {
 			// Nothing parked to probe with: believe it is up.

@@ -22,8 +22,8 @@ const (
 		FROM unnest($1::text[], $2::bigint[]) AS d(name, n) WHERE relay_sinks.name = d.name`
 
 	// The first rows of each aggregate whose head is due, in seq order.
-	sqlDue = `SELECT event_id, event::text, event_raw, attempts FROM (
-			SELECT event_id, event, event_raw, attempts, seq,
+	sqlDue = `SELECT event_id, aggregate_key, event::text, event_raw, attempts FROM (
+			SELECT event_id, aggregate_key, event, event_raw, attempts, seq,
 				row_number() OVER w AS rn, first_value(next_attempt_at) OVER w AS head_due
 			FROM relay_sink_parked WHERE sink = $1
 			WINDOW w AS (PARTITION BY aggregate_key ORDER BY seq)) x
