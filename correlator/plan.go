@@ -306,15 +306,19 @@ const maxKeyBytes = 200
 // the start, and with it the batch, would fail.
 const maxAggregateBytes = 1000
 
+// aggregateLimit is maxAggregateBytes; tests raise it to reach the
+// fallback in HandleBatch.
+var aggregateLimit = maxAggregateBytes
+
 // instanceAggregate is the aggregate id as saga_instances keeps it: as it
 // is, or clipped with a hash of the whole when longer than
 // maxAggregateBytes.
 func instanceAggregate(s string) string {
-	if len(s) <= maxAggregateBytes {
+	if len(s) <= aggregateLimit {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
-	cut := maxAggregateBytes - 20
+	cut := aggregateLimit - 20
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
