@@ -159,10 +159,11 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	ts := strconv.FormatInt(s.now().Unix(), 10)
 	h := req.Header
 	h.Set("Content-Type", "application/json")
-	h.Set("webhook-id", ev.ID)
+	id := HeaderID(ev.ID)
+	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", ts)
 	if s.key != nil {
-		h.Set("webhook-signature", Sign(s.key, ev.ID, ts, body))
+		h.Set("webhook-signature", Sign(s.key, id, ts, body))
 	}
 	for _, kv := range ev.MessageHeaders() {
 		if validHeaderName(kv.Key) && !reservedHeader(kv.Key) {
@@ -196,6 +197,17 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		return sink.EventError(err)
 	}
 	return err
+}
+
+// HeaderID is an event's id as the webhook-id header carries it (and the
+// signature covers it): a header value cannot hold control characters, so
+// an id with any (a text id with a line break) is sent quoted in Go syntax,
+// the same on every attempt; the body carries the id as it is.
+func HeaderID(id string) string {
+	if strings.IndexFunc(id, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0 {
+		return id
+	}
+	return strconv.Quote(id)
 }
 
 // retryAfter reads Retry-After as seconds or an HTTP date.
