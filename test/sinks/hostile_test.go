@@ -53,8 +53,8 @@ type hostileRelay struct {
 	logs  *logCounter
 }
 
-// logCounter counts the relay's error logs whose message says a batch or
-// the stream failed.
+// logCounter keeps the relay's logs that say a batch or the stream failed
+// (a failed batch ends the replication session).
 type logCounter struct {
 	mu     sync.Mutex
 	failed []string
@@ -64,7 +64,8 @@ func (l *logCounter) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 	msg := r.Message
 	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
-	if r.Level >= slog.LevelWarn && (strings.Contains(msg, "encode parked") || strings.Contains(msg, "batch") && strings.Contains(msg, "fail")) {
+	if r.Level >= slog.LevelWarn && (strings.Contains(msg, "replication session ended") || strings.Contains(msg, "stream cannot go on") ||
+		strings.Contains(msg, "encode parked") || strings.Contains(msg, "batch") && strings.Contains(msg, "fail")) {
 		l.mu.Lock()
 		l.failed = append(l.failed, msg)
 		l.mu.Unlock()
