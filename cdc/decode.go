@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
@@ -150,6 +151,16 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 	if ev.EventType, _ = text(fEventType); ev.EventType == "" {
 		bad = append(bad, "event_type is null or empty")
 	}
+	// A database whose encoding is SQL_ASCII stores and sends any bytes as
+	// text: such a value cannot be written back as text or JSON unchanged.
+	for _, x := range []struct {
+		f int
+		s string
+	}{{fID, ev.RawID}, {fAggregateType, ev.AggregateType}, {fAggregateID, ev.AggregateID}, {fEventType, ev.EventType}} {
+		if !utf8.ValidString(x.s) {
+			bad = append(bad, outbox.Fields[x.f]+" "+strconv.Quote(clip(x.s))+" is not valid UTF-8")
+		}
+	}
 	if s, ok := text(fTenantID); ok {
 		if u, err := uuid.Parse(s); err == nil {
 			ev.TenantID = u
@@ -198,9 +209,10 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 	return ev
 }
 
-// jsonField returns a JSON field's bytes (a copy), nil for NULL, or why it is
-// not JSON (with the bytes when they could be read, nil when not). jsonb and
-// json values are JSON by construction; text and bytea are checked.
+// jsonField returns a JSON field's bytes (a copy), nil for NULL, or why the
+// relay cannot use them as JSON (with the bytes when they could be read, nil
+// when not): text and bytea must be JSON, and every value must be UTF-8 and
+// nest no deeper than outbox.MaxJSONDepth.
 func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f int) (json.RawMessage, string) {
 	v := &row[f]
 	name := outbox.Fields[f]
@@ -212,9 +224,16 @@ func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f
 	case v.unchanged:
 		return nil, name + " was not sent (unchanged TOAST value)"
 	}
+	// json and jsonb values are JSON by construction, but PostgreSQL nests
+	// them deeper than the relay can re-encode, and a SQL_ASCII database
+	// holds bytes that are not UTF-8 in them: such a value is poison.
 	switch typ[f] {
 	case oidJSONB, oidJSON:
-		return bytes.Clone(v.data), ""
+		b := bytes.Clone(v.data)
+		if err := outbox.CheckEncodable(b); err != nil {
+			return b, name + " " + err.Error()
+		}
+		return b, ""
 	case oidBytea:
 		b, err := decodeBytea(v.data)
 		if err != nil {
@@ -223,11 +242,17 @@ func jsonField(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, f
 		if err := validJSON(b); err != nil {
 			return b, name + " (bytea) is not JSON text: " + err.Error()
 		}
+		if err := outbox.CheckEncodable(b); err != nil {
+			return b, name + " (bytea) " + err.Error()
+		}
 		return b, ""
 	default:
 		b := bytes.Clone(v.data)
 		if err := validJSON(b); err != nil {
 			return b, name + " is not valid JSON: " + err.Error()
+		}
+		if err := outbox.CheckEncodable(b); err != nil {
+			return b, name + " " + err.Error()
 		}
 		return b, ""
 	}

@@ -185,6 +185,13 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 			out, err = c.commit(ctx, b, &p)
 		}
 	}
+	if err != nil && isContentError(err) {
+		// Still refused for what an event holds (a value, a size, an index
+		// entry): apply the events one by one and park those refused.
+		c.cfg.Logger.Warn("PostgreSQL refused a batch for what an event holds: applying its events one by one and parking those refused",
+			"slot", b.Slot, "lsn", b.EndLSN.String(), "err", err)
+		p, out, err = c.commitOneByOne(ctx, b)
+	}
 	if err != nil {
 		return err
 	}
@@ -383,6 +390,98 @@ func (c *Correlator) parkForeignReplies(ctx context.Context, tx pgx.Tx, b cdc.Ba
 func isDataError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+}
+
+// isContentError reports a statement that failed on what it was given: a
+// value (class 22) or a size past a limit (54000, program_limit_exceeded:
+// an index entry, a jsonb value too large).
+func isContentError(err error) bool {
+	var pgErr *pgconn.PgError
+	return isDataError(err) || errors.As(err, &pgErr) && pgErr.Code == "54000"
+}
+
+// commitOneByOne is commit with each event's effects applied under a
+// savepoint of their own: an event whose effects PostgreSQL refuses for
+// what it holds is parked with PostgreSQL's message instead, and the rest
+// commit. It returns the plan's counts for the whole batch. It costs a few
+// round trips per event, on a path only a value every check missed takes.
+func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, outcome, error) {
+	var total plan
+	var out outcome
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return total, out, fmt.Errorf("correlator: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	fresh, err := checkpoint(ctx, tx, b)
+	if err != nil {
+		return total, out, err
+	}
+	if !fresh {
+		out.replayed = true
+		return total, out, tx.Commit(ctx)
+	}
+	noID := map[uint64]int{} // rows without an id are numbered as in one plan
+	for i := range b.Events {
+		ev := b.Events[i]
+		numbered := noID[ev.LSN]
+		p := plan{noID: noID}
+		p.add(c.routes, &ev)
+		if !p.empty() {
+			var o outcome
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return total, out, fmt.Errorf("correlator: savepoint: %w", err)
+			}
+			err = c.applyEffects(ctx, sp, b, &p, &o)
+			if err == nil {
+				err = sp.Commit(ctx)
+			}
+			if err != nil && !isContentError(err) {
+				return total, out, err
+			}
+			if err != nil {
+				if rerr := sp.Rollback(ctx); rerr != nil {
+					return total, out, fmt.Errorf("correlator: roll back to savepoint: %w", rerr)
+				}
+				var pgErr *pgconn.PgError
+				errors.As(err, &pgErr)
+				noID[ev.LSN] = numbered // parked below under the number it had
+				ev.Poison = "PostgreSQL refused what the event holds: " + pgErr.Message
+				p = plan{noID: noID}
+				p.add(c.routes, &ev)
+				o = outcome{}
+				if err := c.applyEffects(ctx, tx, b, &p, &o); err != nil {
+					return total, out, err
+				}
+			}
+			out.started += o.started
+			out.dup += o.dup
+			out.delivered += o.delivered
+			out.late += o.late
+			out.parked += o.parked
+			for name, n := range o.startedBySaga {
+				if out.startedBySaga == nil {
+					out.startedBySaga = map[string]int{}
+				}
+				out.startedBySaga[name] += n
+			}
+		}
+		total.seen += p.seen
+		total.outStarted += p.outStarted
+		total.outReply += p.outReply
+		total.outIgnored += p.outIgnored
+		total.outParked += p.outParked
+	}
+	if c.cfg.InBatchTx != nil {
+		if err := c.cfg.InBatchTx(ctx, tx, b); err != nil {
+			return total, out, fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return total, out, fmt.Errorf("correlator: commit batch at %s: %w", b.EndLSN, err)
+	}
+	return total, out, nil
 }
 
 // replanRefused asks PostgreSQL, event by event, whether it accepts each

@@ -8,7 +8,9 @@
 //     delivered to it as a reply, at most once (relay_inbox keyed by
 //     (consumer, event id)); a reply nobody waits for is recorded as late;
 //   - an event that cannot be used is parked in relay_dead_letters with its
-//     reason, LSN and raw row, and the rest of the batch goes on;
+//     reason, LSN and raw row, and the rest of the batch goes on; nothing a
+//     row holds can make parking (or a start) fail: keys are made UTF-8 and
+//     clipped, raw values sanitized and clipped;
 //   - the checkpoint (slot → end LSN) commits with those effects, so that a
 //     batch replayed after a crash is recognised and skipped.
 //

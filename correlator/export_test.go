@@ -15,3 +15,12 @@ func SkipPayloadChecks() (restore func()) {
 	}
 	return func() { checkPayload = prev }
 }
+
+// SkipAggregateClipping makes starts keep an aggregate id of any length, so
+// that tests can make PostgreSQL refuse an index entry and exercise the
+// one-by-one fallback. It returns a function that restores the clipping.
+func SkipAggregateClipping() (restore func()) {
+	prev := aggregateLimit
+	aggregateLimit = 1 << 30
+	return func() { aggregateLimit = prev }
+}

@@ -80,6 +80,22 @@ func TestHostileDeadLetterKeysAreParked(t *testing.T) {
 	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE raw->>'id' = $1`, long.RawID); n != 1 {
 		t.Fatal("the raw row lost the long id")
 	}
+
+	// Ids that are not UTF-8 (a SQL_ASCII database) and differ only in
+	// those bytes stay two dead letters; a raw value larger than jsonb
+	// holds comfortably is clipped, not refused.
+	a := outbox.Event{RawID: "id-ÿ", EventType: "tþ", Poison: "id is not valid UTF-8",
+		Raw: map[string]any{"id": "id-ÿ", "payload": strings.Repeat("p", 17<<20)}}
+	c := outbox.Event{RawID: "id-þ", EventType: "tþ", Poison: "id is not valid UTF-8", Raw: map[string]any{"id": "id-þ"}}
+	if err := b.corr.HandleBatch(ctx, b.batch(a, c)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `SELECT count(DISTINCT event_id) FROM relay_dead_letters WHERE event_id LIKE 'id-%'`); n != 2 {
+		t.Fatalf("%d dead letters for two ids that are not UTF-8, want 2", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE length(raw->>'payload') < 17 << 20 AND raw->>'payload' LIKE '%clipped%'`); n != 1 {
+		t.Fatal("the huge raw value is not clipped")
+	}
 }
 
 func TestTwoRepliesForOneInstanceInOneBatch(t *testing.T) {
@@ -183,6 +199,66 @@ func TestReplyFromAnotherTenantIsParkedNotDelivered(t *testing.T) {
 		t.Fatalf("delivered %q, want the own tenant's reply", got)
 	}
 	if s := b.corr.Stats(); s.RepliesDelivered != 1 || s.OutcomeParked != 1 || s.OutcomeReply != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A trigger whose aggregate id is longer than an index entry takes (random
+// text, which does not compress) starts its saga; the instance keeps the
+// id clipped, with a hash of the whole.
+func TestTriggerWithAnOverlongAggregateIDStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var agg strings.Builder
+	for agg.Len() < 6000 {
+		agg.WriteString(uuid.NewString())
+	}
+	ev := trigger(uuid.New())
+	ev.AggregateID = agg.String()
+	if err := b.corr.HandleBatch(ctx, b.batch(ev)); err != nil {
+		t.Fatalf("the batch failed on the trigger's aggregate id: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1 AND length(trigger_aggregate_id) < 1100`, ev.ID); n != 1 {
+		t.Fatal("the trigger did not start its saga with a clipped aggregate id")
+	}
+}
+
+// Should PostgreSQL refuse what an event holds in a way no check foresaw
+// (here: an index entry too large, the clipping switched off), the batch
+// does not fail for ever: its events are applied one by one, the refused
+// one is parked with PostgreSQL's message, the others start, and rows
+// without an id keep their numbers.
+func TestRefusalNoCheckForesawParksOnlyThatEvent(t *testing.T) {
+	// Not parallel: it switches the package's aggregate clipping off.
+	restore := correlator.SkipAggregateClipping()
+	defer restore()
+	b := setup(t)
+	ctx := context.Background()
+	var agg strings.Builder
+	for agg.Len() < 6000 {
+		agg.WriteString(uuid.NewString())
+	}
+	good1, bad, good2 := trigger(uuid.New()), trigger(uuid.New()), trigger(uuid.New())
+	bad.AggregateID = agg.String()
+	noID1 := outbox.Event{EventType: "x", Poison: "no id"}
+	noID2 := outbox.Event{EventType: "x", Poison: "no id"}
+	if err := b.corr.HandleBatch(ctx, b.batch(good1, noID1, bad, noID2, good2)); err != nil {
+		t.Fatalf("the batch failed instead of parking the refused event: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = ANY($1)`, []uuid.UUID{good1.ID, good2.ID}); n != 2 {
+		t.Fatalf("%d of the 2 usable triggers started", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, bad.ID); n != 0 {
+		t.Fatal("the refused trigger started")
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE event_id = $1 AND reason LIKE 'PostgreSQL refused what the event holds: index row size%'`, bad.RawID); n != 1 {
+		t.Fatal("the refused trigger is not a dead letter with PostgreSQL's message")
+	}
+	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE event_id IN ('(no id) #1', '(no id) #2')`); n != 2 {
+		t.Fatalf("%d of the 2 rows without an id parked under their numbers", n)
+	}
+	if s := b.corr.Stats(); s.OutcomeStarted != 2 || s.OutcomeParked != 3 || s.EventsSeen != 5 {
 		t.Fatalf("stats %+v", s)
 	}
 }

@@ -138,7 +138,8 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	var agg *string
 	if ev.AggregateID != "" {
-		agg = &ev.AggregateID
+		a := instanceAggregate(ev.AggregateID)
+		agg = &a
 	}
 	p.outStarted++
 	for i, d := range defs {
@@ -192,8 +193,8 @@ func (p *plan) park(ev *outbox.Event, reason string) {
 		p.noID[ev.LSN]++
 		id = fmt.Sprintf("(no id) #%d", p.noID[ev.LSN])
 	}
-	p.deadEventID = append(p.deadEventID, clipKey(stripNUL(id)))
-	p.deadEventType = append(p.deadEventType, clipKey(stripNUL(ev.EventType)))
+	p.deadEventID = append(p.deadEventID, deadKey(id))
+	p.deadEventType = append(p.deadEventType, deadKey(ev.EventType))
 	p.deadLSN = append(p.deadLSN, lsnString(ev.LSN))
 	p.deadReason = append(p.deadReason, stripNUL(reason))
 	p.deadRaw = append(p.deadRaw, string(b))
@@ -258,23 +259,47 @@ func lsnString(lsn uint64) string {
 	return fmt.Sprintf("%X/%X", uint32(lsn>>32), uint32(lsn))
 }
 
+// maxRawValue bounds each value of a dead letter's raw row: jsonb holds at
+// most 256 MB in one value, and a row may carry several huge columns. A
+// longer value is kept clipped; the outbox row keeps the whole (see
+// RetryDeadLetterFromOutbox).
+const maxRawValue = 16 << 20
+
 // sanitizeForJSONB makes a raw row storable in jsonb: strings lose NUL
-// bytes and invalid UTF-8 is replaced, so that parking a poison row can never
-// fail the way the row itself did.
+// bytes, invalid UTF-8 is replaced and huge values are clipped, so that
+// parking a poison row can never fail the way the row itself did. A value
+// that is not a string (a re-driven row's) is kept as its JSON text.
 func sanitizeForJSONB(raw map[string]any) map[string]any {
 	out := make(map[string]any, len(raw))
 	for k, v := range raw {
 		k = stripNUL(k)
 		switch t := v.(type) {
+		case nil:
+			out[k] = nil
 		case string:
-			out[k] = stripNUL(t)
+			out[k] = clipRaw(stripNUL(t))
 		case []byte:
-			out[k] = stripNUL(string(t))
+			out[k] = clipRaw(stripNUL(string(t)))
 		default:
-			out[k] = v
+			b, err := json.Marshal(t)
+			if err != nil {
+				b = []byte(fmt.Sprint(t))
+			}
+			out[k] = clipRaw(stripNUL(string(b)))
 		}
 	}
 	return out
+}
+
+func clipRaw(s string) string {
+	if len(s) <= maxRawValue {
+		return s
+	}
+	cut := maxRawValue
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("… (clipped: %d bytes in all)", len(s))
 }
 
 func stripNUL(s string) string {
@@ -286,15 +311,45 @@ func stripNUL(s string) string {
 // a btree entry must stay under about 2.7 kB, or parking itself would fail.
 const maxKeyBytes = 200
 
-// clipKey shortens s to maxKeyBytes, keeping it unique with a hash of the
-// whole (the raw row keeps the original).
-func clipKey(s string) string {
-	if len(s) <= maxKeyBytes {
+// maxAggregateBytes bounds the aggregate id an instance keeps for finding
+// it (saga_aggregate_idx): a btree entry must stay under about 2.7 kB, or
+// the start, and with it the batch, would fail.
+const maxAggregateBytes = 1000
+
+// aggregateLimit is maxAggregateBytes; tests raise it to reach the
+// fallback in HandleBatch.
+var aggregateLimit = maxAggregateBytes
+
+// instanceAggregate is the aggregate id as saga_instances keeps it: as it
+// is, or clipped with a hash of the whole when longer than
+// maxAggregateBytes.
+func instanceAggregate(s string) string {
+	if len(s) <= aggregateLimit {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
-	cut := maxKeyBytes - 20
+	cut := aggregateLimit - 20
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…" + hex.EncodeToString(sum[:8])
+}
+
+// deadKey is producer text made fit for the dead-letter key: valid UTF-8
+// without NUL (text refuses both) and at most maxKeyBytes long. A value that
+// had to change ends in "…" and a hash of the original, so that two ids
+// differing only in the bytes replaced stay two dead letters.
+func deadKey(s string) string { return clipKey(stripNUL(s), s) }
+
+// clipKey returns s when it is orig and short enough, else s shortened to
+// fit maxKeyBytes with a hash of orig (the raw row keeps the original).
+func clipKey(s, orig string) string {
+	if len(s) <= maxKeyBytes && s == orig {
+		return s
+	}
+	sum := sha256.Sum256([]byte(orig))
+	cut := min(len(s), maxKeyBytes-20)
+	for cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
 	return s[:cut] + "…" + hex.EncodeToString(sum[:8])

@@ -26,6 +26,9 @@ func CheckJSONB(raw []byte) error {
 	if !utf8.Valid(raw) {
 		return errors.New("not valid UTF-8")
 	}
+	if err := CheckEncodable(raw); err != nil {
+		return err
+	}
 	if !json.Valid(raw) {
 		return errors.New("not valid JSON")
 	}
@@ -160,4 +163,54 @@ func checkNumber(s []byte) (int, error) {
 		return 0, errors.New("has a number outside the range PostgreSQL's numeric (and so jsonb) can hold")
 	}
 	return i, nil
+}
+
+// MaxJSONDepth is how deep JSON may nest for the relay to re-encode it: Go's
+// encoding/json refuses to encode or decode anything deeper, while
+// PostgreSQL's json and jsonb accept much deeper values.
+const MaxJSONDepth = 10000
+
+// JSONDepth returns how deep the JSON text raw nests (0 for a scalar, 1 for
+// [] or {}), counting brackets outside strings. It does not check that raw
+// is JSON.
+func JSONDepth(raw []byte) int {
+	depth, deepest := 0, 0
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// CheckEncodable reports why JSON that PostgreSQL holds (a json or jsonb
+// value, or text that is JSON) cannot be re-encoded by the relay as it is:
+// it is not valid UTF-8, or it nests deeper than MaxJSONDepth. Such a value
+// is poison: it is a dead letter for the sagas and reaches the sinks as
+// bytes (Event.RawPayload), never as JSON.
+func CheckEncodable(raw []byte) error {
+	if !utf8.Valid(raw) {
+		return errors.New("is not valid UTF-8")
+	}
+	if d := JSONDepth(raw); d > MaxJSONDepth {
+		return fmt.Errorf("nests %d levels deep, deeper than the %d levels the relay can encode", d, MaxJSONDepth)
+	}
+	return nil
 }

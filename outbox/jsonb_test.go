@@ -39,3 +39,27 @@ func TestCheckJSONB(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckEncodable(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		json  string
+		depth int
+		ok    bool
+	}{
+		{`1`, 0, true},
+		{`{"a":[1,{"b":"[[["}]}`, 3, true},
+		{`"\"[["`, 0, true},
+		{strings.Repeat("[", 10000) + strings.Repeat("]", 10000), 10000, true},
+		{strings.Repeat("[", 10001) + strings.Repeat("]", 10001), 10001, false},
+		{strings.Repeat(`{"a":`, 12000) + "1" + strings.Repeat("}", 12000), 12000, false},
+		{"{\"a\":\"\xff\"}", 1, false},
+	} {
+		if d := outbox.JSONDepth([]byte(c.json)); d != c.depth {
+			t.Errorf("JSONDepth(%.30s) = %d, want %d", c.json, d, c.depth)
+		}
+		if err := outbox.CheckEncodable([]byte(c.json)); (err == nil) != c.ok {
+			t.Errorf("CheckEncodable(%.30s) = %v", c.json, err)
+		}
+	}
+}

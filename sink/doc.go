@@ -21,6 +21,11 @@
 //     waits and why; Skip moves one parked event to relay_sink_skipped with
 //     who, when and why in one transaction, and its aggregate flows again.
 //     Refusals are logged once per status and interval, not per event.
+//   - No row fails a batch. Whatever PostgreSQL accepted is delivered,
+//     parked or held: encoding an envelope (Event.Envelope) and parking
+//     (encodeParked, storedKey) cannot fail on what a row holds, and an
+//     event a broker cannot take (too large, a subject or topic it refuses)
+//     is refused for that event, never taken for an outage.
 //
 // Wiring: the correlator's Config.InBatchTx is Fanout.WriteParked, the
 // stream's sink is Fanout.Sink(correlator), the stream's LoadCheckpoint

@@ -118,19 +118,46 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		return false, fmt.Errorf("read due parked events: %w", err)
 	}
 	var evs []*Event
+	var keys []string // event_id of each row: the event's id, or its clipped form
 	var attempts []int
-	var id, body string
+	// A row that cannot be read (altered by hand, say) is deferred with the
+	// reason like a refused head, and the rows behind it wait: it must not
+	// stop the sink's other aggregates.
+	var unread, unreadWhy []string
+	var unreadAttempts []int
+	unreadAgg := map[string]bool{}
+	var id, agg, body string
+	var raw []byte
 	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &body, &n}, func() error {
-		ev, err := decodeParked([]byte(body))
-		if err != nil {
-			return fmt.Errorf("parked event %s: %w", id, err)
+	_, err = pgx.ForEachRow(rows, []any{&id, &agg, &body, &raw, &n}, func() error {
+		if unreadAgg[agg] {
+			return nil
 		}
-		ev.ID = id
+		ev, err := decodeParked([]byte(body), raw)
+		if err != nil {
+			unreadAgg[agg] = true
+			unread, unreadWhy = append(unread, id), append(unreadWhy, "the parked row cannot be read: "+err.Error())
+			unreadAttempts = append(unreadAttempts, n)
+			return nil
+		}
+		if ev.ID == "" {
+			ev.ID = id
+		}
 		evs = append(evs, ev)
+		keys = append(keys, id)
 		attempts = append(attempts, n)
 		return nil
 	})
+	if err == nil && len(unread) > 0 {
+		waits := make([]int64, len(unread))
+		for i := range unread {
+			waits[i] = f.backoff(unreadAttempts[i]).Milliseconds()
+		}
+		if _, err := conn.Exec(ctx, sqlDeferred, d.spec.Name, unread, unreadWhy, waits); err != nil {
+			return false, fmt.Errorf("defer %d parked events that cannot be read: %w", len(unread), err)
+		}
+		d.log.Error("parked events cannot be read: they wait, and hold back the later events of their aggregate", "count", len(unread), "first_event_id", unread[0], "reason", unreadWhy[0])
+	}
 	if err != nil || len(evs) == 0 {
 		if state != StateUp && err == nil {
 			// Nothing parked to probe with: believe it is up.
@@ -142,9 +169,9 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 	errs := d.deliver(ctx, evs)
 	var done, deferred, reasons []string
 	var waits []int64
-	for i, ev := range evs {
+	for i := range evs {
 		if errs[i] == nil {
-			done = append(done, ev.ID)
+			done = append(done, keys[i])
 			continue
 		}
 		if errors.Is(errs[i], ErrHeldBack) {
@@ -160,7 +187,7 @@ func (f *Fanout) drainOnce(ctx context.Context, d *dest) (bool, error) {
 		if kind == kindDown {
 			wait = 0 // the sink's probe interval paces it
 		}
-		deferred, reasons, waits = append(deferred, ev.ID), append(reasons, errs[i].Error()), append(waits, wait.Milliseconds())
+		deferred, reasons, waits = append(deferred, keys[i]), append(reasons, cleanText(errs[i].Error())), append(waits, wait.Milliseconds())
 	}
 	if len(deferred) > 0 {
 		// One statement for the page: a sink refusing many aggregates' heads
@@ -203,7 +230,7 @@ func (f *Fanout) backoff(n int) time.Duration {
 func (f *Fanout) saveState(ctx context.Context, d *dest) {
 	d.dirty.Store(false)
 	state, reason := d.shownState()
-	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, reason); err != nil && ctx.Err() == nil {
+	if _, err := f.cfg.Pool.Exec(ctx, sqlSetState, d.spec.Name, state, cleanText(reason)); err != nil && ctx.Err() == nil {
 		d.dirty.Store(true) // written again on the next round
 		d.throttle.Warn("state", "record sink state", "err", err)
 	} else if err == nil {

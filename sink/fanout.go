@@ -536,16 +536,15 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 	if len(p.parks) > 0 {
 		n := len(p.parks)
 		sinks, ids, keys, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		events, holds := make([]string, n), make([]bool, n)
+		events, raws, holds := make([]string, n), make([][]byte, n), make([]bool, n)
 		for i, r := range p.parks {
-			body, err := encodeParked(r.ev)
-			if err != nil {
-				return fmt.Errorf("sink: encode parked event %s: %w", r.ev.ID, err)
-			}
-			sinks[i], ids[i], keys[i], reasons[i], events[i] = r.sink, r.ev.ID, r.ev.AggregateKey(), r.reason, string(body)
+			// Nothing here can fail on what the event holds: see
+			// encodeParked, storedKey and cleanText.
+			events[i], raws[i] = encodeParked(r.ev)
+			sinks[i], ids[i], keys[i], reasons[i] = r.sink, storedKey(r.ev.ID), r.ev.AggregateKey(), cleanText(r.reason)
 			holds[i] = r.hold
 		}
-		batch.Queue(sqlPark, sinks, ids, keys, events, reasons, holds)
+		batch.Queue(sqlPark, sinks, ids, keys, events, reasons, holds, raws)
 	}
 	if len(p.delivered) > 0 {
 		var names []string

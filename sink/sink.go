@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -102,9 +104,43 @@ func FromOutbox(e *outbox.Event) *Event {
 	return ev
 }
 
-// AggregateKey names the event's aggregate: the unit of order.
+// AggregateKey names the event's aggregate: the unit of order. It is
+// valid UTF-8 and at most maxStoredKey bytes (a longer one ends in a hash of
+// the whole), so that relay_sink_parked can index it.
 func (e *Event) AggregateKey() string {
-	return strconv.Quote(e.AggregateType) + "/" + strconv.Quote(e.AggregateID)
+	return storedKey(strconv.Quote(e.AggregateType) + "/" + strconv.Quote(e.AggregateID))
+}
+
+// Envelope is the event as JSON: the webhook body. It cannot fail: a
+// payload or headers value that cannot be encoded as JSON as it is (too
+// deep, not UTF-8) is sent in base64 (payload_base64, headers_base64) with
+// the reason in poison.
+func (e *Event) Envelope() []byte {
+	b, err := json.Marshal(e)
+	if err == nil && utf8.Valid(b) {
+		return b
+	}
+	if err == nil {
+		err = errors.New("not valid UTF-8")
+	}
+	c := *e
+	c.Poison = strings.TrimPrefix(c.Poison+"; the event cannot be encoded as JSON as it is ("+err.Error()+"): its payload and headers are sent in base64", "; ")
+	if c.RawPayload == nil && string(c.Payload) != "null" {
+		c.RawPayload = c.Payload
+	}
+	if c.RawHeaders == nil && len(c.Headers) > 0 {
+		c.RawHeaders = c.Headers
+	}
+	c.Payload, c.Headers = json.RawMessage("null"), nil
+	for _, f := range []*string{&c.ID, &c.TenantID, &c.AggregateType, &c.AggregateID, &c.EventType, &c.CorrelationID, &c.CausationID, &c.Poison} {
+		*f = strings.ToValidUTF8(*f, "\uFFFD")
+	}
+	if b, err := json.Marshal(&c); err == nil {
+		return b
+	}
+	c.CreatedAt = time.Time{}
+	b, _ = json.Marshal(&c)
+	return b
 }
 
 // Header is one message header.

@@ -12,9 +12,9 @@ const (
 
 	// Rows are numbered in the order given, so seq keeps commit order. A
 	// held row is never due until `relay sinks retry` makes it due.
-	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason, next_attempt_at)
-		SELECT s, i, k, e::jsonb, r, CASE WHEN h THEN 'infinity'::timestamptz ELSE now() END
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[]) WITH ORDINALITY AS x(s, i, k, e, r, h, n)
+	sqlPark = `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason, next_attempt_at, event_raw)
+		SELECT s, i, k, e::jsonb, r, CASE WHEN h THEN 'infinity'::timestamptz ELSE now() END, b
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::bytea[]) WITH ORDINALITY AS x(s, i, k, e, r, h, b, n)
 		ORDER BY n
 		ON CONFLICT (sink, event_id) DO NOTHING`
 
@@ -22,8 +22,8 @@ const (
 		FROM unnest($1::text[], $2::bigint[]) AS d(name, n) WHERE relay_sinks.name = d.name`
 
 	// The first rows of each aggregate whose head is due, in seq order.
-	sqlDue = `SELECT event_id, event::text, attempts FROM (
-			SELECT event_id, event, attempts, seq,
+	sqlDue = `SELECT event_id, aggregate_key, event::text, event_raw, attempts FROM (
+			SELECT event_id, aggregate_key, event, event_raw, attempts, seq,
 				row_number() OVER w AS rn, first_value(next_attempt_at) OVER w AS head_due
 			FROM relay_sink_parked WHERE sink = $1
 			WINDOW w AS (PARTITION BY aggregate_key ORDER BY seq)) x
@@ -87,9 +87,9 @@ const (
 	// One statement moves the row: it is in exactly one of the two tables
 	// in every snapshot.
 	sqlSkip = `WITH gone AS (DELETE FROM relay_sink_parked WHERE sink = $1 AND event_id = $2
-			RETURNING sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at)
-		INSERT INTO relay_sink_skipped (sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at, skipped_by, skip_reason)
-		SELECT sink, event_id, aggregate_key, event, lsn, reason, attempts, parked_at, $3, $4 FROM gone
+			RETURNING sink, event_id, aggregate_key, event, event_raw, lsn, reason, attempts, parked_at)
+		INSERT INTO relay_sink_skipped (sink, event_id, aggregate_key, event, event_raw, lsn, reason, attempts, parked_at, skipped_by, skip_reason)
+		SELECT sink, event_id, aggregate_key, event, event_raw, lsn, reason, attempts, parked_at, $3, $4 FROM gone
 		RETURNING sink, event_id, coalesce(event->>'aggregate_type', ''), coalesce(event->>'aggregate_id', ''),
 			coalesce(event->>'event_type', ''), reason, attempts, parked_at, skipped_by, skipped_role, skipped_at, skip_reason`
 

@@ -11,6 +11,8 @@ CREATE TABLE IF NOT EXISTS relay_sink_skipped (
     event_id        text        NOT NULL,
     aggregate_key   text        NOT NULL,
     event           jsonb       NOT NULL,
+    -- The whole event when jsonb could not hold it (see 0008): every byte kept.
+    event_raw       bytea,
     lsn             pg_lsn,
     -- The parked row's last delivery failure, its attempts and when it was parked.
     reason          text        NOT NULL,

@@ -112,6 +112,13 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			continue
 		}
 		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Body()}
+		if err := checkTopic(rec.Topic); err != nil {
+			// The broker would refuse it for every record: refuse this
+			// event, not the sink.
+			errs[i] = sink.EventError(err)
+			refused[ev.AggregateKey()] = true
+			continue
+		}
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: []byte(ev.ID)})
 		for _, h := range ev.MessageHeaders() {
 			if h.Key != "id" {
@@ -148,11 +155,26 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	return errs
 }
 
+// maxTopicBytes is the longest topic name Kafka takes.
+const maxTopicBytes = 249
+
+// checkTopic refuses a topic name Kafka refuses (Topic has already mapped
+// every character to one Kafka takes).
+func checkTopic(topic string) error {
+	switch {
+	case len(topic) > maxTopicBytes:
+		return fmt.Errorf("topic of %d characters is longer than the %d Kafka takes", len(topic), maxTopicBytes)
+	case topic == "." || topic == "..":
+		return fmt.Errorf("topic %q is not a name Kafka takes", topic)
+	}
+	return nil
+}
+
 func classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord) {
+	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord) || errors.Is(err, kerr.InvalidTopicException) {
 		return sink.EventError(err)
 	}
 	return err

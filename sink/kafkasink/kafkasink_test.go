@@ -196,3 +196,20 @@ func TestTooLargeRecordIsRefusedBeforeProducing(t *testing.T) {
 	}
 	t.Logf("cap %d bytes: payloads up to %d bytes are produced, %d is parked", limit, lo, hi)
 }
+
+// A topic name Kafka refuses (longer than 249 characters, made from an
+// aggregate type) is refused for that event, not taken for an outage.
+func TestOverlongTopicIsAnEventError(t *testing.T) {
+	c := cluster(t)
+	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate("t.{aggregate_type}"), Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(2, 2)
+	evs[0].AggregateType = strings.Repeat("a", 300)
+	errs := s.Deliver(t.Context(), evs)
+	if sink.Classify(errs[0]) != "event" || !strings.Contains(errs[0].Error(), "249") || errs[1] != nil {
+		t.Fatalf("errors %v: want the overlong topic refused as an event error and the other event delivered", errs)
+	}
+}

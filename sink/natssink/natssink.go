@@ -163,6 +163,13 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			continue
 		}
 		msg := nats.NewMsg(s.Subject(ev))
+		if len(msg.Subject) > MaxSubjectBytes {
+			// The server would close the connection on such a line, and
+			// every event after it would look like an outage.
+			errs[i] = sink.EventError(fmt.Errorf("subject of %d bytes is longer than the %d bytes the sink publishes (the server's control line is 4096 bytes)", len(msg.Subject), MaxSubjectBytes))
+			refused[ev.AggregateKey()] = true
+			continue
+		}
 		msg.Data = ev.Body()
 		for _, h := range ev.MessageHeaders() {
 			// Nats-* headers steer the server (Nats-Msg-Id, expectations):
@@ -225,9 +232,14 @@ func headerSize(h nats.Header) int {
 	return n
 }
 
+// MaxSubjectBytes bounds the subject an event is published on: the server
+// refuses a protocol line longer than its max_control_line (4096 bytes by
+// default), which holds the subject, a reply subject and two lengths.
+const MaxSubjectBytes = 3584
+
 func classify(err error) error {
 	var apiErr *jetstream.APIError
-	if errors.Is(err, nats.ErrMaxPayload) || (errors.As(err, &apiErr) && apiErr.Code == 413) {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || (errors.As(err, &apiErr) && apiErr.Code == 413) {
 		return sink.EventError(err)
 	}
 	return err

@@ -111,3 +111,26 @@ func TestTooLargeIsAnEventError(t *testing.T) {
 		t.Fatalf("errors %v: want the large event refused as an event error and the next held back", errs)
 	}
 }
+
+// A subject longer than a protocol line takes (an event type of 5,000
+// characters) is refused for that event; the connection and the other
+// aggregates' events are not affected.
+func TestOverlongSubjectIsAnEventError(t *testing.T) {
+	srv := natstest.Start(t)
+	s, err := natssink.New(natssink.Config{URL: srv.URL(), Stream: "LONG", Subject: sink.MustTemplate("long.{event_type}"), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(3, 3)
+	evs[0].EventType = strings.Repeat("t", 5000)
+	errs := s.Deliver(t.Context(), evs)
+	if sink.Classify(errs[0]) != "event" || errs[1] != nil || errs[2] != nil {
+		t.Fatalf("errors %v: want the overlong subject refused as an event error and the other aggregates delivered", errs)
+	}
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(2, 2)) {
+		if err != nil {
+			t.Fatalf("the sink no longer delivers after an overlong subject: %v", err)
+		}
+	}
+}

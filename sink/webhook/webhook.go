@@ -17,7 +17,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,10 +156,7 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 }
 
 func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
-	body, err := json.Marshal(ev)
-	if err != nil {
-		return sink.EventError(fmt.Errorf("encode event: %w", err))
-	}
+	body := ev.Envelope()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
@@ -170,10 +166,11 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	ts := strconv.FormatInt(s.now().Unix(), 10)
 	h := req.Header
 	h.Set("Content-Type", "application/json")
-	h.Set("webhook-id", ev.ID)
+	id := HeaderID(ev.ID)
+	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", ts)
 	if s.key != nil {
-		h.Set("webhook-signature", Sign(s.key, ev.ID, ts, body))
+		h.Set("webhook-signature", Sign(s.key, id, ts, body))
 	}
 	// MessageHeaders leaves out every reserved name of the row's headers
 	// (sink.ReservedHeader), the signature's and the framing's included.
@@ -226,6 +223,17 @@ func RedirectHost(resp *http.Response) string {
 		return "an unnamed location"
 	}
 	return loc.Host
+}
+
+// HeaderID is an event's id as the webhook-id header carries it (and the
+// signature covers it): a header value cannot hold control characters, so
+// an id with any (a text id with a line break) is sent quoted in Go syntax,
+// the same on every attempt; the body carries the id as it is.
+func HeaderID(id string) string {
+	if strings.IndexFunc(id, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0 {
+		return id
+	}
+	return strconv.Quote(id)
 }
 
 // retryAfter reads Retry-After as seconds or an HTTP date.

@@ -213,3 +213,36 @@ func TestRedirectsAreNeverFollowed(t *testing.T) {
 		t.Errorf("the host a redirect named got %d requests, want none", n)
 	}
 }
+
+// An id a header value cannot hold (a text id with a line break) is sent
+// quoted in webhook-id and signed so; the request is made, the sink stays up.
+func TestIDWithControlCharactersIsDelivered(t *testing.T) {
+	key, _ := webhook.DecodeSecret(secret)
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id := r.Header.Get("webhook-id")
+		if !webhook.Verify(key, id, r.Header.Get("webhook-timestamp"), body, r.Header.Get("webhook-signature")) {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var env sink.Event
+		json.Unmarshal(body, &env)
+		got.Store([2]string{id, env.ID})
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	s, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	evs := sinktest.Events(1, 1)
+	evs[0].ID = "line\nbreak\x00"
+	if err := s.Deliver(t.Context(), evs)[0]; err != nil {
+		t.Fatalf("delivery failed (%s): %v", sink.Classify(err), err)
+	}
+	if ids, _ := got.Load().([2]string); ids[0] != `"line\nbreak\x00"` || ids[1] != evs[0].ID {
+		t.Fatalf("webhook-id %q, body id %q", ids[0], ids[1])
+	}
+}

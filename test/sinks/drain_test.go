@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
 )
 
@@ -96,5 +97,52 @@ func TestDrainerDefersAPageInOneStatement(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE attempts = 0 AND reason = 'seed' AND event_id >= 'e-030'`); n != aggs*(per-1) {
 		t.Fatalf("%d of the %d rows behind the heads left as they were", n, aggs*(per-1))
+	}
+}
+
+// TestUnreadableParkedRowHoldsOnlyItsAggregate: a parked row that cannot be
+// read (altered by hand) is deferred with the reason and holds back the
+// later rows of its aggregate; the sink's other aggregates drain.
+func TestUnreadableParkedRowHoldsOnlyItsAggregate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	ep := newEndpoint(t)
+	wh, err := webhook.New(webhook.Config{URL: ep.srv.URL, Secret: secret, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wh.Close()
+	rows := []struct{ id, agg, body string }{
+		{"bad-1", "o-1", `"not an event"`},
+		{"o1-2", "o-1", `{"id":"o1-2","event_type":"order.placed","payload":{}}`},
+		{"o2-1", "o-2", `{"id":"o2-1","event_type":"order.placed","payload":{}}`},
+		{"o2-2", "o-2", `{"id":"o2-2","event_type":"order.placed","payload":{}}`},
+	}
+	for _, r := range rows {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO relay_sink_parked (sink, event_id, aggregate_key, event, reason) VALUES ('hook', $1, $2, $3, 'seed')`,
+			r.id, strconv.Quote("order")+"/"+strconv.Quote(r.agg), r.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := sink.NewFanout(ctx, sink.FanoutConfig{Pool: db.Pool, DrainInterval: 50 * time.Millisecond, MaxBackoff: 30 * time.Second,
+		Destinations: []sink.Destination{{Spec: sink.Spec{Name: "hook", Webhook: &sink.WebhookSpec{URL: ep.srv.URL}}, Sink: wh}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); f.Run(runCtx) }()
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, 20*time.Second, "the readable aggregate to drain", func() bool {
+		return count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE aggregate_key LIKE '%o-2%'`) == 0
+	})
+	if n := count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE event_id = 'bad-1' AND attempts > 0
+		AND reason LIKE 'the parked row cannot be read%' AND next_attempt_at > now()`); n != 1 {
+		t.Fatal("the unreadable row is not deferred with its reason")
+	}
+	if got := ep.ids(); len(got) != 2 || got[0] != "o2-1" || got[1] != "o2-2" {
+		t.Fatalf("delivered %v, want the other aggregate's two events only", got)
 	}
 }
