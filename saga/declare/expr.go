@@ -105,6 +105,9 @@ type expr struct {
 	prg       cel.Program
 	// secrets lists the secret names the expression reads.
 	secrets []string
+	// typ is the type the checker gives the result (dyn when it depends on
+	// the data).
+	typ *cel.Type
 }
 
 func (e *expr) String() string { return "${ " + strings.TrimSpace(e.text) + " }" }
@@ -222,7 +225,7 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 		}
 		return nil
 	}
-	x := &expr{text: text, file: file, line: line, col: col}
+	x := &expr{text: text, file: file, line: line, col: col, typ: checked.OutputType()}
 	native := checked.NativeRep()
 	info := native.SourceInfo()
 	ok := true

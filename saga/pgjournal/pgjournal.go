@@ -132,6 +132,19 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	return out, nil
 }
 
+// NextDue implements saga.DueReporter in one index read.
+func (j *Journal) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	var us float64
+	err := j.q(ctx).QueryRow(ctx, sqlNextDue, j.clock()).Scan(&us)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("pgjournal: next due: %w", err)
+	}
+	return time.Duration(us) * time.Microsecond, true, nil
+}
+
 // Heartbeat implements saga.Journal in one statement.
 func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.Duration) (bool, error) {
 	if d < time.Microsecond {

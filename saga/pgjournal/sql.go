@@ -238,3 +238,13 @@ SELECT COALESCE((
 	WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
 	ORDER BY e.xid DESC, e.global_seq DESC
 	LIMIT 1), 0)`
+
+// sqlNextDue is how long until the earliest future next_attempt_at of an
+// instance the runner advances (saga_claim_idx, read from now onward).
+const sqlNextDue = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now)
+SELECT EXTRACT(EPOCH FROM (i.next_attempt_at - c.now)) * 1000000
+FROM saga_instances i, clock c
+WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.next_attempt_at > c.now
+ORDER BY i.next_attempt_at
+LIMIT 1`

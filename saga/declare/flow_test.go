@@ -1,0 +1,115 @@
+package declare
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestLoadBrokenFlow: when, wait and on_timeout misused are reported at
+// their place with a fix.
+func TestLoadBrokenFlow(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		body string
+		want []string
+	}{
+		{"when not one expression", head + "steps:\n  - name: a\n    when: \"amount > 1\"\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:11: step a.when must be one expression, "${ … }", that gives true or false; write e.g. when: "${ trigger.payload.amount > 100 }"`}},
+		{"when not a bool", head + "steps:\n  - name: a\n    when: \"${ 'yes' }\"\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:14: step a.when gives string, not true or false; compare it, e.g. ${ x > 0 } or ${ x == 'gold' }`}},
+		{"when reads a later step", head + "steps:\n  - name: a\n    when: \"${ steps.b.x == 1 }\"\n    emit: [{event_type: x}]\n  - name: b\n    sql: {query: \"select 1 AS x\"}\n    output: {x: 1}\n",
+			[]string{`f.yaml:6:21: steps.b is a later step; an expression can read only the outputs of the steps before it`}},
+		{"wait with both", head + "steps:\n  - name: a\n    wait: {duration: 1h, until: \"${ trigger.payload.at }\"}\n",
+			[]string{`f.yaml:6:26: step a.wait has both duration and until; keep one`}},
+		{"wait with neither", head + "steps:\n  - name: a\n    wait: {}\n",
+			[]string{`f.yaml:6:5: step a.wait says neither how long nor until when; give duration: 2h or until: "${ … }" (a timestamp)`}},
+		{"wait bad duration", head + "steps:\n  - name: a\n    wait: {duration: soon}\n",
+			[]string{`f.yaml:6:22: steps[0].wait.duration is "soon", not a duration; write a Go duration such as 200ms, 10s or 2m`}},
+		{"wait until not a timestamp", head + "steps:\n  - name: a\n    wait: {until: \"${ 3 }\"}\n",
+			[]string{`f.yaml:6:22: step a.wait.until gives int, not a timestamp; write ${ timestamp('2030-01-01T00:00:00Z') } or an expression on RFC 3339 text, e.g. ${ timestamp(trigger.payload.ship_at) }`}},
+		{"wait with an action", head + "steps:\n  - name: a\n    wait: {duration: 1h}\n    sql: {query: \"select 1\"}\n",
+			[]string{`f.yaml:7:5: step a waits and has sql: a wait step only waits; put sql in a step of its own before or after it`}},
+		{"bad on_timeout", head + "steps:\n  - name: a\n    command: {event_type: c, reply_timeout: 1s, on_timeout: skip}\n",
+			[]string{`f.yaml:6:61: steps[0].command.on_timeout is skip; use one of: retry, compensate, fail`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, probs := LoadFile("f.yaml", []byte(tc.body), Options{})
+			if s != nil {
+				t.Fatalf("loaded a broken definition:\n%s", tc.body)
+			}
+			got := strings.Split(probs.Error(), "\n")
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("problems:\n got: %q\nwant: %q", got, tc.want)
+			}
+		})
+	}
+}
+
+const flowSaga = `saga: flow
+version: 1
+triggers: [{event_type: order.placed}]
+steps:
+  - name: reserve
+    sql: {query: "select 1"}
+    compensate: {sql: {query: "select 2"}}
+  - name: vip_gift
+    when: "${ trigger.payload.tier == 'gold' }"
+    sql: {query: "select 3"}
+    compensate: {sql: {query: "select 4"}}
+  - name: cool_off
+    wait: {duration: 2h}
+  - name: ship_at
+    wait: {until: "${ trigger.payload.ship_at }"}
+  - name: ship
+    command: {event_type: ship.requested, reply_timeout: 1m, on_timeout: compensate}
+`
+
+// TestWalkFlow: the walk skips a step whose when is false (it is not among
+// the steps that ran, nor compensated), shows waits and goes on.
+func TestWalkFlow(t *testing.T) {
+	t.Parallel()
+	s, probs := LoadFile("flow.yaml", []byte(flowSaga), Options{})
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	var out strings.Builder
+	res, err := Walk(s, WalkInput{Trigger: json.RawMessage(`{"event_type":"order.placed","payload":{"tier":"silver","ship_at":"2030-01-02T03:04:05Z"}}`),
+		Replies: map[string]json.RawMessage{"ship": json.RawMessage(`{"error":"no truck"}`)}}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"2. vip_gift (sql)\n   skipped (when is false)\n",
+		"3. cool_off (wait)\n   waits 2h (no worker held), then goes on\n",
+		"4. ship_at (wait)\n   waits until 2030-01-02T03:04:05Z (no worker held), then goes on\n",
+		"waits up to 1m0s for the reply (none in time: compensate at once)",
+		"compensate 2. vip_gift: nothing to undo (skipped)",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("walk output lacks %q:\n%s", want, text)
+		}
+	}
+	if got := strings.Join(res.Steps, ","); got != "reserve,cool_off,ship_at,ship" {
+		t.Errorf("steps run: %s", got)
+	}
+	if got := strings.Join(res.Compensations, ","); res.Status != WalkCompensated || got != "reserve" {
+		t.Errorf("status %s, compensations %s", res.Status, got)
+	}
+
+	out.Reset()
+	res, err = Walk(s, WalkInput{Trigger: json.RawMessage(`{"event_type":"order.placed","payload":{"tier":"gold","ship_at":"soon"}}`)}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(res.Steps, ","); got != "reserve,vip_gift,cool_off,ship_at" || res.Status != WalkCompensated {
+		t.Errorf("steps run: %s, status %s", got, res.Status)
+	}
+	if !strings.Contains(res.Reason, `wait.until gave "soon", not an RFC 3339 timestamp`) {
+		t.Errorf("reason: %s", res.Reason)
+	}
+}
