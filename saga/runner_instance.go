@@ -1040,7 +1040,7 @@ func (w *work) skipOrWait(step Step, err error) (Event, bool) {
 			// Due at the deadline, which then compensates.
 			until = *w.inst.TimeoutAt
 		}
-		return Event{Kind: EventStepWaiting, Step: i, StepName: step.Name, Until: until}, true
+		return Event{Kind: EventStepWaiting, Step: i, StepName: step.Name, Until: Timestamp(until)}, true
 	}
 	return Event{}, false
 }
@@ -1112,7 +1112,9 @@ func (w *work) waited(ctx context.Context, step Step) next {
 func (w *work) failForGood(ctx context.Context, step Step, attempt int, err error) next {
 	i := w.inst.CurrentStep
 	why := fmt.Sprintf("step %s failed for good: %s; nothing was compensated (on_timeout: fail): check the participant, then retry to compensate", step.Name, err)
-	failed := Event{Kind: EventStepFailed, Step: i, StepName: step.Name, Error: err.Error(), Reason: FailureReplyTimeout}
+	// The instance's last_error is the last event's Error: make it say why
+	// nothing was compensated, for the person who must now act.
+	failed := Event{Kind: EventStepFailed, Step: i, StepName: step.Name, Error: why, Reason: FailureReplyTimeout}
 	started := Event{Kind: EventCompensationStarted, Step: i, StepName: step.Name, Reason: why}
 	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, failed); err != nil {
