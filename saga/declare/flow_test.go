@@ -113,3 +113,35 @@ func TestWalkFlow(t *testing.T) {
 		t.Errorf("reason: %s", res.Reason)
 	}
 }
+
+// TestRunTestsFlow: a test file's expect.steps lists only the steps that
+// ran (a skipped one is not among them), and a wrong one fails with a diff.
+func TestRunTestsFlow(t *testing.T) {
+	t.Parallel()
+	s, probs := LoadFile("flow.yaml", []byte(flowSaga), Options{})
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	body := `saga: flow
+cases:
+  - name: silver skips the gift
+    trigger: {event_type: order.placed, payload: {tier: silver, ship_at: "2030-01-02T03:04:05Z"}}
+    expect: {status: COMPLETED, steps: [reserve, cool_off, ship_at, ship], compensations: []}
+  - name: gold gets the gift (wrong on purpose)
+    trigger: {event_type: order.placed, payload: {tier: gold, ship_at: "2030-01-02T03:04:05Z"}}
+    expect: {status: COMPLETED, steps: [reserve, cool_off, ship_at, ship]}
+`
+	tf, probs := LoadTestFile("flow.test.yaml", []byte(body))
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	var out strings.Builder
+	passed, failed := RunTests(&out, []*Saga{s}, []*TestFile{tf})
+	if passed != 1 || failed != 1 {
+		t.Fatalf("passed %d, failed %d:\n%s", passed, failed, out.String())
+	}
+	if !strings.Contains(out.String(), "PASS flow.test.yaml:3:5 silver skips the gift") ||
+		!strings.Contains(out.String(), `reserve, vip_gift, cool_off, ship_at, ship`) {
+		t.Errorf("output:\n%s", out.String())
+	}
+}

@@ -97,6 +97,23 @@ func (j *Journal) Enqueue(_ context.Context, inst saga.Instance) error {
 
 // ClaimPending implements saga.Journal: due instances in next_attempt_at
 // order (then id), each under a fresh random lease until now+d.
+// NextDue implements saga.DueReporter.
+func (j *Journal) NextDue(context.Context) (time.Duration, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := saga.Timestamp(j.clock())
+	var best time.Time
+	for _, e := range j.active {
+		if t := e.inst.NextAttemptAt; t.After(now) && (best.IsZero() || t.Before(best)) {
+			best = t
+		}
+	}
+	if best.IsZero() {
+		return 0, false, nil
+	}
+	return best.Sub(now), true, nil
+}
+
 func (j *Journal) ClaimPending(_ context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
 	if batchSize <= 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)
