@@ -135,6 +135,23 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 	for _, st := range s.Steps {
 		d.Steps = append(d.Steps, st.runnerStep(s, rt))
 	}
+	if c := s.Concurrency; c != nil {
+		d.Concurrency = &saga.Concurrency{Limit: c.Limit, Key: func(ev outbox.Event) (string, error) {
+			raw, err := StartState(ev)
+			if err != nil {
+				return "", err
+			}
+			st, err := decodeState(raw)
+			if err != nil {
+				return "", err
+			}
+			return c.Key.evalText(map[string]any{
+				varTrigger: st.Trigger,
+				varSaga:    map[string]any{"name": s.Name, "version": int64(s.Version)},
+				varSteps:   map[string]any{},
+			})
+		}}
+	}
 	return d
 }
 

@@ -35,9 +35,19 @@ type Saga struct {
 	Body []byte
 	Hash string
 
+	// Concurrency, when set, limits the instances sharing a key.
+	Concurrency *ConcurrencyLimit
+
 	namePos pos
 	// contracts are the triggers' filters and schemas, index for index.
 	contracts []*triggerContract
+}
+
+// ConcurrencyLimit is a saga's concurrency: at most Limit instances with
+// the same Key (evaluated on the trigger) run at a time.
+type ConcurrencyLimit struct {
+	Key   *template
+	Limit int
 }
 
 // Step is one compiled step.
@@ -396,6 +406,7 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 	var extraHash []byte
 	s.Triggers, s.contracts, extraHash = loadTriggers(file, m, doc, r, opt)
 	s.Deadline = m.duration("deadline", r)
+	s.Concurrency = buildConcurrency(file, m, s.contracts, r)
 	defs := m.sub("defaults")
 	defTimeout := defs.duration("timeout", r)
 	defRetry := defs.retry("retry", saga.RetryPolicy{}, r)
@@ -704,4 +715,32 @@ func typeIs(t, want *cel.Type) bool {
 		return true
 	}
 	return t.IsExactType(want)
+}
+
+// buildConcurrency reads concurrency: {key, limit}. The key sees only the
+// event, as a trigger's filter does: it is computed when the instance
+// starts.
+func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *report) *ConcurrencyLimit {
+	cm := m.sub("concurrency")
+	if !cm.ok() {
+		return nil
+	}
+	kn, ln := cm.get("key"), cm.get("limit")
+	if kn == nil || ln == nil {
+		return nil // the schema reported it
+	}
+	c := &ConcurrencyLimit{}
+	if err := ln.Decode(&c.Limit); err != nil || c.Limit < 1 {
+		return nil // the schema reported it
+	}
+	if kn.Kind != yaml.ScalarNode || !strings.Contains(kn.Value, "${") {
+		r.add(nodeAt(kn), "concurrency.key %q is the same for every instance, so they would all run one after the other; key it by the event, e.g. key: \"${ trigger.aggregate_id }\"", kn.Value)
+		return nil
+	}
+	sc := &scope{place: "concurrency.key", noSteps: true, contracts: contracts}
+	c.Key = compileTemplate(kn, file, sc, r)
+	if c.Key == nil {
+		return nil
+	}
+	return c
 }

@@ -37,7 +37,11 @@ const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id
 // sqlClaim leases up to $2 due instances in one statement: each row gets its
 // own fresh lease id. SKIP LOCKED lets concurrent claimers (and fenced
 // writers holding a row) pass each other instead of queueing. A live lease
-// (expiry >= now) is never taken over.
+// (expiry >= now) is never taken over. An instance with a concurrency key
+// is taken only while fewer than its limit of older instances (trigger
+// commit order) of its saga and key are unfinished: the limit and the
+// order hold whichever relay claims, since they are read from committed
+// rows (saga_concurrency_idx); an instance without a key skips the check.
 const sqlClaim = `
 WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 due AS (
@@ -45,6 +49,13 @@ due AS (
 	WHERE i.status IN ('RUNNING', 'COMPENSATING')
 	  AND i.next_attempt_at <= c.now
 	  AND (i.lease_id IS NULL OR i.lease_expires_at IS NULL OR i.lease_expires_at < c.now)
+	  AND (i.concurrency_key IS NULL OR (
+		SELECT count(*) FROM (
+			SELECT 1 FROM saga_instances o
+			WHERE o.saga_name = i.saga_name AND o.concurrency_key = i.concurrency_key
+			  AND o.status IN ('RUNNING', 'COMPENSATING')
+			  AND (o.concurrency_lsn, o.concurrency_ord) < (i.concurrency_lsn, i.concurrency_ord)
+			LIMIT i.concurrency_limit) older) < i.concurrency_limit)
 	ORDER BY i.next_attempt_at, i.id
 	LIMIT $2
 	FOR UPDATE OF i SKIP LOCKED
