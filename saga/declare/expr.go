@@ -290,7 +290,11 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 				*sc.readsSelf = true
 			}
 			if root == varSteps && sc.noSteps {
-				bad(e.ID(), "steps are not available in %s; a trigger's filter sees only the event (trigger.*) and saga.name and saga.version", sc.place)
+				who := "a trigger's filter"
+				if strings.HasPrefix(sc.place, "concurrency") {
+					who = "the concurrency key, computed when the instance starts,"
+				}
+				bad(e.ID(), "steps are not available in %s; %s sees only the event (trigger.*) and saga.name and saga.version", sc.place, who)
 				return
 			}
 			if root == varSteps {
