@@ -467,3 +467,53 @@ func TestDeclaredConcurrency(t *testing.T) {
 	}
 	checkConcurrency(t, db, n)
 }
+
+// TestDeclaredRate runs a step with rate: 20/s on a real PostgreSQL
+// through two relays: its starts are spaced by 50ms across both, so no
+// second holds more than 20 of them (one more for where a window's edges
+// fall), where unlimited they would all run within a fraction of a second.
+func TestDeclaredRate(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := t.Context()
+	dir := t.TempDir()
+	writeSaga(t, dir, "gentle.yaml", `saga: gentle
+version: 1
+triggers: [{event_type: ping}]
+steps:
+  - name: call
+    rate: 20/s
+    sql: {query: "INSERT INTO rate_log (at) VALUES (clock_timestamp())"}
+`)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE rate_log (at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	for i := range n {
+		writeTrigger(t, db, "ping", fmt.Sprint(i), `{}`)
+	}
+	r1 := flowRelay(t, db, dir)
+	t.Cleanup(func() { r1.Stop(context.Background()) })
+	r2 := flowRelay(t, db, dir)
+	t.Cleanup(func() { r2.Stop(context.Background()) })
+	deadline := time.Now().Add(60 * time.Second)
+	for count := 0; count < n; time.Sleep(100 * time.Millisecond) {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM rate_log`).Scan(&count); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60s: %d of %d calls", count, n)
+		}
+	}
+	var span float64
+	var busiest int
+	if err := db.Pool.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM max(at) - min(at)),
+		(SELECT max(c) FROM (SELECT (SELECT count(*) FROM rate_log b WHERE b.at >= a.at AND b.at < a.at + interval '1 second') AS c FROM rate_log a) w)
+		FROM rate_log`).Scan(&span, &busiest); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d calls over %.2fs, at most %d in one second", n, span, busiest)
+	if busiest > 21 || span < 1.8 {
+		t.Errorf("%d calls over %.2fs, %d in the busiest second: want at most 21 a second, so at least 1.95s for 40", n, span, busiest)
+	}
+}

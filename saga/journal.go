@@ -215,6 +215,15 @@ type DueReporter interface {
 	NextDue(ctx context.Context) (time.Duration, bool, error)
 }
 
+// RateTaker is implemented by journals that keep step rate limits for every
+// runner that shares them (Step.Rate).
+type RateTaker interface {
+	// TakeRate takes the next start of key, whose starts are spaced by
+	// every: it returns 0 when the start is taken, else how long until
+	// the next one may be.
+	TakeRate(ctx context.Context, key string, every time.Duration) (time.Duration, error)
+}
+
 // TerminalAppender is implemented by journals that can append an event and
 // end the instance in one fenced mutation: the same effect as Append(ev)
 // followed by MarkTerminal(final, reason) in one transaction, for the cost of

@@ -63,7 +63,7 @@ func (w *work) groupable() (Step, bool) {
 		return Step{}, false
 	}
 	step := w.def.Steps[i]
-	return step, !step.awaitsReply()
+	return step, !step.awaitsReply() && step.Rate == nil
 }
 
 // processGroup advances the claimed instances of cs, a round of one step

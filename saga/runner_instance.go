@@ -309,7 +309,45 @@ func (w *work) forward(ctx context.Context) next {
 		}
 		return w.fail(ctx, step, inst.Attempt+1, err, FailureReplyTimeout, 0)
 	}
+	if step.Rate != nil {
+		if n, ok := w.takeRate(ctx, step); !ok {
+			return n
+		}
+	}
 	return w.runDo(ctx, step)
+}
+
+// takeRate waits for the step's turn under its Rate. It reports false with
+// what the worker does next when the wait ended without a turn (the lease
+// lost, a stop, the journal unreachable).
+func (w *work) takeRate(ctx context.Context, step Step) (next, bool) {
+	rt, ok := w.r.journal.(RateTaker)
+	if !ok {
+		return nextContinue, true
+	}
+	key := w.def.Name + "." + step.Name
+	for {
+		wait, err := rt.TakeRate(ctx, key, step.Rate.Every())
+		switch {
+		case ctx.Err() != nil:
+			return nextDrop, false
+		case err != nil:
+			w.r.throttle.Warn("rate", "saga step rate: taking a turn failed; the step waits for its next claim", "step", step.Name, "err", err)
+			return nextYield, false
+		case wait <= 0:
+			return nextContinue, true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nextDrop, false
+		case <-w.r.stopping:
+			t.Stop()
+			return nextYield, false
+		case <-t.C:
+		}
+	}
 }
 
 // forwardCtx is the context of one attempt of a forward step: cancelled by a

@@ -40,3 +40,11 @@ CREATE TRIGGER saga_concurrency_wake
           AND OLD.status IN ('RUNNING', 'COMPENSATING')
           AND NEW.status NOT IN ('RUNNING', 'COMPENSATING'))
     EXECUTE FUNCTION saga_concurrency_wake();
+
+-- A step's rate limit (rate: 50/s), shared by every relay: per saga and
+-- step, the earliest time the next start may be taken. A start takes it
+-- and moves it one spacing (the period over the count) later.
+CREATE TABLE IF NOT EXISTS saga_step_rates (
+    rate_key  text        PRIMARY KEY,
+    next_at   timestamptz NOT NULL
+);

@@ -185,6 +185,7 @@ func evalErr(err error) error { return saga.Permanent(err) }
 func (st *Step) runnerStep(s *Saga, rt *Runtime) saga.Step {
 	out := saga.Step{
 		Name: st.Name, Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
+		Rate: st.Rate,
 	}
 	a := st.Action
 	if a.Command != nil {

@@ -39,6 +39,10 @@ func TestLoadBrokenFlow(t *testing.T) {
 			[]string{`f.yaml:4:56: concurrency.limit is 0; it must be at least 1`}},
 		{"concurrency without limit", "saga: s\nversion: 1\ntriggers: [{event_type: e}]\nconcurrency: {key: \"${ trigger.aggregate_id }\"}\nsteps:\n  - name: a\n    emit: [{event_type: x}]\n",
 			[]string{`f.yaml:4:14: missing key "limit" in concurrency; add it`}},
+		{"bad rate", head + "steps:\n  - name: a\n    rate: fast\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:11: step a.rate is "fast", not a rate; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h`}},
+		{"zero rate", head + "steps:\n  - name: a\n    rate: 0/s\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:11: step a.rate "0/s" must allow at least 1 and at most 1000000 starts per second; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h`}},
 		{"bad on_timeout", head + "steps:\n  - name: a\n    command: {event_type: c, reply_timeout: 1s, on_timeout: skip}\n",
 			[]string{`f.yaml:6:61: steps[0].command.on_timeout is skip; use one of: retry, compensate, fail`}},
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,6 +64,8 @@ type Step struct {
 	When *template
 	// Wait makes the step a timer (it has no action then).
 	Wait *WaitAction
+	// Rate limits the step's starts across relays.
+	Rate *saga.Rate
 	at   pos
 }
 
@@ -453,6 +456,7 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 		}
 		st.Action = buildAction(file, sm, place, base, false, r)
 		st.When = buildWhen(file, sm, place, base, r)
+		st.Rate = buildRate(sm, place, r)
 		if wn := sm.get("wait"); wn != nil {
 			st.Wait = buildWait(file, sm, place, base, r)
 			for _, k := range []string{"sql", "http", "command", "emit", "output", "compensate"} {
@@ -743,4 +747,25 @@ func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *r
 		return nil
 	}
 	return c
+}
+
+// buildRate reads a step's rate: N/s, N/m or N/h.
+func buildRate(sm mapping, place string, r *report) *saga.Rate {
+	n := sm.get("rate")
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return nil // absent, or the schema reported it
+	}
+	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h"
+	count, unit, ok := strings.Cut(strings.TrimSpace(n.Value), "/")
+	per := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
+	c, err := strconv.Atoi(count)
+	switch {
+	case !ok || per == 0 || err != nil:
+		r.add(nodeAt(n), "%s.rate is %q, not a rate; %s", place, n.Value, fix)
+		return nil
+	case c < 1 || per/time.Duration(c) < time.Microsecond:
+		r.add(nodeAt(n), "%s.rate %q must allow at least 1 and at most 1000000 starts per second; %s", place, n.Value, fix)
+		return nil
+	}
+	return &saga.Rate{Count: c, Per: per}
 }

@@ -117,6 +117,9 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 	skipped := map[int]bool{}
 	for i, step := range s.Steps {
 		fmt.Fprintf(w, "\n%d. %s (%s)\n", i+1, step.Name, step.Kind())
+		if step.Rate != nil {
+			fmt.Fprintf(w, "   rate: starts at most one every %s across relays\n", step.Rate.Every())
+		}
 		vars := base()
 		var f *stepFailure
 		if step.When != nil {

@@ -259,3 +259,19 @@ FROM saga_instances i, clock c
 WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.next_attempt_at > c.now
 ORDER BY i.next_attempt_at
 LIMIT 1`
+
+// sqlTakeRate takes the next start of a rate key ($1), spaced by $2
+// microseconds: it returns a row only when the start was free (next_at has
+// come), and moves next_at one spacing past now.
+const sqlTakeRate = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS now)
+INSERT INTO saga_step_rates AS r (rate_key, next_at)
+SELECT $1, c.now + $2 * interval '1 microsecond' FROM clock c
+ON CONFLICT (rate_key) DO UPDATE SET next_at = EXCLUDED.next_at
+	WHERE r.next_at <= (SELECT now FROM clock)
+RETURNING true`
+
+// sqlRateWait is how long until a rate key's next start, in microseconds.
+const sqlRateWait = `
+SELECT EXTRACT(EPOCH FROM (r.next_at - COALESCE($2::timestamptz, clock_timestamp()))) * 1000000
+FROM saga_step_rates r WHERE r.rate_key = $1`
