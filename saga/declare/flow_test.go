@@ -64,6 +64,7 @@ func TestLoadBrokenFlow(t *testing.T) {
 const flowSaga = `saga: flow
 version: 1
 triggers: [{event_type: order.placed}]
+concurrency: {key: "account-${ trigger.payload.tier }", limit: 2}
 steps:
   - name: reserve
     sql: {query: "select 1"}
@@ -101,6 +102,7 @@ func TestWalkFlow(t *testing.T) {
 		"4. ship_at (wait)\n   waits until 2030-01-02T03:04:05Z (no worker held), then goes on\n",
 		"waits up to 1m0s for the reply (none in time: compensate at once)",
 		"compensate 2. vip_gift: nothing to undo (skipped)",
+		"concurrency key \"account-silver\": runs once fewer than 2 older instances of it are unfinished\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("walk output lacks %q:\n%s", want, text)

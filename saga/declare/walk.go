@@ -105,6 +105,15 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 		fmt.Fprintf(w, "\n%s: %s\n", status, reason)
 		return res, nil
 	}
+	if c := s.Concurrency; c != nil {
+		key, err := c.Key.evalText(map[string]any{varTrigger: trig, varSaga: map[string]any{"name": s.Name, "version": int64(s.Version)}, varSteps: map[string]any{}})
+		if err != nil {
+			res.Status, res.Reason = WalkDeadLetter, fmt.Sprintf("the concurrency key of saga %s: %v", s.Name, err)
+			fmt.Fprintf(w, "\n%s: %s\n", res.Status, res.Reason)
+			return res, nil
+		}
+		fmt.Fprintf(w, "concurrency key %q: runs once fewer than %d older instances of it are unfinished\n", key, c.Limit)
+	}
 	st := state{Trigger: trig, Steps: map[string]any{}}
 	base := func() map[string]any {
 		return map[string]any{
