@@ -16,6 +16,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/test/pgtest"
 )
@@ -448,9 +449,46 @@ func TestDeclaredConcurrency(t *testing.T) {
 	r2 := flowRelay(t, db, dir)
 	t.Cleanup(func() { r2.Stop(context.Background()) })
 	const n, keys = 200, 10
-	for i := range n {
-		writeTrigger(t, db, "account.changed", fmt.Sprintf("acct-%d", i%keys), fmt.Sprintf(`{"seq": %d}`, i))
+	// One transaction: the instances start together, and their order is
+	// their place in it.
+	err := pgx.BeginFunc(t.Context(), db.Pool, func(tx pgx.Tx) error {
+		for i := range n {
+			err := outbox.Write(t.Context(), tx, outbox.Message{AggregateType: "account", AggregateID: fmt.Sprintf("acct-%d", i%keys),
+				EventType: "account.changed", Payload: []byte(fmt.Sprintf(`{"seq": %d}`, i))})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	for started := 0; started < n; time.Sleep(20 * time.Millisecond) {
+		if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM saga_instances`).Scan(&started); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Instances waiting for their key's turn are not stuck: of the due
+	// instances nobody holds, at most the head of each key can be overdue.
+	adm, err := admin.New(admin.Config{Pool: db.Pool, StuckAfter: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := 0
+	if err := db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM saga_instances WHERE status = 'RUNNING'`).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := adm.StuckCounts(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range counts {
+		if c.Reason == admin.StuckOverdue && c.Count > keys {
+			t.Errorf("%d instances called overdue while %d wait for their turn: want at most one per key (%d)", c.Count, waiting, keys)
+		}
+	}
+	t.Logf("%d instances running or waiting; stuck counts %+v", waiting, counts)
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var done int
