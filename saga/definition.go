@@ -44,6 +44,8 @@ type Definition struct {
 // instance, and kept on it, so the limit holds across every relay and
 // across restarts. An instance that ends (COMPLETED, COMPENSATED,
 // TIMED_OUT, or FAILED for a person) lets the next one of its key run.
+// The correlator stores the key and the PostgreSQL journal's claim
+// (pgjournal) enforces it; the memory journal does not.
 type Concurrency struct {
 	// Key gives the key of the instance an event starts (e.g. its
 	// aggregate id). An error parks the event as a dead letter. It must be

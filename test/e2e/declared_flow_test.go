@@ -107,3 +107,60 @@ func TestDeclaredConcurrencySurvivesKill(t *testing.T) {
 		t.Errorf("no two keys ever ran at the same time: keys did not progress in parallel")
 	}
 }
+
+// TestDeclaredWaitSurvivesKill: a wait: {duration: 5s} step outlives its
+// relay process, killed with SIGKILL during the wait; a new process resumes
+// the saga within a second of the wait's end.
+func TestDeclaredWaitSurvivesKill(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	body := `saga: cool_off
+version: 1
+triggers: [{event_type: order.placed}]
+steps:
+  - name: before
+    sql: {query: "SELECT 1"}
+  - name: pause
+    wait: {duration: 5s}
+  - name: after
+    sql: {query: "SELECT 1"}
+`
+	if err := os.WriteFile(filepath.Join(dir, "cool_off.yaml"), []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := relayArgs(db, "--sagas", dir, "--lease", "2s")
+	p1 := relaytest.Start(t, nil, args...)
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return outbox.Write(ctx, tx, outbox.Message{AggregateType: "order", AggregateID: "o1", EventType: "order.placed", Payload: []byte(`{}`)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the wait to be journaled", func() bool {
+		return count(t, db, `SELECT count(*) FROM saga_events WHERE kind = 'step_waiting'`) == 1
+	})
+	p1.Kill()
+	var until time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT (payload->>'until')::timestamptz FROM saga_events WHERE kind = 'step_waiting'`).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	if time.Until(until) < time.Second {
+		t.Fatalf("the kill came %s before the wait's end: not during the wait", time.Until(until))
+	}
+	p2 := relaytest.Start(t, nil, args...)
+	waitFor(t, time.Minute, "the saga to complete", func() bool {
+		return count(t, db, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`) == 1
+	})
+	p2.Stop(30 * time.Second)
+	var resumed time.Time
+	if err := db.Pool.QueryRow(ctx, `SELECT completed_at FROM saga_steps WHERE step_name = 'pause'`).Scan(&resumed); err != nil {
+		t.Fatal(err)
+	}
+	late := resumed.Sub(until)
+	t.Logf("the wait ended %s after its deadline, in a new relay process", late)
+	if late < 0 || late > time.Second {
+		t.Errorf("the wait step completed %s after its end: want within a second", late)
+	}
+}
