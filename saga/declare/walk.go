@@ -586,5 +586,5 @@ func onTimeoutText(on string) string {
 	case "fail":
 		return " (none in time: the instance ends FAILED, not compensated)"
 	}
-	return " (none in time: send it again with a new id)"
+	return ""
 }
