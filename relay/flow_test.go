@@ -345,7 +345,7 @@ steps:
 	if err := db.Pool.QueryRow(ctx, `SELECT coalesce(last_error, '') FROM saga_instances WHERE id = $1`, id).Scan(&lastErr); err != nil {
 		t.Fatal(err)
 	}
-	if status != "FAILED" || notesOf(t, db, "f1") != "reserve" || commands("f1") != 1 || !strings.Contains(lastErr, "on_timeout: fail") {
+	if status != "FAILED" || notesOf(t, db, "f1") != "reserve" || commands("f1") != 1 || !strings.Contains(lastErr, "nothing was compensated") {
 		t.Fatalf("on_timeout fail: status %s, notes %q, %d commands, last error %q: want FAILED, nothing undone, one command, the reason",
 			status, notesOf(t, db, "f1"), commands("f1"), lastErr)
 	}

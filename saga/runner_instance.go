@@ -1149,7 +1149,7 @@ func (w *work) waited(ctx context.Context, step Step) next {
 // then compensates from this step down.
 func (w *work) failForGood(ctx context.Context, step Step, attempt int, err error) next {
 	i := w.inst.CurrentStep
-	why := fmt.Sprintf("step %s failed for good: %s; nothing was compensated (on_timeout: fail): check the participant, then retry to compensate", step.Name, err)
+	why := fmt.Sprintf("step %s failed for good: %s; nothing was compensated, as the step asks on a reply timeout: check the participant, then retry to compensate", step.Name, err)
 	// The instance's last_error is the last event's Error: make it say why
 	// nothing was compensated, for the person who must now act.
 	failed := Event{Kind: EventStepFailed, Step: i, StepName: step.Name, Error: why, Reason: FailureReplyTimeout}
