@@ -298,7 +298,12 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	}
 	var batch pgx.Batch
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
-	if len(p.startSaga) > 0 {
+	switch {
+	case p.keyed:
+		startQ = batch.Queue(sqlStartKeyed, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID,
+			p.startConcKey, p.startConcLimit, p.startConcLSN, p.startConcOrd)
+	case len(p.startSaga) > 0:
 		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID)
 	}

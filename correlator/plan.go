@@ -42,6 +42,16 @@ type plan struct {
 	// startAggregate is the trigger's aggregate id (nil when it has none),
 	// kept on the instance so that an operator can find it by that id.
 	startAggregate []*string
+	// startConcKey and startConcLimit are the concurrency key and limit of
+	// an instance whose saga has one (nil otherwise); startConcLSN and
+	// startConcOrd its trigger's place in the stream (commit LSN, then
+	// position in the batch): the order in which instances of a key run.
+	startConcKey   []*string
+	startConcLimit []*int32
+	startConcLSN   []*string
+	startConcOrd   []*int32
+	// keyed: some start has a concurrency key (sqlStartKeyed).
+	keyed bool
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -104,7 +114,19 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	// Validate against every saga first so that a poison trigger starts none
 	// of them: parking is all or nothing per event.
 	var states []string // per definition, when one builds its own start state
+	var keys []*string  // per definition, its concurrency key
 	for i, d := range defs {
+		if c := d.Concurrency; c != nil && c.Key != nil {
+			k, err := c.Key(*ev)
+			if err != nil {
+				p.park(ev, fmt.Sprintf("the concurrency key of saga %s: %v", d.Key(), err))
+				return
+			}
+			if keys == nil {
+				keys = make([]*string, len(defs))
+			}
+			keys[i] = &k
+		}
 		if d.DecodeState != nil {
 			if err := d.DecodeState(ev.Payload); err != nil {
 				p.park(ev, fmt.Sprintf("payload does not fit saga %s: %v", d.Key(), err))
@@ -157,6 +179,21 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 			p.startContext = append(p.startContext, string(ev.Payload))
 		}
 		p.startDeadline = append(p.startDeadline, d.Deadline.Microseconds())
+		if keys != nil && keys[i] != nil {
+			limit := int32(d.Concurrency.Limit)
+			lsn := fmt.Sprintf("%X/%X", ev.LSN>>32, uint32(ev.LSN))
+			ord := int32(len(p.startSaga))
+			p.startConcKey = append(p.startConcKey, keys[i])
+			p.startConcLimit = append(p.startConcLimit, &limit)
+			p.startConcLSN = append(p.startConcLSN, &lsn)
+			p.startConcOrd = append(p.startConcOrd, &ord)
+			p.keyed = true
+		} else {
+			p.startConcKey = append(p.startConcKey, nil)
+			p.startConcLimit = append(p.startConcLimit, nil)
+			p.startConcLSN = append(p.startConcLSN, nil)
+			p.startConcOrd = append(p.startConcOrd, nil)
+		}
 	}
 }
 

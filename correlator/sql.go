@@ -32,6 +32,25 @@ WITH ins AS (
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
 
+// sqlStartKeyed is sqlStart for a batch in which some saga has a
+// concurrency limit: it also stores each instance's concurrency key, limit
+// and place in the stream (NULL for the others), which the runner's claim
+// reads. A batch without one uses sqlStart and pays nothing for it.
+const sqlStartKeyed = `
+WITH ins AS (
+  INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
+                              correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id,
+                              concurrency_key, concurrency_limit, concurrency_lsn, concurrency_ord)
+  SELECT t.id, t.tenant, t.workspace, t.saga, t.version, t.trigger, t.corr, t.ctx::jsonb,
+         CASE WHEN t.deadline_us > 0 THEN now() + t.deadline_us * interval '1 microsecond' END,
+         now(), t.aggregate, t.ckey, t.climit, t.clsn::pg_lsn, t.cord
+  FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[],
+              $11::text[], $12::int[], $13::text[], $14::int[])
+       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, ckey, climit, clsn, cord)
+  ON CONFLICT DO NOTHING
+  RETURNING saga_name)
+SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
+
 // sqlReplies delivers replies to instances waiting on their correlation id.
 // Only events not yet in the inbox count, so a replayed reply is a no-op. Of
 // several fresh replies for one instance, the first in stream order is

@@ -69,6 +69,8 @@ var Grants = []Grant{
 	{FeatureRunner, "relay_sink_parked", false, []string{"SELECT"}},
 	{FeatureRunner, "saga_definitions", false, []string{"SELECT"}}, // the monitor knows every stored declared saga
 	{FeatureRunner, "", true, []string{"INSERT"}},                  // the rows steps emit
+	// Steps' rate limits (rate: 50/s), shared by every relay.
+	{FeatureRunner, "saga_step_rates", false, []string{"SELECT", "INSERT", "UPDATE"}},
 
 	{FeatureStream, "", true, []string{"SELECT"}}, // the first start's snapshot
 	{FeatureStream, "relay_checkpoints", false, []string{"SELECT", "INSERT", "UPDATE"}},

@@ -29,7 +29,7 @@ type Transition struct {
 func (k EventKind) Valid() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
-		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
+		EventStepSkipped, EventStepWaiting, EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
 		EventRetryRequested, EventCancelRequested,
 		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		return true
@@ -43,7 +43,7 @@ func (k EventKind) Valid() bool {
 // RequestCancel, which revoke the lease instead of checking it.
 func (k EventKind) Appendable() bool {
 	switch k {
-	case EventStepCompleted, EventStepFailed, EventStepAwaiting,
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting,
 		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
 		return true
 	}
@@ -115,6 +115,13 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     next_attempt_at = now, last_error cleared.
 //   - step_failed (RUNNING, Step = CurrentStep): the step becomes FAILED with
 //     Error; Attempt+1, next_attempt_at = now+RetryIn, last_error = Error.
+//   - step_skipped (RUNNING, Step = CurrentStep, a step that has not run):
+//     the step becomes SKIPPED; CurrentStep = Step+1, Attempt = 0,
+//     next_attempt_at = now, last_error cleared. A skipped step is never
+//     compensated.
+//   - step_waiting (RUNNING, Step = CurrentStep): the step is RUNNING;
+//     awaiting_until = Until, next_attempt_at = Until (now when Until has
+//     passed); Attempt is left as it is: a wait is not an attempt.
 //   - step_awaiting (RUNNING, Step = CurrentStep): the step is RUNNING;
 //     awaiting_correlation_id = CorrelationID, awaiting_until =
 //     next_attempt_at = now+AwaitFor.
@@ -206,7 +213,7 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 
 	var to Status
 	switch ev.Kind {
-	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived:
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived, EventStepSkipped, EventStepWaiting:
 		to = StatusRunning
 	case EventCompensationStarted, EventCancelRequested:
 		if err := requireStatus(StatusRunning); err != nil {
@@ -281,6 +288,44 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		next.NextAttemptAt = now.Add(ev.RetryIn).Truncate(time.Microsecond)
 		next.LastError = ev.Error
 		endWait()
+
+	case EventStepSkipped:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepSkipped); err != nil {
+			return Transition{}, err
+		}
+		s.CompletedAt = at(now)
+		step = s
+		next.CurrentStep = ev.Step + 1
+		next.Attempt = 0
+		if next.NextAttemptAt.After(now) {
+			next.NextAttemptAt = now
+		}
+		next.LastError = ""
+		endWait()
+
+	case EventStepWaiting:
+		s, err := loadStep()
+		if err != nil {
+			return Transition{}, err
+		}
+		if err := moveStep(s, StepRunning); err != nil {
+			return Transition{}, err
+		}
+		if s.StartedAt == nil {
+			s.StartedAt = at(now)
+		}
+		step = s
+		until := Timestamp(ev.Until)
+		endWait()
+		next.AwaitingUntil = at(until)
+		next.NextAttemptAt = until
+		if until.Before(now) {
+			next.NextAttemptAt = now
+		}
 
 	case EventStepAwaiting:
 		s, err := loadStep()
@@ -479,6 +524,10 @@ func validateEvent(ev Event) error {
 		}
 		if ev.AwaitFor <= 0 {
 			return Errorf(ErrInvalid, "step_awaiting needs a positive AwaitFor, got %s", ev.AwaitFor)
+		}
+	case EventStepWaiting:
+		if ev.Until.IsZero() {
+			return Errorf(ErrInvalid, "step_waiting needs the end of the wait in Until")
 		}
 	case EventReplyReceived:
 		if ev.CorrelationID == uuid.Nil {

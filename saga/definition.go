@@ -32,6 +32,27 @@ type Definition struct {
 	// and headers for their expressions); nil starts with the payload. An
 	// error parks the event as a dead letter.
 	StartState func(ev outbox.Event) (json.RawMessage, error)
+	// Concurrency, when set, limits how many instances sharing a key run
+	// at a time. Nil: no limit.
+	Concurrency *Concurrency
+}
+
+// Concurrency limits the instances of a saga (any version) that share a
+// key: at most Limit of them are RUNNING or COMPENSATING at a time, and
+// they run in trigger commit order; instances of other keys run in
+// parallel. The key is computed once, when the correlator starts the
+// instance, and kept on it, so the limit holds across every relay and
+// across restarts. An instance that ends (COMPLETED, COMPENSATED,
+// TIMED_OUT, or FAILED for a person) lets the next one of its key run.
+// The correlator stores the key and the PostgreSQL journal's claim
+// (pgjournal) enforces it; the memory journal does not.
+type Concurrency struct {
+	// Key gives the key of the instance an event starts (e.g. its
+	// aggregate id). An error parks the event as a dead letter. It must be
+	// a pure function of the event.
+	Key func(ev outbox.Event) (string, error)
+	// Limit is at least 1.
+	Limit int
 }
 
 // Trigger matches events that start a saga. Empty AggregateType and a nil
@@ -87,6 +108,9 @@ func (d Definition) validate() error {
 	}
 	if len(d.Steps) == 0 {
 		return Errorf(ErrInvalid, "definition %s: Steps is empty", d.Key())
+	}
+	if c := d.Concurrency; c != nil && (c.Key == nil || c.Limit < 1) {
+		return Errorf(ErrInvalid, "definition %s: Concurrency needs a Key function and a Limit of at least 1, got limit %d", d.Key(), c.Limit)
 	}
 	seen := map[string]bool{}
 	for i, s := range d.Steps {

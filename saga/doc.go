@@ -114,7 +114,19 @@
 // the payload becomes the step's output). A failure, or no reply within
 // ReplyTimeout, is a failed attempt of a step that may have acted: a retry
 // runs Do again with a new CommandID, so a late reply to the old command is
-// not taken for the new one.
+// not taken for the new one. OnReplyTimeout changes what no reply does:
+// compensate at once, or end the instance FAILED for a person.
+//
+// # Skips, timers, limits
+//
+// Do may return Skip(reason): the step is journaled step_skipped, the saga
+// goes on, and the step is never compensated. Do may return WaitUntil(t):
+// the step is journaled step_waiting with t, the instance is due at t and no
+// worker holds it meanwhile; at t the step completes without Do running
+// again (a timer that survives restarts). Whatever Do wrote is rolled back in
+// both cases. A step's Rate spaces its starts across every runner
+// (RateTaker), and a Definition's Concurrency runs at most Limit instances
+// per key at a time, in trigger commit order (enforced by pgjournal's claim).
 //
 // # Waking up
 //
@@ -122,4 +134,6 @@
 // instances or delivers replies wakes the runners: Runner.Wake in the same
 // process, NotifyRunners (pg_notify on WakeChannel, delivered at commit) for
 // runners elsewhere, so a new saga's first step starts within milliseconds.
+// An idle runner also sleeps no longer than the next instance falls due
+// (DueReporter), so timers, retries and reply timeouts fire on time.
 package saga

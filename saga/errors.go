@@ -101,3 +101,50 @@ func retryAfterOf(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// ErrSkipped marks a step that decided not to act (a declared step whose
+// when is false): the runner journals step_skipped instead of a failure,
+// the saga goes on with the next step, and the skipped step is never
+// compensated. Whatever Do wrote is rolled back. Return it with Skip.
+var ErrSkipped = errors.New("step skipped")
+
+// Skip returns the error a step's Do returns to be skipped, with the reason
+// the journal records.
+func Skip(reason string) error { return &skipError{reason: reason} }
+
+type skipError struct{ reason string }
+
+func (e *skipError) Error() string { return "step skipped: " + e.reason }
+func (e *skipError) Unwrap() error { return ErrSkipped }
+
+// skipReason is the reason a Skip in err gives.
+func skipReason(err error) string {
+	var se *skipError
+	if errors.As(err, &se) {
+		return se.reason
+	}
+	return err.Error()
+}
+
+// WaitUntil returns the error a step's Do returns to wait until t before
+// the saga goes on (a timer): the runner journals step_waiting with t and
+// sets the instance due at t (or at the saga's deadline, when sooner); no
+// worker is held meanwhile and no attempt is counted. When the wait is
+// over the step completes without Do running again. Whatever Do wrote is
+// rolled back. A t that has passed completes the step at once.
+func WaitUntil(t time.Time) error { return &waitError{until: t} }
+
+type waitError struct{ until time.Time }
+
+func (e *waitError) Error() string {
+	return "step waits until " + e.until.UTC().Format(time.RFC3339Nano)
+}
+
+// waitOf returns the end of the wait a WaitUntil in err asks for.
+func waitOf(err error) (time.Time, bool) {
+	var we *waitError
+	if errors.As(err, &we) {
+		return we.until, true
+	}
+	return time.Time{}, false
+}

@@ -68,6 +68,12 @@ const (
 	// EventStepFailed: an attempt of step Step failed with Error; it is
 	// retried RetryIn from now. The step may have acted (a timeout).
 	EventStepFailed EventKind = "step_failed"
+	// EventStepSkipped: step Step decided not to act (Skip, with Reason);
+	// CurrentStep moves past it and it is never compensated.
+	EventStepSkipped EventKind = "step_skipped"
+	// EventStepWaiting: step Step waits, acting on nothing, until Until
+	// (WaitUntil); the instance is due then, and the step completes.
+	EventStepWaiting EventKind = "step_waiting"
 	// EventStepAwaiting: step Step acted (emitted a command) and waits for a
 	// reply correlated by CorrelationID for at most AwaitFor.
 	EventStepAwaiting EventKind = "step_awaiting"
@@ -112,8 +118,10 @@ type Event struct {
 	RetryIn       time.Duration   `json:"retry_in,omitempty"`
 	CorrelationID uuid.UUID       `json:"correlation_id,omitzero"`
 	AwaitFor      time.Duration   `json:"await_for,omitempty"`
-	Reason        string          `json:"reason,omitempty"`
-	Actor         string          `json:"actor,omitempty"`
+	// Until is the end of a step_waiting's wait.
+	Until  time.Time `json:"until,omitzero"`
+	Reason string    `json:"reason,omitempty"`
+	Actor  string    `json:"actor,omitempty"`
 }
 
 // RecordedEvent is an event as the journal stored it.
@@ -195,6 +203,25 @@ type Journal interface {
 	// (cancel_requested). Not fenced: it revokes any lease. Unknown →
 	// ErrNotFound; not RUNNING → ErrInvalid.
 	RequestCancel(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
+}
+
+// DueReporter is implemented by journals that can say when the next
+// RUNNING or COMPENSATING instance falls due: an idle runner then sleeps no
+// longer than that, so that a timer (a wait step, a reply timeout, a retry)
+// fires on time although the poll interval has grown.
+type DueReporter interface {
+	// NextDue returns how long from the journal's now until the earliest
+	// next_attempt_at still in the future; false when there is none.
+	NextDue(ctx context.Context) (time.Duration, bool, error)
+}
+
+// RateTaker is implemented by journals that keep step rate limits for every
+// runner that shares them (Step.Rate).
+type RateTaker interface {
+	// TakeRate takes the next start of key, whose starts are spaced by
+	// every: it returns 0 when the start is taken, else how long until
+	// the next one may be.
+	TakeRate(ctx context.Context, key string, every time.Duration) (time.Duration, error)
 }
 
 // TerminalAppender is implemented by journals that can append an event and

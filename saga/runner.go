@@ -275,9 +275,25 @@ func (r *Runner) dispatch() {
 			idle = r.cfg.PollInterval
 			r.waitIdle(idle)
 		default:
-			idle = r.waitIdle(idle)
+			idle = r.waitIdle(r.untilDue(idle))
 		}
 	}
+}
+
+// untilDue shortens an idle wait to the next instance that falls due, when
+// the journal can tell (DueReporter).
+func (r *Runner) untilDue(idle time.Duration) time.Duration {
+	dr, ok := r.journal.(DueReporter)
+	if !ok {
+		return idle
+	}
+	ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.LeaseDuration)
+	d, found, err := dr.NextDue(ctx)
+	cancel()
+	if err != nil || !found {
+		return idle
+	}
+	return max(time.Millisecond, min(idle, d))
 }
 
 // waitIdle waits d (or a wake-up, or Stop) and returns the next idle wait:

@@ -147,8 +147,11 @@ const (
 	// OutcomeFailed: the attempt failed for good (a permanent error, or the
 	// last attempt): the saga compensates, or a compensation ends FAILED.
 	OutcomeFailed Outcome = "failed"
-	// OutcomeSkipped: a compensation had nothing to undo.
+	// OutcomeSkipped: a compensation had nothing to undo, or a step was
+	// skipped (Skip).
 	OutcomeSkipped Outcome = "skipped"
+	// OutcomeWaiting: the step waits for a time (WaitUntil).
+	OutcomeWaiting Outcome = "waiting"
 	// OutcomeLeaseLost: the lease was lost; the attempt's writes were rolled
 	// back and the instance left to its new holder.
 	OutcomeLeaseLost Outcome = "lease_lost"

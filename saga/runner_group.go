@@ -59,11 +59,11 @@ func (w *work) groupable() (Step, bool) {
 	if inst.TimeoutAt != nil && !w.now().Before(*inst.TimeoutAt) {
 		return Step{}, false
 	}
-	if len(inst.Reply) > 0 || inst.AwaitingCorrelationID.Valid {
+	if len(inst.Reply) > 0 || inst.AwaitingCorrelationID.Valid || inst.AwaitingUntil != nil {
 		return Step{}, false
 	}
 	step := w.def.Steps[i]
-	return step, !step.awaitsReply()
+	return step, !step.awaitsReply() && step.Rate == nil
 }
 
 // processGroup advances the claimed instances of cs, a round of one step

@@ -292,6 +292,8 @@ func (w *work) forward(ctx context.Context) next {
 	switch {
 	case len(inst.Reply) > 0:
 		return w.consumeReply(ctx, step)
+	case inst.AwaitingUntil != nil && !inst.AwaitingCorrelationID.Valid:
+		return w.waited(ctx, step)
 	case inst.AwaitingCorrelationID.Valid:
 		if inst.AwaitingUntil != nil && w.now().Before(*inst.AwaitingUntil) {
 			// Woken before the reply or its timeout (a manual retry):
@@ -299,9 +301,53 @@ func (w *work) forward(ctx context.Context) next {
 			return nextLeave
 		}
 		err := fmt.Errorf("no reply to command %s within %s", inst.AwaitingCorrelationID.UUID, step.ReplyTimeout)
+		switch step.OnReplyTimeout {
+		case ReplyTimeoutCompensate:
+			err = Permanent(err)
+		case ReplyTimeoutFail:
+			return w.failForGood(ctx, step, inst.Attempt+1, err)
+		}
 		return w.fail(ctx, step, inst.Attempt+1, err, FailureReplyTimeout, 0)
 	}
+	if step.Rate != nil {
+		if n, ok := w.takeRate(ctx, step); !ok {
+			return n
+		}
+	}
 	return w.runDo(ctx, step)
+}
+
+// takeRate waits for the step's turn under its Rate. It reports false with
+// what the worker does next when the wait ended without a turn (the lease
+// lost, a stop, the journal unreachable).
+func (w *work) takeRate(ctx context.Context, step Step) (next, bool) {
+	rt, ok := w.r.journal.(RateTaker)
+	if !ok {
+		return nextContinue, true
+	}
+	key := w.def.Name + "." + step.Name
+	for {
+		wait, err := rt.TakeRate(ctx, key, step.Rate.Every())
+		switch {
+		case ctx.Err() != nil:
+			return nextDrop, false
+		case err != nil:
+			w.r.throttle.Warn("rate", "saga step rate: taking a turn failed; the step waits for its next claim", "step", step.Name, "err", err)
+			return nextYield, false
+		case wait <= 0:
+			return nextContinue, true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nextDrop, false
+		case <-w.r.stopping:
+			t.Stop()
+			return nextYield, false
+		case <-t.C:
+		}
+	}
 }
 
 // forwardCtx is the context of one attempt of a forward step: cancelled by a
@@ -433,6 +479,9 @@ func (w *work) afterFailedAttempt(ctx context.Context, step Step, attempt int, e
 		// Not an attempt: the runner, not the step, gave up.
 		w.hook(step, false, attempt, OutcomeAborted, false, took, err)
 		return nextYield
+	}
+	if ev, ok := w.skipOrWait(step, err); ok && !timedOut && reason == "" {
+		return w.commitNoAct(ctx, step, attempt, ev, time.Now().Add(-took))
 	}
 	if timedOut {
 		reason = FailureTimeout
@@ -1015,4 +1064,109 @@ func cmpOr(a, b time.Duration) time.Duration {
 		return a
 	}
 	return b
+}
+
+// skipOrWait turns a Skip or a WaitUntil that Do returned into the event
+// the runner journals for it.
+func (w *work) skipOrWait(step Step, err error) (Event, bool) {
+	i := w.inst.CurrentStep
+	if errors.Is(err, ErrSkipped) {
+		return Event{Kind: EventStepSkipped, Step: i, StepName: step.Name, Reason: skipReason(err)}, true
+	}
+	if until, ok := waitOf(err); ok {
+		if w.inst.TimeoutAt != nil && w.inst.TimeoutAt.Before(until) {
+			// Due at the deadline, which then compensates.
+			until = *w.inst.TimeoutAt
+		}
+		return Event{Kind: EventStepWaiting, Step: i, StepName: step.Name, Until: Timestamp(until)}, true
+	}
+	return Event{}, false
+}
+
+// commitNoAct journals a step that did not act: skipped (the saga goes
+// on, or completes after its last step) or waiting (the instance is due
+// at the wait's end; the lease is released meanwhile).
+func (w *work) commitNoAct(ctx context.Context, step Step, attempt int, ev Event, began time.Time) next {
+	last := ev.Kind == EventStepSkipped && w.inst.CurrentStep == len(w.def.Steps)-1
+	if _, err := w.inTx(ctx, func(jctx context.Context) error {
+		if last {
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
+		}
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
+	}); err != nil {
+		return w.lostOrBroken(step, false, attempt, time.Since(began), err, "record "+string(ev.Kind))
+	}
+	o := OutcomeSkipped
+	if ev.Kind == EventStepWaiting {
+		o = OutcomeWaiting
+	}
+	w.hook(step, false, attempt, o, false, time.Since(began), nil)
+	w.log.Debug("saga step recorded", "step", step.Name, "kind", ev.Kind, "until", ev.Until)
+	switch {
+	case last:
+		w.terminal(StatusCompleted, "")
+		return nextDone
+	case ev.Kind == EventStepWaiting:
+		if !ev.Until.After(w.now()) {
+			return w.advanced(ctx, ev)
+		}
+		return nextYield
+	}
+	return w.advanced(ctx, ev)
+}
+
+// waited completes a step whose wait (step_waiting) is over; an instance
+// woken before the end (a manual retry) waits again until it.
+func (w *work) waited(ctx context.Context, step Step) next {
+	until := *w.inst.AwaitingUntil
+	if w.now().Before(until) {
+		return w.commitNoAct(ctx, step, w.inst.Attempt+1, Event{Kind: EventStepWaiting, Step: w.inst.CurrentStep, StepName: step.Name, Until: until}, time.Now())
+	}
+	began := time.Now()
+	last := w.inst.CurrentStep == len(w.def.Steps)-1
+	ev := Event{Kind: EventStepCompleted, Step: w.inst.CurrentStep, StepName: step.Name}
+	if _, err := w.inTx(ctx, func(jctx context.Context) error {
+		if last {
+			return w.appendEnding(jctx, ev, StatusCompleted, "")
+		}
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
+	}); err != nil {
+		return w.lostOrBroken(step, false, w.inst.Attempt+1, time.Since(began), err, "end the wait")
+	}
+	w.hook(step, false, w.inst.Attempt+1, OutcomeCompleted, false, time.Since(began), nil)
+	if last {
+		w.terminal(StatusCompleted, "")
+		return nextDone
+	}
+	return w.advanced(ctx, ev)
+}
+
+// failForGood ends a step that may have acted (no reply within its
+// ReplyTimeout, with OnReplyTimeout ReplyTimeoutFail) without compensating:
+// the instance ends FAILED with the reason, for a person; a manual retry
+// then compensates from this step down.
+func (w *work) failForGood(ctx context.Context, step Step, attempt int, err error) next {
+	i := w.inst.CurrentStep
+	why := fmt.Sprintf("step %s failed for good: %s; nothing was compensated, as the step asks on a reply timeout: check the participant, then retry to compensate", step.Name, err)
+	// The instance's last_error is the last event's Error: make it say why
+	// nothing was compensated, for the person who must now act.
+	failed := Event{Kind: EventStepFailed, Step: i, StepName: step.Name, Error: why, Reason: FailureReplyTimeout}
+	started := Event{Kind: EventCompensationStarted, Step: i, StepName: step.Name, Reason: why}
+	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, failed); err != nil {
+			return err
+		}
+		if _, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, started); err != nil {
+			return err
+		}
+		return w.markTerminal(jctx, StatusFailed, why)
+	}); cerr != nil {
+		return w.lostOrBroken(step, false, attempt, 0, cerr, "fail the step")
+	}
+	w.hook(step, false, attempt, OutcomeFailed, true, 0, err)
+	w.log.Warn("saga step failed for good: instance FAILED, not compensated", "step", step.Name, "err", err)
+	w.terminal(StatusFailed, why)
+	return nextDone
 }

@@ -51,12 +51,45 @@ type Step struct {
 	// ReplyTimeout passes. A failure reply or the timeout count as a failed
 	// attempt of the step (a retry runs Do again, with a new command id).
 	ReplyTimeout time.Duration
+	// OnReplyTimeout says what no reply within ReplyTimeout does. The
+	// zero value retries (Do runs again, with a new command id);
+	// ReplyTimeoutCompensate compensates at once; ReplyTimeoutFail ends
+	// the instance FAILED without compensating, for a person (a manual
+	// retry then compensates). The step counts as one that may have acted
+	// in every case.
+	OnReplyTimeout ReplyTimeoutAction
+	// Rate, when set, spaces the starts of Do for this step (by saga name
+	// and step name, every version) across every runner that shares the
+	// journal, to protect a participant: at most Count per Per, one every
+	// Per/Count. A worker whose turn has not come waits for it (a short
+	// wait: the next free slot). The journal must implement RateTaker;
+	// otherwise the rate is not enforced.
+	Rate *Rate
 	// OnReply, for a step with ReplyTimeout, runs when a success reply
 	// arrives, in the transaction that completes the step: it may read the
 	// reply into x.State. Optional; without it the state is kept and the
 	// reply's payload becomes the step's output.
 	OnReply func(ctx context.Context, x *StepTx, reply Reply) error
 }
+
+// Rate is a step's rate limit: at most Count starts per Per.
+type Rate struct {
+	Count int
+	Per   time.Duration
+}
+
+// Every is the spacing between two starts.
+func (r Rate) Every() time.Duration { return r.Per / time.Duration(r.Count) }
+
+// ReplyTimeoutAction is what a step does when its reply does not come in
+// time (Step.OnReplyTimeout).
+type ReplyTimeoutAction string
+
+const (
+	ReplyTimeoutRetry      ReplyTimeoutAction = ""
+	ReplyTimeoutCompensate ReplyTimeoutAction = "compensate"
+	ReplyTimeoutFail       ReplyTimeoutAction = "fail"
+)
 
 // awaitsReply reports whether the step waits for a reply after Do.
 func (s Step) awaitsReply() bool { return s.ReplyTimeout > 0 }
@@ -73,6 +106,17 @@ func (s Step) validate() error {
 	}
 	if s.OnReply != nil && s.ReplyTimeout == 0 {
 		return fmt.Errorf("OnReply is set but ReplyTimeout is zero: a step waits for a reply only with a ReplyTimeout")
+	}
+	switch s.OnReplyTimeout {
+	case ReplyTimeoutRetry, ReplyTimeoutCompensate, ReplyTimeoutFail:
+	default:
+		return fmt.Errorf("OnReplyTimeout %q is not one of retry (empty), compensate, fail", s.OnReplyTimeout)
+	}
+	if s.OnReplyTimeout != ReplyTimeoutRetry && s.ReplyTimeout == 0 {
+		return fmt.Errorf("OnReplyTimeout is set but ReplyTimeout is zero: only a step that waits for a reply can time out")
+	}
+	if s.Rate != nil && (s.Rate.Count < 1 || s.Rate.Per <= 0 || s.Rate.Every() <= 0) {
+		return fmt.Errorf("Rate must allow at least one start per positive period, got %d per %s", s.Rate.Count, s.Rate.Per)
 	}
 	if err := s.Retry.validate("Retry", DefaultStepRetry); err != nil {
 		return err

@@ -84,6 +84,9 @@ func printSagas(w io.Writer, sagas []*declare.Saga) {
 		}
 		for _, st := range s.Steps {
 			k := st.Kind()
+			if st.When != nil {
+				k += ", when"
+			}
 			if st.Compensate != nil {
 				k += ", compensate " + st.Compensate.Kind()
 			}

@@ -419,6 +419,9 @@ func sagaEventDetails(raw json.RawMessage) string {
 	if ev.RetryIn > 0 {
 		parts = append(parts, "retry in "+ev.RetryIn.String())
 	}
+	if !ev.Until.IsZero() {
+		parts = append(parts, "until "+ev.Until.UTC().Format(time.RFC3339))
+	}
 	return strings.Join(parts, "; ")
 }
 

@@ -628,6 +628,9 @@ func eventNotes(raw json.RawMessage) string {
 	if ev.RetryIn > 0 {
 		parts = append(parts, "retry in "+ev.RetryIn.String())
 	}
+	if !ev.Until.IsZero() {
+		parts = append(parts, "until "+ev.Until.UTC().Format(time.RFC3339))
+	}
 	if ev.AwaitFor > 0 {
 		parts = append(parts, "awaits reply for "+ev.AwaitFor.String())
 	}

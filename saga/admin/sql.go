@@ -18,7 +18,8 @@ package admin
 // instance of an unregistered version is reported as such even when FAILED,
 // since no retry here can help it. A lease is live while lease_expires_at >=
 // now() (the same rule the fence uses), so an instance a runner is working on
-// is never called overdue.
+// is never called overdue, nor one waiting for its turn behind older
+// instances of its concurrency key (those are reported if they are stuck).
 const sqlStuckReason = `
 CASE
   WHEN $4::bool AND s.status IN ('RUNNING','COMPENSATING','FAILED')
@@ -29,6 +30,13 @@ CASE
   WHEN s.status IN ('RUNNING','COMPENSATING')
        AND s.next_attempt_at < now() - $1::interval
        AND NOT (s.lease_id IS NOT NULL AND s.lease_expires_at >= now())
+       AND (s.concurrency_key IS NULL OR (
+         SELECT count(*) FROM (
+           SELECT 1 FROM saga_instances o
+           WHERE o.saga_name = s.saga_name AND o.concurrency_key = s.concurrency_key
+             AND o.status IN ('RUNNING', 'COMPENSATING')
+             AND (o.concurrency_lsn, o.concurrency_ord) < (s.concurrency_lsn, s.concurrency_ord)
+           LIMIT s.concurrency_limit) older) < s.concurrency_limit)
     THEN 'overdue'
   ELSE ''
 END`

@@ -141,6 +141,23 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 	for _, st := range s.Steps {
 		d.Steps = append(d.Steps, st.runnerStep(s, rt, eg))
 	}
+	if c := s.Concurrency; c != nil {
+		d.Concurrency = &saga.Concurrency{Limit: c.Limit, Key: func(ev outbox.Event) (string, error) {
+			raw, err := StartState(ev)
+			if err != nil {
+				return "", err
+			}
+			st, err := decodeState(raw)
+			if err != nil {
+				return "", err
+			}
+			return c.Key.evalText(map[string]any{
+				varTrigger: st.Trigger,
+				varSaga:    map[string]any{"name": s.Name, "version": int64(s.Version)},
+				varSteps:   map[string]any{},
+			})
+		}}
+	}
 	return d
 }
 
@@ -175,10 +192,12 @@ func evalErr(err error) error { return saga.Permanent(err) }
 func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 	out := saga.Step{
 		Name: st.Name, Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
+		Rate: st.Rate,
 	}
 	a := st.Action
 	if a.Command != nil {
 		out.ReplyTimeout = a.Command.ReplyTimeout
+		out.OnReplyTimeout = saga.ReplyTimeoutAction(a.Command.OnTimeout)
 		out.Do = func(ctx context.Context, x *saga.StepTx) error {
 			c, err := newCall(s, rt, eg, x)
 			if err != nil {
@@ -214,6 +233,32 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 				return err
 			}
 			return c.finish(ctx, st, &a)
+		}
+	}
+	if st.Wait != nil {
+		out.Do = func(ctx context.Context, x *saga.StepTx) error {
+			c, err := newCall(s, rt, eg, x)
+			if err != nil {
+				return err
+			}
+			return c.wait(st.Wait)
+		}
+	}
+	if st.When != nil {
+		do := out.Do
+		out.Do = func(ctx context.Context, x *saga.StepTx) error {
+			c, err := newCall(s, rt, eg, x)
+			if err != nil {
+				return err
+			}
+			run, err := c.when(st)
+			if err != nil {
+				return err
+			}
+			if !run {
+				return saga.Skip("when is false")
+			}
+			return do(ctx, x)
 		}
 	}
 	if st.Compensate != nil {
@@ -635,4 +680,45 @@ func retryAfter(v string) (time.Duration, bool) {
 		return max(time.Until(t), 0), true
 	}
 	return 0, false
+}
+
+// when evaluates a step's when: whether the step runs.
+func (c *call) when(st *Step) (bool, error) {
+	v, err := st.When.eval(c.vars)
+	if err != nil {
+		return false, evalErr(err)
+	}
+	b, ok := v.(bool)
+	if !ok {
+		e := st.When.single
+		return false, saga.Permanent(fmt.Errorf("%s:%d:%d: step %s: when gave %s, not true or false", e.file, e.line, e.col, st.Name, jsonText(v)))
+	}
+	return b, nil
+}
+
+// wait returns the saga.WaitUntil of a wait step.
+func (c *call) wait(wa *WaitAction) error {
+	until, err := c.waitUntil(wa, time.Now())
+	if err != nil {
+		return err
+	}
+	return saga.WaitUntil(until)
+}
+
+// waitUntil is when a wait step started at now ends.
+func (c *call) waitUntil(wa *WaitAction, now time.Time) (time.Time, error) {
+	if wa.Until == nil {
+		return now.Add(wa.Duration), nil
+	}
+	v, err := wa.Until.eval(c.vars)
+	if err != nil {
+		return time.Time{}, evalErr(err)
+	}
+	text, _ := v.(string)
+	t, perr := time.Parse(time.RFC3339Nano, text)
+	if perr != nil {
+		e := wa.Until.single
+		return time.Time{}, saga.Permanent(fmt.Errorf("%s:%d:%d: wait.until gave %s, not an RFC 3339 timestamp such as 2030-01-01T00:00:00Z", e.file, e.line, e.col, jsonText(v)))
+	}
+	return t, nil
 }

@@ -108,6 +108,9 @@ type expr struct {
 	// ast is the checked expression, for what a load reads of its form
 	// (the literal start of a URL).
 	ast *ast.AST
+	// typ is the type the checker gives the result (dyn when it depends on
+	// the data).
+	typ *cel.Type
 }
 
 func (e *expr) String() string { return "${ " + strings.TrimSpace(e.text) + " }" }
@@ -225,7 +228,7 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 		}
 		return nil
 	}
-	x := &expr{text: text, file: file, line: line, col: col}
+	x := &expr{text: text, file: file, line: line, col: col, typ: checked.OutputType()}
 	native := checked.NativeRep()
 	x.ast = native
 	info := native.SourceInfo()
@@ -291,7 +294,11 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 				*sc.readsSelf = true
 			}
 			if root == varSteps && sc.noSteps {
-				bad(e.ID(), "steps are not available in %s; a trigger's filter sees only the event (trigger.*) and saga.name and saga.version", sc.place)
+				who := "a trigger's filter"
+				if strings.HasPrefix(sc.place, "concurrency") {
+					who = "the concurrency key, computed when the instance starts,"
+				}
+				bad(e.ID(), "steps are not available in %s; %s sees only the event (trigger.*) and saga.name and saga.version", sc.place, who)
 				return
 			}
 			if root == varSteps {

@@ -9,10 +9,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/types"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/compensa/compensa/saga"
@@ -37,9 +41,19 @@ type Saga struct {
 	// relay's --http-egress-allow).
 	Egress []string
 
+	// Concurrency, when set, limits the instances sharing a key.
+	Concurrency *ConcurrencyLimit
+
 	namePos pos
 	// contracts are the triggers' filters and schemas, index for index.
 	contracts []*triggerContract
+}
+
+// ConcurrencyLimit is a saga's concurrency: at most Limit instances with
+// the same Key (evaluated on the trigger) run at a time.
+type ConcurrencyLimit struct {
+	Key   *template
+	Limit int
 }
 
 // Step is one compiled step.
@@ -51,11 +65,30 @@ type Step struct {
 	Retry             saga.RetryPolicy
 	CompensationRetry saga.RetryPolicy
 	Compensate        *Action
-	at                pos
+	// When, when set, is evaluated before the step: false skips it.
+	When *template
+	// Wait makes the step a timer (it has no action then).
+	Wait *WaitAction
+	// Rate limits the step's starts across relays.
+	Rate *saga.Rate
+	at   pos
 }
 
-// Kind names what a step does: sql, http, command or emit (only emits).
-func (s *Step) Kind() string { return s.Action.Kind() }
+// WaitAction is a timer step: a fixed Duration from when the step starts,
+// or Until, an expression giving a timestamp.
+type WaitAction struct {
+	Duration time.Duration
+	Until    *template
+}
+
+// Kind names what a step does: sql, http, command, wait or emit (only
+// emits).
+func (s *Step) Kind() string {
+	if s.Wait != nil {
+		return "wait"
+	}
+	return s.Action.Kind()
+}
 
 // Action is what a step or a compensation does: at most one of SQL, HTTP,
 // Command, plus the rows it emits.
@@ -114,6 +147,9 @@ type header struct {
 type CommandAction struct {
 	Message
 	ReplyTimeout time.Duration
+	// OnTimeout is what no reply within ReplyTimeout does: "" or "retry",
+	// "compensate", "fail" (saga.ReplyTimeoutAction).
+	OnTimeout string
 }
 
 // Message is an outbox row a step writes.
@@ -320,6 +356,9 @@ func (m mapping) list(key string) []*yaml.Node {
 
 // duration reads a duration key; the schema has checked its form, this
 // reports what it cannot (a value that overflows).
+// durationShape is the schema's duration pattern.
+var durationShape = regexp.MustCompile(`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`)
+
 func (m mapping) duration(key string, r *report) time.Duration {
 	n := m.get(key)
 	if n == nil || n.Kind != yaml.ScalarNode {
@@ -328,7 +367,7 @@ func (m mapping) duration(key string, r *report) time.Duration {
 	d, err := time.ParseDuration(n.Value)
 	if err != nil {
 		// The schema reports a malformed one; an overflow passes its pattern.
-		if strings.Contains(err.Error(), "invalid duration") && !strings.Contains(err.Error(), "unknown unit") {
+		if strings.Contains(err.Error(), "invalid duration") && !strings.Contains(err.Error(), "unknown unit") && durationShape.MatchString(n.Value) {
 			r.add(nodeAt(n), "%q is too long a duration; use a smaller one", n.Value)
 		}
 		return 0
@@ -391,6 +430,7 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 		}
 		s.Egress = append(s.Egress, n.Value)
 	}
+	s.Concurrency = buildConcurrency(file, m, s.contracts, r)
 	defs := m.sub("defaults")
 	defTimeout := defs.duration("timeout", r)
 	defRetry := defs.retry("retry", saga.RetryPolicy{}, r)
@@ -436,7 +476,16 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 			}
 		}
 		st.Action = buildAction(file, sm, place, base, false, r)
-		if kinds == 0 && len(st.Action.Emit) == 0 && sm.get("emit") == nil {
+		st.When = buildWhen(file, sm, place, base, r)
+		st.Rate = buildRate(sm, place, r)
+		if wn := sm.get("wait"); wn != nil {
+			st.Wait = buildWait(file, sm, place, base, r)
+			for _, k := range []string{"sql", "http", "command", "emit", "output", "compensate"} {
+				if sm.get(k) != nil {
+					r.add(sm.keyAt(k), "step %s waits and has %s: a wait step only waits; put %s in a step of its own before or after it", st.Name, k, k)
+				}
+			}
+		} else if kinds == 0 && len(st.Action.Emit) == 0 && sm.get("emit") == nil {
 			r.add(nodeAt(sn), "step %s does nothing; give it one of sql, http, command, or emit", st.Name)
 		}
 		if d := sm.duration("timeout", r); d > 0 {
@@ -575,6 +624,9 @@ func buildAction(file string, m mapping, place string, base scope, comp bool, r 
 	if c := m.sub("command"); c.ok() && !comp {
 		ca := &CommandAction{Message: buildMessage(file, c, place+".command", base, r)}
 		ca.ReplyTimeout = c.duration("reply_timeout", r)
+		if ca.OnTimeout = c.str("on_timeout"); ca.OnTimeout == "retry" {
+			ca.OnTimeout = ""
+		}
 		a.Command = ca
 	}
 	emitScope := base
@@ -656,4 +708,124 @@ func (s *Saga) Warnings() Problems {
 		}
 	}
 	return out
+}
+
+// buildWhen compiles a step's when: one expression that gives true or
+// false, reading what the step's own expressions may read before it acts.
+func buildWhen(file string, sm mapping, place string, base scope, r *report) *template {
+	wn := sm.get("when")
+	if wn == nil {
+		return nil
+	}
+	if wn.Kind != yaml.ScalarNode || !isSingleExpr(wn.Value) {
+		r.add(nodeAt(wn), "%s.when must be one expression, \"${ … }\", that gives true or false; write e.g. when: \"${ trigger.payload.amount > 100 }\"", place)
+		return nil
+	}
+	sc := base
+	sc.place = place + ".when"
+	t := compileTemplate(wn, file, &sc, r)
+	if t != nil && t.single != nil && !typeIs(t.single.typ, cel.BoolType) {
+		r.add(pos{t.single.line, t.single.col}, "%s.when gives %s, not true or false; compare it, e.g. ${ x > 0 } or ${ x == 'gold' }", place, t.single.typ)
+		return nil
+	}
+	return t
+}
+
+// buildWait reads a wait step: duration, or until (one expression giving
+// a timestamp or RFC 3339 text).
+func buildWait(file string, sm mapping, place string, base scope, r *report) *WaitAction {
+	wm := sm.sub("wait")
+	if !wm.ok() {
+		return nil // the schema reported it
+	}
+	hasD, hasU := wm.get("duration") != nil, wm.get("until") != nil
+	switch {
+	case hasD && hasU:
+		r.add(wm.keyAt("until"), "%s.wait has both duration and until; keep one", place)
+		return nil
+	case !hasD && !hasU:
+		r.add(sm.keyAt("wait"), "%s.wait says neither how long nor until when; give duration: 2h or until: \"${ … }\" (a timestamp)", place)
+		return nil
+	}
+	wa := &WaitAction{}
+	if hasD {
+		wa.Duration = wm.duration("duration", r)
+		if _, err := time.ParseDuration(wm.str("duration")); err == nil && wa.Duration <= 0 {
+			r.add(nodeAt(wm.get("duration")), "%s.wait.duration must be positive; write e.g. duration: 2h", place)
+		}
+		return wa
+	}
+	un := wm.get("until")
+	if un.Kind != yaml.ScalarNode || !isSingleExpr(un.Value) {
+		r.add(nodeAt(un), "%s.wait.until must be one expression, \"${ … }\", that gives a timestamp; write e.g. until: \"${ timestamp(trigger.payload.ship_at) }\"", place)
+		return nil
+	}
+	sc := base
+	sc.place = place + ".wait.until"
+	wa.Until = compileTemplate(un, file, &sc, r)
+	if wa.Until != nil && wa.Until.single != nil {
+		if t := wa.Until.single.typ; !typeIs(t, cel.TimestampType) && !typeIs(t, cel.StringType) {
+			r.add(pos{wa.Until.single.line, wa.Until.single.col}, "%s.wait.until gives %s, not a timestamp; write ${ timestamp('2030-01-01T00:00:00Z') } or an expression on RFC 3339 text, e.g. ${ timestamp(trigger.payload.ship_at) }", place, t)
+			return nil
+		}
+	}
+	return wa
+}
+
+// typeIs reports whether t, a checked result type, may be want: it is
+// want, or dyn (known only from the data).
+func typeIs(t, want *cel.Type) bool {
+	if t == nil || t.Kind() == types.DynKind || t.Kind() == types.AnyKind {
+		return true
+	}
+	return t.IsExactType(want)
+}
+
+// buildConcurrency reads concurrency: {key, limit}. The key sees only the
+// event, as a trigger's filter does: it is computed when the instance
+// starts.
+func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *report) *ConcurrencyLimit {
+	cm := m.sub("concurrency")
+	if !cm.ok() {
+		return nil
+	}
+	kn, ln := cm.get("key"), cm.get("limit")
+	if kn == nil || ln == nil {
+		return nil // the schema reported it
+	}
+	c := &ConcurrencyLimit{}
+	if err := ln.Decode(&c.Limit); err != nil || c.Limit < 1 {
+		return nil // the schema reported it
+	}
+	if kn.Kind != yaml.ScalarNode || !strings.Contains(kn.Value, "${") {
+		r.add(nodeAt(kn), "concurrency.key %q is the same for every instance, so they would all run one after the other; key it by the event, e.g. key: \"${ trigger.aggregate_id }\"", kn.Value)
+		return nil
+	}
+	sc := &scope{place: "concurrency.key", noSteps: true, contracts: contracts}
+	c.Key = compileTemplate(kn, file, sc, r)
+	if c.Key == nil {
+		return nil
+	}
+	return c
+}
+
+// buildRate reads a step's rate: N/s, N/m or N/h.
+func buildRate(sm mapping, place string, r *report) *saga.Rate {
+	n := sm.get("rate")
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return nil // absent, or the schema reported it
+	}
+	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h"
+	count, unit, ok := strings.Cut(strings.TrimSpace(n.Value), "/")
+	per := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
+	c, err := strconv.Atoi(count)
+	switch {
+	case !ok || per == 0 || err != nil:
+		r.add(nodeAt(n), "%s.rate is %q, not a rate; %s", place, n.Value, fix)
+		return nil
+	case c < 1 || per/time.Duration(c) < time.Microsecond:
+		r.add(nodeAt(n), "%s.rate %q must allow at least 1 and at most 1000000 starts per second; %s", place, n.Value, fix)
+		return nil
+	}
+	return &saga.Rate{Count: c, Per: per}
 }

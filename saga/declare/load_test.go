@@ -86,7 +86,7 @@ func TestLoadBroken(t *testing.T) {
 				`f.yaml:2:10: version is 0; it must be at least 1`,
 				`f.yaml:3:11: triggers is empty; give it at least 1 item(s)`,
 				`f.yaml:6:41: undeclared reference to 'nope' in step a.emit[0].payload; the names in scope are trigger, saga, steps, and after a step's action result, response or reply`,
-				`f.yaml:7:5: unknown key "colour" in steps[0]; remove it or use one of: command, compensate, compensation_retry, emit, http, name, output, retry, sql, timeout`,
+				`f.yaml:7:5: unknown key "colour" in steps[0]; remove it or use one of: command, compensate, compensation_retry, emit, http, name, output, rate, retry, sql, timeout, wait, when`,
 			}},
 	}
 	for _, tc := range cases {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -104,6 +105,15 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 		fmt.Fprintf(w, "\n%s: %s\n", status, reason)
 		return res, nil
 	}
+	if c := s.Concurrency; c != nil {
+		key, err := c.Key.evalText(map[string]any{varTrigger: trig, varSaga: map[string]any{"name": s.Name, "version": int64(s.Version)}, varSteps: map[string]any{}})
+		if err != nil {
+			res.Status, res.Reason = WalkDeadLetter, fmt.Sprintf("the concurrency key of saga %s: %v", s.Name, err)
+			fmt.Fprintf(w, "\n%s: %s\n", res.Status, res.Reason)
+			return res, nil
+		}
+		fmt.Fprintf(w, "concurrency key %q: runs once fewer than %d older instances of it are unfinished\n", key, c.Limit)
+	}
 	st := state{Trigger: trig, Steps: map[string]any{}}
 	base := func() map[string]any {
 		return map[string]any{
@@ -113,13 +123,33 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 		}
 	}
 	failed, from := -1, -1 // the failing step; the newest step to compensate
+	skipped := map[int]bool{}
 	for i, step := range s.Steps {
 		fmt.Fprintf(w, "\n%d. %s (%s)\n", i+1, step.Name, step.Kind())
-		res.Steps = append(res.Steps, step.Name)
+		if step.Rate != nil {
+			fmt.Fprintf(w, "   rate: starts at most one every %s across relays\n", step.Rate.Every())
+		}
 		vars := base()
-		f, err := walkStep(w, s, step, vars, in, &res)
-		if err != nil {
-			return res, err
+		var f *stepFailure
+		if step.When != nil {
+			run, err := (&call{vars: vars}).when(step)
+			switch {
+			case err != nil:
+				f = &stepFailure{err: unwrapPermanent(err)}
+			case !run:
+				skipped[i] = true
+				fmt.Fprintf(w, "   skipped (when is false)\n")
+				continue
+			}
+		}
+		res.Steps = append(res.Steps, step.Name)
+		if f == nil && step.Wait != nil {
+			f = walkWait(w, step.Wait, vars)
+		} else if f == nil {
+			var err error
+			if f, err = walkStep(w, s, step, vars, in, &res); err != nil {
+				return res, err
+			}
 		}
 		if f == nil && step.Name == in.Fail {
 			f = &stepFailure{err: fmt.Errorf("--fail %s", step.Name)}
@@ -143,6 +173,10 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 	}
 	for i := from; i >= 0; i-- {
 		step := s.Steps[i]
+		if skipped[i] {
+			fmt.Fprintf(w, "\ncompensate %d. %s: nothing to undo (skipped)\n", i+1, step.Name)
+			continue
+		}
 		if step.Compensate == nil {
 			fmt.Fprintf(w, "\ncompensate %d. %s: nothing to undo (no compensate)\n", i+1, step.Name)
 			continue
@@ -456,7 +490,7 @@ func walkAction(w io.Writer, a *Action, step string, comp bool, vars map[string]
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "   command: %s (its id is the step's command id), then waits up to %s for the reply\n", msg, a.Command.ReplyTimeout)
+		fmt.Fprintf(w, "   command: %s (its id is the step's command id), then waits up to %s for the reply%s\n", msg, a.Command.ReplyTimeout, onTimeoutText(a.Command.OnTimeout))
 		var reply any = map[string]any{"ok": true}
 		if raw, ok := in.Replies[step]; ok {
 			v, err := decodeSample("--reply "+step, raw)
@@ -517,4 +551,40 @@ func walkMessage(m *Message, vars map[string]any) (string, error) {
 // failure's own message.
 func unwrapPermanent(err error) error {
 	return fmt.Errorf("%s", err.Error())
+}
+
+// walkWait shows a wait step: the saga goes on after it.
+func walkWait(w io.Writer, wa *WaitAction, vars map[string]any) *stepFailure {
+	if wa.Until == nil {
+		fmt.Fprintf(w, "   waits %s (no worker held), then goes on\n", shortDuration(wa.Duration))
+		return nil
+	}
+	until, err := (&call{vars: vars}).waitUntil(wa, time.Now())
+	if err != nil {
+		return &stepFailure{err: unwrapPermanent(err)}
+	}
+	fmt.Fprintf(w, "   waits until %s (no worker held), then goes on\n", until.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// shortDuration writes d as written in a file: 2h, not 2h0m0s.
+func shortDuration(d time.Duration) string {
+	t := d.String()
+	if strings.HasSuffix(t, "m0s") {
+		t = strings.TrimSuffix(t, "0s")
+	}
+	if strings.HasSuffix(t, "h0m") {
+		t = strings.TrimSuffix(t, "0m")
+	}
+	return t
+}
+
+func onTimeoutText(on string) string {
+	switch on {
+	case "compensate":
+		return " (none in time: compensate at once)"
+	case "fail":
+		return " (none in time: the instance ends FAILED, not compensated)"
+	}
+	return ""
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RequestCancel/CompensatesFromCurrentStep", testCancel},
 		{"DeliverReply/WakesTheWaitingStep", testDeliverReply},
 		{"Lifecycle/ForwardThenCompensate", testLifecycle},
+		{"Append/SkipAndWait", testSkipAndWait},
 
 		{"Load/UnknownAndEmpty", testLoadEdges},
 		{"LoadSince/ArgumentsAndEmptyJournal", testLoadSinceArgs},
@@ -1014,4 +1016,79 @@ func testHeadSeq(t *testing.T, h Harness) {
 		t.Fatalf("global sequence %d then %d", evs[0].GlobalSeq, evs[1].GlobalSeq)
 	}
 	waitHead(t, h.Journal, evs[1].GlobalSeq)
+}
+
+// testSkipAndWait: step_skipped marks a step SKIPPED and moves on;
+// step_waiting makes the instance due at Until without counting an attempt,
+// and the event keeps Until; a journal that reports the next due instance
+// (saga.DueReporter) says when.
+func testSkipAndWait(t *testing.T, h Harness) {
+	inst := started(t, h)
+	j := h.Journal
+	appendOK(t, j, inst, saga.Event{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve"})
+	appendOK(t, j, inst, saga.Event{Kind: saga.EventStepSkipped, Step: 1, StepName: "gift", Reason: "when is false"})
+	got := get(t, j, inst.ID)
+	if got.CurrentStep != 2 || got.Attempt != 0 || got.Status != saga.StatusRunning {
+		t.Fatalf("after step_skipped: %+v", got)
+	}
+	until := h.Clock.Now().Add(time.Hour).Truncate(time.Microsecond)
+	appendOK(t, j, inst, saga.Event{Kind: saga.EventStepWaiting, Step: 2, StepName: "cool_off", Until: until})
+	got = get(t, j, inst.ID)
+	sameTime(t, "awaiting_until", got.AwaitingUntil, until)
+	sameTime(t, "next_attempt_at", &got.NextAttemptAt, until)
+	if got.Attempt != 0 || got.AwaitingCorrelationID.Valid {
+		t.Fatalf("a wait counted an attempt or waits for a reply: %+v", got)
+	}
+	_, err := j.Append(ctx, inst.ID, inst.LeaseID.UUID, saga.Event{Kind: saga.EventStepSkipped, Step: 2, StepName: "cool_off"})
+	isKind(t, "step_skipped of a waiting step", err, saga.ErrInvalid)
+	_, err = j.Append(ctx, inst.ID, inst.LeaseID.UUID, saga.Event{Kind: saga.EventStepWaiting, Step: 2, StepName: "cool_off"})
+	isKind(t, "step_waiting without Until", err, saga.ErrInvalid)
+	if dr, ok := j.(saga.DueReporter); ok {
+		d, found, err := dr.NextDue(ctx)
+		if err != nil || !found || d != time.Hour {
+			t.Fatalf("NextDue = %s %t %v, want 1h", d, found, err)
+		}
+	}
+	if ok, err := j.Heartbeat(ctx, inst.ID, inst.LeaseID.UUID, time.Microsecond); !ok || err != nil {
+		t.Fatalf("release: %t %v", ok, err)
+	}
+	h.Clock.Advance(time.Minute)
+	if claimed, err := j.ClaimPending(ctx, 10, lease); err != nil || len(claimed) != 0 {
+		t.Fatalf("claimed %d (%v) during the wait", len(claimed), err)
+	}
+	h.Clock.Set(until)
+	inst = claim(t, j, inst.ID, lease)
+	appendOK(t, j, inst, saga.Event{Kind: saga.EventStepCompleted, Step: 2, StepName: "cool_off"})
+	got = get(t, j, inst.ID)
+	if got.AwaitingUntil != nil || got.CurrentStep != 3 {
+		t.Fatalf("the wait's end did not clear it: %+v", got)
+	}
+	steps, err := j.Steps(ctx, inst.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statuses []string
+	for _, s := range steps {
+		statuses = append(statuses, s.Name+"="+string(s.Status))
+	}
+	if strings.Join(statuses, " ") != "reserve=COMPLETED gift=SKIPPED cool_off=COMPLETED" {
+		t.Fatalf("step records: %v", statuses)
+	}
+	hist, err := j.Load(ctx, inst.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range hist {
+		kinds = append(kinds, string(e.Kind))
+		if e.Kind == saga.EventStepWaiting && !e.Until.Equal(until) {
+			t.Fatalf("step_waiting kept Until %s, want %s", e.Until, until)
+		}
+		if e.Kind == saga.EventStepSkipped && e.Reason != "when is false" {
+			t.Fatalf("step_skipped kept reason %q", e.Reason)
+		}
+	}
+	if strings.Join(kinds, " ") != "step_completed step_skipped step_waiting step_completed" {
+		t.Fatalf("history: %v", kinds)
+	}
 }

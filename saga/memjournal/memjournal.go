@@ -27,6 +27,8 @@ type Journal struct {
 	// events holds every event in GlobalSeq order: events[i].GlobalSeq is
 	// i+1, since nothing is ever rolled back here.
 	events []saga.RecordedEvent
+	// rates holds the next start of each rate key (TakeRate).
+	rates map[string]time.Time
 }
 
 type entry struct {
@@ -97,6 +99,38 @@ func (j *Journal) Enqueue(_ context.Context, inst saga.Instance) error {
 
 // ClaimPending implements saga.Journal: due instances in next_attempt_at
 // order (then id), each under a fresh random lease until now+d.
+// TakeRate implements saga.RateTaker.
+func (j *Journal) TakeRate(_ context.Context, key string, every time.Duration) (time.Duration, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := saga.Timestamp(j.clock())
+	if next, ok := j.rates[key]; ok && next.After(now) {
+		return next.Sub(now), nil
+	}
+	if j.rates == nil {
+		j.rates = map[string]time.Time{}
+	}
+	j.rates[key] = now.Add(every.Truncate(time.Microsecond))
+	return 0, nil
+}
+
+// NextDue implements saga.DueReporter.
+func (j *Journal) NextDue(context.Context) (time.Duration, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	now := saga.Timestamp(j.clock())
+	var best time.Time
+	for _, e := range j.active {
+		if t := e.inst.NextAttemptAt; t.After(now) && (best.IsZero() || t.Before(best)) {
+			best = t
+		}
+	}
+	if best.IsZero() {
+		return 0, false, nil
+	}
+	return best.Sub(now), true, nil
+}
+
 func (j *Journal) ClaimPending(_ context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
 	if batchSize <= 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)

@@ -132,6 +132,40 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	return out, nil
 }
 
+// NextDue implements saga.DueReporter in one index read.
+func (j *Journal) NextDue(ctx context.Context) (time.Duration, bool, error) {
+	var us float64
+	err := j.q(ctx).QueryRow(ctx, sqlNextDue, j.clock()).Scan(&us)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("pgjournal: next due: %w", err)
+	}
+	return time.Duration(us) * time.Microsecond, true, nil
+}
+
+// TakeRate implements saga.RateTaker: one statement when the start is
+// free, a second to say how long until it is.
+func (j *Journal) TakeRate(ctx context.Context, key string, every time.Duration) (time.Duration, error) {
+	var taken bool
+	err := j.q(ctx).QueryRow(ctx, sqlTakeRate, key, every.Microseconds(), j.clock()).Scan(&taken)
+	switch {
+	case err == nil:
+		return 0, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return 0, fmt.Errorf("pgjournal: take a rate turn: %w", err)
+	}
+	var us float64
+	if err := j.q(ctx).QueryRow(ctx, sqlRateWait, key, j.clock()).Scan(&us); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return time.Microsecond, nil // taken and gone meanwhile: try again
+		}
+		return 0, fmt.Errorf("pgjournal: rate wait: %w", err)
+	}
+	return max(time.Microsecond, time.Duration(us)*time.Microsecond), nil
+}
+
 // Heartbeat implements saga.Journal in one statement.
 func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.Duration) (bool, error) {
 	if d < time.Microsecond {

@@ -37,7 +37,11 @@ const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id
 // sqlClaim leases up to $2 due instances in one statement: each row gets its
 // own fresh lease id. SKIP LOCKED lets concurrent claimers (and fenced
 // writers holding a row) pass each other instead of queueing. A live lease
-// (expiry >= now) is never taken over.
+// (expiry >= now) is never taken over. An instance with a concurrency key
+// is taken only while fewer than its limit of older instances (trigger
+// commit order) of its saga and key are unfinished: the limit and the
+// order hold whichever relay claims, since they are read from committed
+// rows (saga_concurrency_idx); an instance without a key skips the check.
 const sqlClaim = `
 WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 due AS (
@@ -45,6 +49,13 @@ due AS (
 	WHERE i.status IN ('RUNNING', 'COMPENSATING')
 	  AND i.next_attempt_at <= c.now
 	  AND (i.lease_id IS NULL OR i.lease_expires_at IS NULL OR i.lease_expires_at < c.now)
+	  AND (i.concurrency_key IS NULL OR (
+		SELECT count(*) FROM (
+			SELECT 1 FROM saga_instances o
+			WHERE o.saga_name = i.saga_name AND o.concurrency_key = i.concurrency_key
+			  AND o.status IN ('RUNNING', 'COMPENSATING')
+			  AND (o.concurrency_lsn, o.concurrency_ord) < (i.concurrency_lsn, i.concurrency_ord)
+			LIMIT i.concurrency_limit) older) < i.concurrency_limit)
 	ORDER BY i.next_attempt_at, i.id
 	LIMIT $2
 	FOR UPDATE OF i SKIP LOCKED
@@ -238,3 +249,29 @@ SELECT COALESCE((
 	WHERE e.xid < pg_snapshot_xmin(pg_current_snapshot())
 	ORDER BY e.xid DESC, e.global_seq DESC
 	LIMIT 1), 0)`
+
+// sqlNextDue is how long until the earliest future next_attempt_at of an
+// instance the runner advances (saga_claim_idx, read from now onward).
+const sqlNextDue = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now)
+SELECT EXTRACT(EPOCH FROM (i.next_attempt_at - c.now)) * 1000000
+FROM saga_instances i, clock c
+WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.next_attempt_at > c.now
+ORDER BY i.next_attempt_at
+LIMIT 1`
+
+// sqlTakeRate takes the next start of a rate key ($1), spaced by $2
+// microseconds: it returns a row only when the start was free (next_at has
+// come), and moves next_at one spacing past now.
+const sqlTakeRate = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS now)
+INSERT INTO saga_step_rates AS r (rate_key, next_at)
+SELECT $1, c.now + $2 * interval '1 microsecond' FROM clock c
+ON CONFLICT (rate_key) DO UPDATE SET next_at = EXCLUDED.next_at
+	WHERE r.next_at <= (SELECT now FROM clock)
+RETURNING true`
+
+// sqlRateWait is how long until a rate key's next start, in microseconds.
+const sqlRateWait = `
+SELECT EXTRACT(EPOCH FROM (r.next_at - COALESCE($2::timestamptz, clock_timestamp()))) * 1000000
+FROM saga_step_rates r WHERE r.rate_key = $1`
