@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -85,7 +86,9 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		writeError(w, http.StatusInternalServerError, "the relay's outbox table name is invalid")
 		return
 	}
-	ctx := r.Context()
+	// The request's traceparent/tracestate go into the row's headers
+	// (outbox.Write adds them), unless the body's headers set traceparent.
+	ctx := tracing.FromRequest(r)
 	created := true
 	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		if idGiven {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
@@ -530,7 +531,9 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		req.Header.Set(hd.name, v)
 	}
 	req.Header.Set("Idempotency-Key", key)
+	span := tracing.HTTPClient(ctx, req)
 	resp, err := c.rt.client().Do(req)
+	tracing.EndHTTP(span, resp, err)
 	if err != nil {
 		// No answer: the service may have acted before the connection
 		// broke.

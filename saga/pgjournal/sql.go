@@ -12,7 +12,7 @@ const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_ver
 	i.current_step, i.trigger_event_id, i.correlation_id, i.context, i.attempt, i.next_attempt_at,
 	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
 	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
-	i.created_at, i.updated_at, i.completed_at`
+	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, '')`
 
 // stepCols are the saga_steps columns in scanStep's order (NULL throughout
 // when a LEFT JOIN found no step).
