@@ -107,7 +107,6 @@ func (r *receiver) all() []span {
 	return append([]span(nil), r.spans...)
 }
 
-
 // anyValue renders an OTLP attribute value as text.
 func anyValue(v *commonpb.AnyValue) string {
 	switch x := v.GetValue().(type) {
