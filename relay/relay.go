@@ -21,6 +21,7 @@ import (
 	"github.com/compensa/compensa/internal/failpoint"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/internal/tracing"
+	"github.com/compensa/compensa/internal/tracing/sinkspan"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
@@ -438,7 +439,7 @@ func (r *Relay) openSinks(ctx context.Context) error {
 	}
 	tr := tracing.Tracer(r.tracerProvider)
 	for i := range r.sinks {
-		r.sinks[i].Sink = tracing.WrapSink(r.sinks[i], tr)
+		r.sinks[i].Sink = sinkspan.Wrap(r.sinks[i], tr)
 	}
 	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
 		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})

@@ -80,14 +80,21 @@ func Step(ctx context.Context, tr trace.Tracer, traceparent, saga string, versio
 	if compensation {
 		name = "saga compensate " + saga + "." + step
 	}
-	return tr.Start(ctx, name, trace.WithAttributes(
-		AttrSaga.String(saga), AttrVersion.Int(version), AttrInstance.String(uuidString(instance)),
-		AttrStep.String(step), AttrStepIndex.Int(index), AttrAttempt.Int(attempt), AttrCompensation.Bool(compensation)))
+	ctx, span := tr.Start(ctx, name)
+	if span.IsRecording() { // a span sampled out costs no attributes
+		span.SetAttributes(AttrSaga.String(saga), AttrVersion.Int(version), AttrInstance.String(uuidString(instance)),
+			AttrStep.String(step), AttrStepIndex.Int(index), AttrAttempt.Int(attempt), AttrCompensation.Bool(compensation))
+	}
+	return ctx, span
 }
 
 // EndStep ends a step's span with its outcome. A nil span (off) is a no-op.
 func EndStep(span trace.Span, outcome string, mayHaveActed bool, err error) {
 	if span == nil {
+		return
+	}
+	if !span.IsRecording() {
+		span.End()
 		return
 	}
 	span.SetAttributes(AttrOutcome.String(outcome), AttrMayHaveActed.Bool(mayHaveActed))

@@ -1,4 +1,6 @@
-package tracing
+// Package sinkspan traces sink deliveries: one span per delivered event,
+// whose trace context the delivered message carries onward.
+package sinkspan
 
 import (
 	"context"
@@ -8,16 +10,17 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/sink"
 )
 
-// WrapSink returns d's sink with one span per delivered event: a producer
+// Wrap returns d's sink with one span per delivered event: a producer
 // span (messaging conventions) for NATS and Kafka, a client span (HTTP
 // conventions) for a webhook, each child of the trace context the event's
 // row carries. The event the sink sends carries the delivery span's
 // traceparent in its headers, so that a consumer continues the trace. tr
 // nil (off) returns the sink itself.
-func WrapSink(d sink.Destination, tr trace.Tracer) sink.Sink {
+func Wrap(d sink.Destination, tr trace.Tracer) sink.Sink {
 	if tr == nil {
 		return d.Sink
 	}
@@ -39,7 +42,7 @@ func (s *tracedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	for i, ev := range evs {
 		sctx, span := s.start(ctx, ev)
 		cp := *ev // the fan-out hands the same event to every sink
-		cp.Headers = ReplaceInHeaders(sctx, ev.Headers)
+		cp.Headers = tracing.ReplaceInHeaders(sctx, ev.Headers)
 		sent[i], spans[i] = &cp, span
 	}
 	errs := s.Sink.Deliver(ctx, sent)
@@ -48,14 +51,14 @@ func (s *tracedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		if i < len(errs) {
 			err = errs[i]
 		}
-		End(span, err)
+		tracing.End(span, err)
 	}
 	return errs
 }
 
 func (s *tracedSink) start(ctx context.Context, ev *sink.Event) (context.Context, trace.Span) {
-	pctx := FromHeaders(ctx, ev.Headers)
-	attrs := []trace.SpanStartOption{trace.WithAttributes(AttrSink.String(s.spec.Name), AttrEventType.String(ev.EventType))}
+	pctx := tracing.FromHeaders(ctx, ev.Headers)
+	attrs := []trace.SpanStartOption{trace.WithAttributes(tracing.AttrSink.String(s.spec.Name), tracing.AttrEventType.String(ev.EventType))}
 	switch {
 	case s.spec.Webhook != nil:
 		u, _ := url.Parse(s.spec.Webhook.URL)
