@@ -17,8 +17,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/cdc"
-	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/internal/tracing"
+	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
 
