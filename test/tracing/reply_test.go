@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,8 @@ import (
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/test/pgtest"
 )
+
+const apiToken = "0123456789abcdef0123456789abcdef0123456789abcdef"
 
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -62,6 +65,7 @@ func TestReplyLinksToCommand(t *testing.T) {
 	var logs lockedBuffer
 	r, err := relay.New(ctx, relay.Config{DatabaseURL: db.URL, Registry: reg, Slot: db.Slot, Publication: db.Publication, Workers: 2,
 		StatusInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, TracerProvider: tp,
+		HTTPAddr: "127.0.0.1:0", APIToken: apiToken,
 		Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +123,7 @@ func TestReplyLinksToCommand(t *testing.T) {
 
 	for {
 		var st string
-		db.Pool.QueryRow(ctx, `SELECT status::text FROM saga_instances WHERE saga_name = 'ship'`).Scan(&st)
+		db.Pool.QueryRow(ctx, `SELECT status::text FROM saga_instances WHERE saga_name = 'ship' ORDER BY created_at LIMIT 1`).Scan(&st)
 		if st == "COMPLETED" {
 			break
 		}
@@ -144,6 +148,25 @@ func TestReplyLinksToCommand(t *testing.T) {
 	if h := headersOf("audit.none"); h["traceparent"] != "" {
 		t.Errorf("outbox.Write without a span wrote %v", h)
 	}
+	// POST /v1/sagas writes the trigger with the request's trace context.
+	req, _ := http.NewRequest("POST", "http://"+r.Addr()+"/v1/sagas", strings.NewReader(`{"saga":"ship","payload":{"parcel":"p-2"}}`))
+	req.Header.Set("Authorization", "Bearer "+apiToken)
+	req.Header.Set("traceparent", "00-33333333333333333333333333333333-4444444444444444-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST /v1/sagas: %s", resp.Status)
+	}
+	var startTP string
+	if err := db.Pool.QueryRow(ctx, `SELECT headers->>'traceparent' FROM outbox WHERE event_type = 'parcel.ready' AND payload->>'parcel' = 'p-2'`).Scan(&startTP); err != nil {
+		t.Fatal(err)
+	}
+	if startTP != "00-33333333333333333333333333333333-4444444444444444-01" {
+		t.Errorf("POST /v1/sagas wrote the trigger with traceparent %q; want the request's", startTP)
+	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	r.Stop(sctx)
@@ -152,6 +175,9 @@ func TestReplyLinksToCommand(t *testing.T) {
 	var booking, consumed, reply *tracetest.SpanStub
 	for i := range spans {
 		s := &spans[i]
+		if s.SpanContext.TraceID().String() != traceID {
+			continue // the instance POST /v1/sagas started is in the request's trace
+		}
 		switch {
 		case s.Name == "saga step ship.book" && attr(s, "compensa.step.outcome") == "awaiting":
 			booking = s
