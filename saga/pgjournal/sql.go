@@ -23,8 +23,8 @@ const eventCols = `e.instance_id, e.version, e.global_seq, e.kind, e.step, e.pay
 
 const sqlEnqueue = `
 INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, status, current_step,
-	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at)
-SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now
+	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at, traceparent)
+SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now, NULLIF($12, '')
 FROM (SELECT COALESCE($11::timestamptz, clock_timestamp()) AS now) c
 ON CONFLICT DO NOTHING
 RETURNING true`
