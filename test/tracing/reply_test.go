@@ -23,7 +23,7 @@ import (
 	"github.com/compensa/compensa/test/pgtest"
 )
 
-const apiToken = "0123456789abcdef0123456789abcdef0123456789abcdef"
+const apiToken = "a53d83e2ff31814c89f7678e7b31d3069c520439d72f4039953d90fc54f89881"
 
 type lockedBuffer struct {
 	mu sync.Mutex

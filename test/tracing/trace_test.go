@@ -168,7 +168,7 @@ func TestOneTraceFromProducerToBroker(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
 	t.Setenv("OTEL_SERVICE_NAME", "relay-under-test")
-	token := "0123456789abcdef0123456789abcdef0123456789abcdef"
+	token := apiToken
 	r, err := relay.New(ctx, relay.Config{DatabaseURL: db.URL, Registry: saga.NewRegistry(), Slot: db.Slot, Publication: db.Publication,
 		Sagas: sagas, Sinks: sinksFile, Workers: 2, HTTPAddr: "127.0.0.1:0", APIToken: token,
 		StatusInterval: 100 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond})
