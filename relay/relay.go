@@ -98,6 +98,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("sinks: %w", err)
 		}
 	}
+	if cfg.TracerProvider == nil {
+		if err := tracing.CheckEnv(); err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
 	pool, err := dbconn.OpenStepPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))

@@ -30,6 +30,11 @@ func (r *Relay) openTracing(ctx context.Context) error {
 		return nil
 	}
 	r.cfg.Logger = slog.New(tracing.LogHandler(r.cfg.Logger.Handler()))
+	from := "relay.Config.TracerProvider"
+	if r.ownTracer != nil {
+		from = "OTEL_* environment"
+	}
+	r.cfg.Logger.Info("tracing on", "from", from)
 	return nil
 }
 

@@ -41,7 +41,20 @@ func FromEnv(ctx context.Context) (*Provider, error) {
 	return fromLookup(ctx, os.LookupEnv)
 }
 
-func fromLookup(ctx context.Context, env func(string) (string, bool)) (*Provider, error) {
+// CheckEnv reports an OTEL_* variable set to a value FromEnv would refuse,
+// without building anything: a relay checks it before it connects.
+func CheckEnv() error {
+	_, err := settingsFrom(os.LookupEnv)
+	return err
+}
+
+// settings are what the OTEL_* variables ask for; nil when no traces.
+type settings struct {
+	proto   string
+	sampler sdktrace.Sampler
+}
+
+func settingsFrom(env func(string) (string, bool)) (*settings, error) {
 	get := func(k string) string { v, _ := env(k); return strings.TrimSpace(v) }
 	if strings.EqualFold(get("OTEL_SDK_DISABLED"), "true") {
 		return nil, nil
@@ -66,14 +79,26 @@ func fromLookup(ctx context.Context, env func(string) (string, bool)) (*Provider
 	if proto == "" {
 		proto = strings.ToLower(get("OTEL_EXPORTER_OTLP_PROTOCOL"))
 	}
+	switch proto {
+	case "", "http/protobuf", "grpc":
+	default:
+		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%q is not supported: use http/protobuf (the default) or grpc", proto)
+	}
+	return &settings{proto: proto, sampler: sampler}, nil
+}
+
+func fromLookup(ctx context.Context, env func(string) (string, bool)) (*Provider, error) {
+	st, err := settingsFrom(env)
+	if st == nil || err != nil {
+		return nil, err
+	}
+	sampler, proto := st.sampler, st.proto
 	var exporter sdktrace.SpanExporter
 	switch proto {
 	case "", "http/protobuf":
 		exporter, err = otlptracehttp.New(ctx)
 	case "grpc":
 		exporter, err = otlptracegrpc.New(ctx)
-	default:
-		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%q is not supported: use http/protobuf (the default) or grpc", proto)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
