@@ -15,8 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
@@ -49,6 +51,9 @@ type Config struct {
 	// received. An error rolls the batch back and stops the stream.
 	InBatchTx func(ctx context.Context, tx pgx.Tx, b cdc.Batch) error
 	Logger    *slog.Logger
+	// TracerProvider makes the spans of the events' handling and of saga
+	// starts (nil: no spans, no trace context stored with instances).
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) withDefaults() Config {
@@ -99,6 +104,7 @@ type Correlator struct {
 	// registry changed since (declared sagas reloaded) rebuilds them at the
 	// next batch. Batches are handled one at a time.
 	routesGen uint64
+	tracer    trace.Tracer // nil: tracing off
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
 	outStarted, outReply, outIgnored, outFiltered, outParked                   atomic.Uint64
@@ -116,7 +122,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Correlator, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry), routesGen: c.Registry.Generation()}, nil
+	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry), routesGen: c.Registry.Generation(),
+		tracer: tracing.Tracer(c.TracerProvider)}, nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -169,12 +176,14 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	if g := c.cfg.Registry.Generation(); g != c.routesGen {
 		c.routes, c.routesGen = buildRoutes(c.cfg.Registry), g
 	}
-	var p plan
+	p := plan{tr: c.tracer}
 	for i := range b.Events {
 		p.add(c.routes, &b.Events[i])
 	}
 	out, err := c.commit(ctx, b, &p)
+	defer func() { p.endSpans(err) }()
 	if err != nil && isDataError(err) {
+		p.endSpans(err)
 		// A value PostgreSQL refuses got past the checks in plan.add. A
 		// replay would fail the same way and stall the stream, so find the
 		// events that carry one, park them, and commit the rest.
@@ -302,10 +311,10 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	case p.keyed:
 		startQ = batch.Queue(sqlStartKeyed, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID,
-			p.startConcKey, p.startConcLimit, p.startConcLSN, p.startConcOrd)
+			p.startConcKey, p.startConcLimit, p.startConcLSN, p.startConcOrd, p.startTrace)
 	case len(p.startSaga) > 0:
 		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
-			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID)
+			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID, p.startTrace)
 	}
 	if len(p.replyEvent) > 0 {
 		replyQ = batch.Queue(sqlReplies, p.replyEvent, p.replyCorr, p.replyPayload, c.cfg.Consumer, p.replyTenant)
@@ -509,7 +518,7 @@ func (c *Correlator) replanRefused(ctx context.Context, b cdc.Batch) (plan, int)
 			refused++
 		}
 	}
-	var p plan
+	p := plan{tr: c.tracer}
 	for i := range events {
 		p.add(c.routes, &events[i])
 	}

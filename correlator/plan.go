@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/outbox"
 )
@@ -52,6 +53,13 @@ type plan struct {
 	startConcOrd   []*int32
 	// keyed: some start has a concurrency key (sqlStartKeyed).
 	keyed bool
+	// startTrace is the traceparent of each start's span (nil untraced).
+	startTrace []*string
+
+	// tr makes the spans of the events that start sagas or are replies
+	// (nil: tracing off); spans are ended once the batch commits or fails.
+	tr    trace.Tracer
+	spans []trace.Span
 
 	// reply candidates: events with a correlation id that start nothing
 	replyEvent   [][16]byte
@@ -101,6 +109,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 	if len(defs) == 0 {
 		p.outReply++
+		p.traceReply(ev)
 		p.replyEvent = append(p.replyEvent, ev.ID)
 		p.replyCorr = append(p.replyCorr, ev.CorrelationID.UUID)
 		p.replyPayload = append(p.replyPayload, string(ev.Payload))
@@ -164,8 +173,10 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		agg = &a
 	}
 	p.outStarted++
+	tctx := p.traceEvent(ev)
 	for i, d := range defs {
 		p.startID = append(p.startID, newInstanceID())
+		p.traceStart(tctx, d, p.startID[len(p.startID)-1], ev.ID)
 		p.startAggregate = append(p.startAggregate, agg)
 		p.startTenant = append(p.startTenant, ev.TenantID)
 		p.startWorkspace = append(p.startWorkspace, ws)

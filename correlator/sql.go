@@ -22,12 +22,12 @@ WHERE c.lsn < EXCLUDED.lsn`
 const sqlStart = `
 WITH ins AS (
   INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
-                              correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id)
+                              correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id, traceparent)
   SELECT t.id, t.tenant, t.workspace, t.saga, t.version, t.trigger, t.corr, t.ctx::jsonb,
          CASE WHEN t.deadline_us > 0 THEN now() + t.deadline_us * interval '1 microsecond' END,
-         now(), t.aggregate
-  FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[])
-       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id)
+         now(), t.aggregate, t.traceparent
+  FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[])
+       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, traceparent)
   ON CONFLICT DO NOTHING
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
@@ -40,13 +40,13 @@ const sqlStartKeyed = `
 WITH ins AS (
   INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
                               correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id,
-                              concurrency_key, concurrency_limit, concurrency_lsn, concurrency_ord)
+                              concurrency_key, concurrency_limit, concurrency_lsn, concurrency_ord, traceparent)
   SELECT t.id, t.tenant, t.workspace, t.saga, t.version, t.trigger, t.corr, t.ctx::jsonb,
          CASE WHEN t.deadline_us > 0 THEN now() + t.deadline_us * interval '1 microsecond' END,
-         now(), t.aggregate, t.ckey, t.climit, t.clsn::pg_lsn, t.cord
+         now(), t.aggregate, t.ckey, t.climit, t.clsn::pg_lsn, t.cord, t.traceparent
   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[],
-              $11::text[], $12::int[], $13::text[], $14::int[])
-       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, ckey, climit, clsn, cord)
+              $11::text[], $12::int[], $13::text[], $14::int[], $15::text[])
+       AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, ckey, climit, clsn, cord, traceparent)
   ON CONFLICT DO NOTHING
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultTable is the outbox table `relay migrate` creates.
@@ -36,7 +38,10 @@ type Message struct {
 
 // Write inserts msgs into the default outbox table inside tx, in one round
 // trip however many messages there are. It fills in the IDs of messages that
-// had none.
+// had none. When ctx carries a valid span (OpenTelemetry), each row's
+// headers get its W3C trace context as "traceparent" (and "tracestate"),
+// unless the message's Headers already set "traceparent"; the caller's map
+// is not modified.
 func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	return WriteTable(ctx, tx, DefaultTable, msgs...)
 }
@@ -83,8 +88,8 @@ func WriteTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) e
 		}
 		payloads[i] = p
 		h := []byte("{}")
-		if len(m.Headers) > 0 {
-			if h, err = json.Marshal(m.Headers); err != nil {
+		if hs := withTraceContext(ctx, m.Headers); len(hs) > 0 {
+			if h, err = json.Marshal(hs); err != nil {
 				return fmt.Errorf("outbox: message %d headers: %w", i, err)
 			}
 		}
@@ -100,6 +105,32 @@ func WriteTable(ctx context.Context, tx pgx.Tx, table string, msgs ...Message) e
 		return fmt.Errorf("outbox: insert into %s: %w", ident.Quoted(), err)
 	}
 	return nil
+}
+
+// withTraceContext is h with the trace context of ctx's span added, or h
+// itself when ctx has none or h already carries a traceparent.
+func withTraceContext(ctx context.Context, h map[string]string) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return h
+	}
+	if _, set := h["traceparent"]; set {
+		return h
+	}
+	tc := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, tc)
+	if len(tc) == 0 {
+		return h
+	}
+	out := make(map[string]string, len(h)+len(tc))
+	for k, v := range h {
+		out[k] = v
+	}
+	for k, v := range tc {
+		if _, set := out[k]; !set {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func encodePayload(p any) (string, error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
@@ -129,6 +130,14 @@ type Config struct {
 	// process collectors. An application that passes its own registry gets
 	// the relay's metrics beside its own (names start with compensa_).
 	MetricsRegistry *prometheus.Registry
+
+	// TracerProvider receives the relay's OpenTelemetry spans (README
+	// "Tracing"). Nil: the standard OTEL_* environment variables decide
+	// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...); when they ask
+	// for no traces, tracing is off and costs nothing. Stop flushes a
+	// provider passed here (its owner shuts it down) and shuts down one
+	// built from the environment.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of the fields left zero.

@@ -13,12 +13,15 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
 	"github.com/compensa/compensa/internal/dbconn"
 	"github.com/compensa/compensa/internal/failpoint"
 	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/internal/tracing"
+	"github.com/compensa/compensa/internal/tracing/sinkspan"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
@@ -41,6 +44,10 @@ type Relay struct {
 	declaredRT *declare.Runtime
 	// monPool is the monitor's own, small pool (MonitorPoolSize).
 	monPool *pgxpool.Pool
+	// tracerProvider makes the spans (nil: tracing off); ownTracer is set
+	// when the relay built it from the environment and must shut it down.
+	tracerProvider trace.TracerProvider
+	ownTracer      *tracing.Provider
 
 	journal    saga.Journal
 	runner     *saga.Runner
@@ -101,6 +108,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 			sinks = nil
 		}
 	}
+	if cfg.TracerProvider == nil {
+		if err := tracing.CheckEnv(); err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
 	pool, err := dbconn.OpenStepPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
@@ -113,6 +125,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, pool: pool, monPool: monPool, done: make(chan struct{}), sinksCfg: sinks}
+	if err := r.openTracing(ctx); err != nil {
+		r.closePools()
+		return nil, err
+	}
+	cfg = r.cfg
 	// Every privilege the features need, all at once, before a statement
 	// of theirs could fail on one.
 	if err := r.checkPrivileges(ctx, table); err != nil {
@@ -157,13 +174,14 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	r.runner, err = saga.NewRunner(r.journal, r.pool, cfg.Registry, &saga.RunnerConfig{
 		Workers: cfg.Workers, LeaseDuration: cfg.LeaseDuration, OutboxTable: table.Quoted(),
 		Logger: log.With("component", "runner"), Hooks: r.metrics.RunnerHooks(),
+		TracerProvider: r.tracerProvider,
 	})
 	if err != nil {
 		return err
 	}
 	corrCfg := &correlator.Config{
 		Registry: cfg.Registry, Wake: r.runner.Wake, Logger: log.With("component", "correlator"),
-		OnStarted: r.metrics.SagasStarted,
+		OnStarted: r.metrics.SagasStarted, TracerProvider: r.tracerProvider,
 	}
 	if r.sinksCfg != nil {
 		if err := r.openSinks(ctx); err != nil {
@@ -351,6 +369,7 @@ func (r *Relay) failStart() {
 }
 
 func (r *Relay) closePools() {
+	r.closeTracingSoon()
 	dial.Close(r.sinks)
 	r.sinks = nil
 	r.monPool.Close()
@@ -465,6 +484,7 @@ func (r *Relay) Stop(ctx context.Context) error {
 		r.probeHTTP.Shutdown(ctx)
 	}
 	r.wg.Wait()
+	r.closeTracing(ctx)
 	r.closePools()
 	return errors.Join(errs...)
 }
@@ -475,6 +495,10 @@ func (r *Relay) openSinks(ctx context.Context) error {
 	var err error
 	if r.sinks, err = dial.Open(r.sinksCfg, nil); err != nil {
 		return fmt.Errorf("sinks: %w", err)
+	}
+	tr := tracing.Tracer(r.tracerProvider)
+	for i := range r.sinks {
+		r.sinks[i].Sink = sinkspan.Wrap(r.sinks[i], tr)
 	}
 	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
 		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})

@@ -41,6 +41,9 @@ type Instance struct {
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
 	CompletedAt        *time.Time
+	// TraceParent is the W3C traceparent of the span that started the
+	// instance: its steps' spans are its children ("" when none).
+	TraceParent string
 }
 
 // StepRecord is one saga_steps row: how a step of an instance went.

@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/internal/logthrottle"
+	"github.com/compensa/compensa/internal/tracing"
 )
 
 // Runner advances saga instances: it claims due instances in batches, runs
@@ -22,6 +24,7 @@ import (
 // process or many, share the work through the journal's claim (FOR UPDATE
 // SKIP LOCKED) and never advance the same instance at once.
 type Runner struct {
+	tracer   trace.Tracer // nil: tracing off
 	journal  Journal
 	pool     *pgxpool.Pool
 	registry *Registry
@@ -93,6 +96,7 @@ func NewRunner(journal Journal, pool *pgxpool.Pool, registry *Registry, cfg *Run
 		freed:     make(chan struct{}, 1),
 		work:      make(chan []claim),
 		stuckSeen: map[stuckKey]struct{}{},
+		tracer:    tracing.Tracer(c.TracerProvider),
 	}, nil
 }
 

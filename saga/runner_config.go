@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/outbox"
 )
@@ -65,6 +66,9 @@ type RunnerConfig struct {
 	Logger *slog.Logger
 	// Hooks receive the runner's metrics events.
 	Hooks Hooks
+	// TracerProvider makes a span per step attempt and per compensation,
+	// children of the span that started the instance (nil: no spans).
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default.

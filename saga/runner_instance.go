@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Compensation reasons the runner writes in compensation_started.
@@ -91,6 +92,9 @@ type work struct {
 	dbAt    time.Time
 	localAt time.Time
 	log     *slog.Logger
+	// span is the current attempt's span (nil when tracing is off or no
+	// attempt is under way): hook ends it with the attempt's outcome.
+	span trace.Span
 }
 
 func (r *Runner) process(c claim) {
@@ -111,6 +115,7 @@ func (r *Runner) process(c claim) {
 		<-hbStopped
 	}()
 	w.loop(leaseCtx)
+	w.endSpan(OutcomeAborted, nil)
 }
 
 // newWork prepares a claimed instance for a worker, or reports it (nil)
@@ -402,6 +407,7 @@ func (w *work) call(f func() error) (err error) {
 // journal entry, or records the failure.
 func (w *work) runDo(ctx context.Context, step Step) next {
 	attempt := w.inst.Attempt + 1
+	ctx = w.traceAttempt(ctx, step, false, attempt)
 	began := time.Now()
 	tx := &lazyTx{begin: w.r.pool.Begin}
 	x := w.stepTx(tx, step, attempt)
@@ -456,7 +462,7 @@ func (w *work) runDo(ctx context.Context, step Step) next {
 		return w.afterFailedCommit(ctx, step, attempt, err, n, "", time.Since(began))
 	}
 	w.hook(step, false, attempt, outcome, false, time.Since(began), nil)
-	w.log.Debug("saga step committed", "step", step.Name, "attempt", attempt, "outcome", outcome, "emitted", x.emitted)
+	w.log.DebugContext(ctx, "saga step committed", "step", step.Name, "attempt", attempt, "outcome", outcome, "emitted", x.emitted)
 	switch {
 	case ev.Kind == EventStepAwaiting:
 		return nextYield
@@ -679,6 +685,7 @@ func (w *work) reload(ctx context.Context) next {
 }
 
 func (w *work) hook(step Step, comp bool, attempt int, o Outcome, timedOut bool, took time.Duration, err error) {
+	w.endSpan(o, err)
 	h := w.r.cfg.Hooks.OnStep
 	if h == nil {
 		return
@@ -709,6 +716,7 @@ func (w *work) consumeReply(ctx context.Context, step Step) next {
 		return w.fail(ctx, step, attempt, err, FailureReplyError, 0)
 	}
 	began := time.Now()
+	ctx = w.traceAttempt(ctx, step, false, attempt)
 	tx, err := w.r.pool.Begin(ctx)
 	if err != nil {
 		w.log.Error("saga reply: begin transaction", "step", step.Name, "err", err)
@@ -774,7 +782,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 			return w.lostOrBroken(step, false, attempt, took, cerr, "record a failed attempt")
 		}
 		w.hook(step, false, attempt, OutcomeRetry, timedOut, took, err)
-		w.log.Info("saga step failed: retry scheduled", "step", step.Name, "attempt", attempt,
+		w.log.InfoContext(ctx, "saga step failed: retry scheduled", "step", step.Name, "attempt", attempt,
 			"max_attempts", pol.MaxAttempts, "retry_in", ev.RetryIn, "err", msg)
 		return nextYield
 	}
@@ -783,7 +791,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 		why = fmt.Sprintf("step %s failed permanently: %s", step.Name, msg)
 	}
 	w.hook(step, false, attempt, OutcomeFailed, timedOut, took, err)
-	w.log.Warn("saga step failed for good: compensating", "step", step.Name, "attempt", attempt, "err", msg)
+	w.log.WarnContext(ctx, "saga step failed for good: compensating", "step", step.Name, "attempt", attempt, "err", msg)
 	return w.startCompensation(ctx, &ev, why)
 }
 
@@ -929,6 +937,7 @@ func (w *work) compensate(ctx context.Context) next {
 
 	attempt := inst.Attempt + 1
 	began := time.Now()
+	ctx = w.traceAttempt(ctx, step, true, attempt)
 	tx, err := w.r.pool.Begin(ctx)
 	if err != nil {
 		w.log.Error("saga compensation: begin transaction", "step", step.Name, "err", err)
@@ -996,7 +1005,7 @@ func (w *work) compensationDoneTx(ctx context.Context, tx pgx.Tx, step Step, ev 
 		return w.compensationFailed(ctx, step, attempt, err, false, time.Since(began))
 	}
 	w.hook(step, true, attempt, o, false, time.Since(began), nil)
-	w.log.Info("saga step compensation recorded", "step", step.Name, "outcome", o)
+	w.log.InfoContext(ctx, "saga step compensation recorded", "step", step.Name, "outcome", o)
 	if last {
 		w.terminal(final, reason)
 		return nextDone
@@ -1023,7 +1032,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 			return w.lostOrBroken(step, true, attempt, took, cerr, "record a failed compensation")
 		}
 		w.hook(step, true, attempt, OutcomeRetry, timedOut, took, err)
-		w.log.Warn("saga compensation failed: retry scheduled", "step", step.Name, "attempt", attempt,
+		w.log.WarnContext(ctx, "saga compensation failed: retry scheduled", "step", step.Name, "attempt", attempt,
 			"max_attempts", pol.MaxAttempts, "retry_in", ev.RetryIn, "err", msg)
 		return nextYield
 	}
@@ -1040,7 +1049,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 		return w.lostOrBroken(step, true, attempt, took, cerr, "record the failed compensation")
 	}
 	w.hook(step, true, attempt, OutcomeFailed, timedOut, took, err)
-	w.log.Error("saga compensation failed for good: instance FAILED, needs a person", "step", step.Name, "attempt", attempt, "err", msg)
+	w.log.ErrorContext(ctx, "saga compensation failed for good: instance FAILED, needs a person", "step", step.Name, "attempt", attempt, "err", msg)
 	w.terminal(StatusFailed, why)
 	return nextDone
 }

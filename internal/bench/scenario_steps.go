@@ -10,9 +10,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -122,8 +124,20 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	if err != nil {
 		return res, err
 	}
+	// The OTEL_* variables trace the steps as they would in `relay run`
+	// (to measure tracing's cost, e.g. sampled at 0); unset, tracing is off.
+	tp, err := tracing.FromEnv(ctx)
+	if err != nil {
+		return res, err
+	}
+	var tracer trace.TracerProvider
+	if tp != nil {
+		defer tp.Shutdown(context.WithoutCancel(ctx))
+		tracer = tp
+		r.progress("steps: run %d/%d: tracing on (OTEL_* environment)", i+1, r.sz.repeats)
+	}
 	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
-		Logger: r.log.With("component", "runner"),
+		Logger: r.log.With("component", "runner"), TracerProvider: tracer,
 		Hooks: saga.Hooks{
 			OnTerminal: func(ev saga.TerminalEvent) {
 				if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(n) {

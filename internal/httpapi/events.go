@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -84,7 +85,9 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		}
 		msg.TenantID = c.Tenant.UUID
 	}
-	ctx := r.Context()
+	// The request's traceparent/tracestate go into the row's headers
+	// (outbox.Write adds them), unless the body's headers set traceparent.
+	ctx := tracing.FromRequest(r)
 	// A scoped token answers only its own tenant's commands: a reply whose
 	// correlation id is another tenant's waiting command is refused here
 	// (the correlator would park it as a reply from another tenant).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/saga/admin"
 )
 
@@ -50,7 +51,8 @@ func (s *Server) startSaga(w http.ResponseWriter, r *http.Request, a *admin.Admi
 		writeError(w, http.StatusForbidden, "token "+c.Name+" is scoped to tenant "+c.Tenant.UUID.String()+": it cannot start a saga for another tenant")
 		return
 	}
-	res, err := a.Start(r.Context(), s.cfg.OutboxTable, req)
+	// The trigger row carries the request's traceparent/tracestate.
+	res, err := a.Start(tracing.FromRequest(r), s.cfg.OutboxTable, req)
 	if err != nil {
 		s.writeErr(w, r, err)
 		return

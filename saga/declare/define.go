@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/compensa/compensa/internal/tracing"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 )
@@ -599,7 +600,9 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		req.Header.Set(hd.name, v)
 	}
 	req.Header.Set("Idempotency-Key", key)
+	span := tracing.HTTPClient(ctx, req)
 	resp, err := c.eg.client(literal, h.FollowRedirects).Do(req)
+	tracing.EndHTTP(span, resp, err)
 	if egErr := new(EgressError); errors.As(err, &egErr) {
 		// Refused at the dial: no connection was made, nothing was sent.
 		return scrub(saga.Permanent(fmt.Errorf("http %s: %v", h.Method, egErr)))

@@ -89,7 +89,7 @@ func (j *Journal) Enqueue(ctx context.Context, inst saga.Instance) error {
 	}
 	var inserted bool
 	err := j.q(ctx).QueryRow(ctx, sqlEnqueue, inst.ID, inst.TenantID, inst.WorkspaceID, inst.SagaName,
-		inst.SagaVersion, inst.TriggerEventID, inst.CorrelationID, []byte(ctxJSON), next, inst.TimeoutAt, j.clock()).Scan(&inserted)
+		inst.SagaVersion, inst.TriggerEventID, inst.CorrelationID, []byte(ctxJSON), next, inst.TimeoutAt, j.clock(), inst.TraceParent).Scan(&inserted)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var idTaken bool
 		if err := j.q(ctx).QueryRow(ctx, sqlEnqueueConflict, inst.ID).Scan(&idTaken); err != nil {

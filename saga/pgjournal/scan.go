@@ -17,7 +17,7 @@ func instanceDest(i *saga.Instance) []any {
 		&i.CurrentStep, &i.TriggerEventID, &i.CorrelationID, &i.Context, &i.Attempt, &i.NextAttemptAt,
 		&i.TimeoutAt, &i.LastError, &i.LeaseID, &i.LeaseExpiresAt, &i.Version,
 		&i.AwaitingCorrelationID, &i.AwaitingUntil, &i.Reply, &i.CompensationReason,
-		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt,
+		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent,
 	}
 }
 

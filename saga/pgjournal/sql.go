@@ -12,7 +12,7 @@ const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_ver
 	i.current_step, i.trigger_event_id, i.correlation_id, i.context, i.attempt, i.next_attempt_at,
 	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
 	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
-	i.created_at, i.updated_at, i.completed_at`
+	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, '')`
 
 // stepCols are the saga_steps columns in scanStep's order (NULL throughout
 // when a LEFT JOIN found no step).
@@ -23,8 +23,8 @@ const eventCols = `e.instance_id, e.version, e.global_seq, e.kind, e.step, e.pay
 
 const sqlEnqueue = `
 INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, status, current_step,
-	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at)
-SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now
+	trigger_event_id, correlation_id, context, attempt, next_attempt_at, timeout_at, created_at, updated_at, traceparent)
+SELECT $1, $2, $3, $4, $5, 'RUNNING', 0, $6, $7, $8, 0, COALESCE($9, c.now), $10, c.now, c.now, NULLIF($12, '')
 FROM (SELECT COALESCE($11::timestamptz, clock_timestamp()) AS now) c
 ON CONFLICT DO NOTHING
 RETURNING true`

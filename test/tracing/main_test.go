@@ -1,0 +1,15 @@
+// Package tracing checks the relay's OpenTelemetry traces end to end: a
+// producer's traced transaction, the relay exporting over real OTLP/HTTP to
+// an in-process receiver, participants and consumers that continue the trace.
+package tracing
+
+import (
+	"os"
+	"testing"
+
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.Main(m))
+}
