@@ -171,6 +171,10 @@ func (s *Stream) setLeader(v bool) {
 func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	// What will not heal by retrying is fatal: check it every session, it
 	// costs one query.
+	major, err := checkPrimary(ctx, pool)
+	if err != nil {
+		return false, err
+	}
 	srv, err := inspectServer(ctx, pool)
 	if err != nil {
 		return false, err
@@ -223,8 +227,10 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	}
 
 	if slot == nil {
-		return s.createAndStream(ctx, pool, t)
+		return s.createAndStream(ctx, pool, t, major)
 	}
+	s.ensureFailover(ctx, pool, major)
+	s.warnFailover(ctx, pool, major)
 	start := slot.confirmedFlush
 	if !hasCkpt {
 		// The slot exists but nothing was ever checkpointed: it was created
@@ -262,13 +268,12 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 
 // createAndStream creates the slot with an exported snapshot, hands over the
 // outbox rows visible in it, then streams from the slot's consistent point.
-func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo) (bool, error) {
+func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, major int) (bool, error) {
 	repl, err := s.connectReplication(ctx)
 	if err != nil {
 		return false, err
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.cfg.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	res, err := s.createSlot(ctx, repl)
 	if err != nil {
 		s.closeConn(repl)
 		return false, fmt.Errorf("cdc: create replication slot %q: %w", s.cfg.Slot, err)
@@ -289,6 +294,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 		s.closeConn(repl)
 		return false, err
 	}
+	s.warnFailover(ctx, pool, major)
 	return s.replicate(ctx, pool, repl, t, at, 0)
 }
 

@@ -419,6 +419,7 @@ func replicationFunc(pool *pgxpool.Pool, slot string) httpapi.ReplicationFunc {
 		return httpapi.ReplicationStatus{
 			Slot: r.Slot, Exists: true, Active: r.Active, WALStatus: r.WALStatus, LagBytes: r.LagBytes,
 			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
+			Failover: r.Failover, SynchronizedStandbySlots: r.SynchronizedStandbySlots, FailoverReady: r.FailoverReady,
 		}, nil
 	}
 }

@@ -387,6 +387,8 @@ var (
 		"1 while a walsender streams from the relay's slot, else 0; read in the background with the counts (replicas that do not stream report it too).", []string{"slot"}, nil)
 	slotHealthyDesc = prometheus.NewDesc(namespace+"_replication_slot_healthy",
 		"1 while the slot exists and its WAL is not lost, else 0 (0 means events may have been skipped); read in the background with the counts.", []string{"slot"}, nil)
+	slotFailoverReadyDesc = prometheus.NewDesc(namespace+"_slot_failover_ready",
+		"1 while the slot would survive a promotion of a standby (PostgreSQL 17+: failover on, synchronized_standby_slots set, its standbys connected and synchronizing), else 0.", []string{"slot"}, nil)
 )
 
 // scrapeCollector serves the counted gauges from memory. The first scrape
@@ -400,6 +402,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- parkedDesc
 	ch <- slotActiveDesc
 	ch <- slotHealthyDesc
+	ch <- slotFailoverReadyDesc
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -426,6 +429,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if g.slotOK {
 		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b2f(g.slot.Active), g.slot.Slot)
 		ch <- prometheus.MustNewConstMetric(slotHealthyDesc, prometheus.GaugeValue, b2f(g.slot.Healthy()), g.slot.Slot)
+		ch <- prometheus.MustNewConstMetric(slotFailoverReadyDesc, prometheus.GaugeValue, b2f(g.slot.FailoverReady), g.slot.Slot)
 	}
 }
 

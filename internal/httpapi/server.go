@@ -327,9 +327,13 @@ func (s *Server) checkReady() readyResult {
 	fail := func(msg string) readyResult {
 		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"error": msg}}
 	}
-	if err := s.cfg.Pool.Ping(ctx); err != nil {
+	var standby bool
+	if err := s.cfg.Pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
 		s.log.Warn("readyz: database unreachable", "err", err)
 		return fail("database unreachable")
+	}
+	if standby {
+		return fail("connected to a standby (read-only): waiting for a primary; name every host of the cluster with target_session_attrs=read-write")
 	}
 	out := map[string]any{"status": "ok", "database": "ok"}
 	if s.cfg.Replication != nil {

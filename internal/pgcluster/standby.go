@@ -15,15 +15,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// StandbyOptions names a standby's physical slot on the primary and,
+// optionally, its port (zero picks a free one; a fixed port lets a client's
+// multi-host URL name a standby made after a failover).
+type StandbyOptions struct {
+	Slot string
+	Port int
+}
+
 // StartStandby makes a hot standby of c and starts it. The standby is a cold
 // copy of c's data folder (c is stopped for the copy and started again on
-// the same port), streaming from c through the physical slot slotName, with
+// the same port), streaming from c through the physical slot o.Slot, with
 // hot_standby_feedback on and, on PostgreSQL 17 and later,
 // sync_replication_slots on so that failover logical slots are synchronized.
-// On 17+ the primary also lists slotName in synchronized_standby_slots, so
+// On 17+ the primary also lists the slot in synchronized_standby_slots, so
 // that no logical consumer gets ahead of the standby. Replication slots of
 // the primary are not copied: the standby gets the synchronized ones only.
-func (c *Cluster) StartStandby(ctx context.Context, slotName string) (*Cluster, error) {
+func (c *Cluster) StartStandby(ctx context.Context, o StandbyOptions) (*Cluster, error) {
+	slotName := o.Slot
 	if c.Kind != KindLocal {
 		return nil, fmt.Errorf("pgcluster: a standby needs a local primary, this one is %s", c.Kind)
 	}
@@ -79,6 +88,19 @@ func (c *Cluster) StartStandby(ctx context.Context, slotName string) (*Cluster, 
 		return fail(fmt.Errorf("pgcluster: copy the data folder: %v\n%s", cpErr, out))
 	}
 	os.Remove(filepath.Join(s.DataDir, "postmaster.pid"))
+	// The primary's synchronized_standby_slots came along in
+	// postgresql.auto.conf; once this standby is promoted it has no standby
+	// of its own to wait for (until one is made, which sets it again).
+	auto := filepath.Join(s.DataDir, "postgresql.auto.conf")
+	if b, err := os.ReadFile(auto); err == nil {
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "synchronized_standby_slots") {
+				keep = append(keep, l)
+			}
+		}
+		os.WriteFile(auto, []byte(strings.Join(keep, "\n")), 0o600)
+	}
 	slots, _ := filepath.Glob(filepath.Join(s.DataDir, "pg_replslot", "*"))
 	for _, p := range slots {
 		os.RemoveAll(p)
@@ -95,13 +117,10 @@ func (c *Cluster) StartStandby(ctx context.Context, slotName string) (*Cluster, 
 		"hot_standby_feedback": "on",
 		"primary_slot_name":    slotName,
 		// dbname is what the slot synchronization worker connects to.
-		"primary_conninfo": fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s", c.Port, slotName),
+		"primary_conninfo": fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", c.Port),
 	}
 	if major >= 17 {
 		extra["sync_replication_slots"] = "on"
-		// The primary's list came along in postgresql.auto.conf; once this
-		// standby is promoted it has no standby of its own to wait for.
-		extra["synchronized_standby_slots"] = ""
 	}
 	opts := c.opts
 	opts.Settings = map[string]string{}
@@ -118,6 +137,9 @@ func (c *Cluster) StartStandby(ctx context.Context, slotName string) (*Cluster, 
 		port, err := freePort()
 		if err != nil {
 			return fail(err)
+		}
+		if o.Port != 0 {
+			port = o.Port
 		}
 		s.Port = port
 		s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)

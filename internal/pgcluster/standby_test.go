@@ -30,7 +30,7 @@ func testFailoverSlotSurvivesPromotion(t *testing.T, version int) {
 	if v, err := primary.Major(ctx); err != nil || v != version {
 		t.Fatalf("major = %d, %v; want %d", v, err, version)
 	}
-	standby, err := primary.StartStandby(ctx, "standby1")
+	standby, err := primary.StartStandby(ctx, StandbyOptions{Slot: "standby1"})
 	if err != nil {
 		t.Fatal(err)
 	}
