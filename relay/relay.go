@@ -89,6 +89,9 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("sinks: %w", err)
 		}
 	}
+	if err := WaitForPrimary(ctx, cfg.DatabaseURL, cfg.Logger); err != nil {
+		return nil, err
+	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
 	pool, err := dbconn.OpenPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))

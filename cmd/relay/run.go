@@ -83,6 +83,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 // stop exits at once.
 func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) error {
 	log := cfg.Logger
+	if err := relay.WaitForPrimary(ctx, cfg.DatabaseURL, log); err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
 	reg, err := registryForURL(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return exitError{code: 2, msg: err.Error()}

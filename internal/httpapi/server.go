@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -330,6 +331,10 @@ func (s *Server) checkReady() readyResult {
 	var standby bool
 	if err := s.cfg.Pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
 		s.log.Warn("readyz: database unreachable", "err", err)
+		if strings.Contains(err.Error(), "read only connection") {
+			// target_session_attrs=read-write found only standbys.
+			return fail("no primary: every reachable host of the database URL is a standby (read-only); waiting for a promotion")
+		}
 		return fail("database unreachable")
 	}
 	if standby {

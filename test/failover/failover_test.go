@@ -134,12 +134,17 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 		time.Sleep(time.Duration(1500+round*97%1000) * time.Millisecond)
 		replayedBefore := scrape(t, p.Addr, "compensa_batches_replayed_total")
 		t.Logf("round %d: kill -9 the primary (port %d), promote the standby (port %d)", round+1, primary.Port, standby.Port)
-		killed := time.Now()
 		oldPort := primary.Port
 		primary.Kill()
+		if round == 0 {
+			// Between the failure and the promotion only a standby is
+			// left: the relay waits, and /readyz says why.
+			waitReadyz(t, p, `standby \(read-only\)`)
+		}
 		if err := standby.Promote(ctx); err != nil {
 			t.Fatal(err)
 		}
+		promotedAt := time.Now()
 		promoted := standby
 		// An event written on the new primary after the promotion: the
 		// relay has resumed when its saga has started.
@@ -155,9 +160,9 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		resume := time.Since(killed)
+		resume := time.Since(promotedAt)
 		figures = append(figures, figure{resume: resume, replayed: scrape(t, p.Addr, "compensa_batches_replayed_total") - replayedBefore})
-		t.Logf("round %d: resumed %s after the kill", round+1, resume.Round(time.Millisecond))
+		t.Logf("round %d: resumed %s after the promotion", round+1, resume.Round(time.Millisecond))
 		primary.Stop()
 		primary = promoted
 		if round+1 < promotions {
@@ -265,7 +270,7 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 		replayed += f.replayed
 	}
 	slices.Sort(resumes)
-	t.Logf("FIGURES pg%d: %d promotions; time to resume median %s, max %s; batches replayed %d; NATS deliveries %d for %d rows (%d again, deduplicated by id); triggers %d; lost = %d; doubled starts = %d",
+	t.Logf("FIGURES pg%d: %d promotions; time to resume after the promotion median %s, max %s; batches replayed %d; NATS deliveries %d for %d rows (%d again, deduplicated by id); triggers %d; lost = %d; doubled starts = %d",
 		version, promotions, resumes[len(resumes)/2].Round(time.Millisecond), resumes[len(resumes)-1].Round(time.Millisecond),
 		replayed, deliveries, len(want), deliveries-len(got), triggers, 0, doubled)
 }
@@ -490,4 +495,143 @@ func tail(s string) string {
 		s = s[len(s)-6000:]
 	}
 	return s
+}
+
+// TestExistingSlotGetsFailover: a slot created without failover (by an
+// earlier release) on PostgreSQL 17 has failover on after the relay starts.
+func TestExistingSlotGetsFailover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop() })
+	setupDatabase(t, ctx, c)
+	conn, err := pgx.Connect(ctx, c.DSN("app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	const slot = "relay_old"
+	if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	failover := func() bool {
+		var on bool
+		if err := conn.QueryRow(ctx, `SELECT failover FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&on); err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	if failover() {
+		t.Fatal("the slot has failover on before the relay started")
+	}
+	p := relaytest.Start(t, nil, "--database-url", c.DSN("app"), "--slot", slot, "--publication", "relay_old_pub",
+		"--status-interval", "200ms", "--heartbeat-interval", "500ms")
+	deadline := time.Now().Add(60 * time.Second)
+	for !failover() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot has failover off 60 s after the relay started\n%s", tail(p.Output()))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ev := writeBrief(t, ctx, c.DSN("app"))
+	for !sagaStarted(ctx, c.DSN("app"), ev) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay does not stream after turning failover on\n%s", tail(p.Output()))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.Stop(30 * time.Second)
+}
+
+// TestStartOnStandbyWaits: a relay started with a URL that leads to a
+// standby does not stream from it and does not exit: it waits, and once the
+// standby is promoted it starts and streams.
+func TestStartOnStandbyWaits(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	primary, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { primary.Stop() })
+	setupDatabase(t, ctx, primary)
+	standby, err := primary.StartStandby(ctx, pgcluster.StandbyOptions{Slot: "standby0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Stop() })
+	ev := writeBrief(t, ctx, primary.DSN("app"))
+	waitReplayed(t, ctx, standby, ev)
+	primary.Kill()
+	promoted := make(chan error, 1)
+	go func() {
+		time.Sleep(8 * time.Second)
+		promoted <- standby.Promote(ctx)
+	}()
+	began := time.Now()
+	p := relaytest.Start(t, nil, "--database-url", standby.DSN("app"), "--slot", "relay_wait", "--publication", "relay_wait_pub",
+		"--status-interval", "200ms", "--heartbeat-interval", "500ms")
+	if err := <-promoted; err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(began) < 7*time.Second {
+		t.Fatalf("the relay served /healthz before the standby was promoted\n%s", tail(p.Output()))
+	}
+	if !regexp.MustCompile(`level=WARN msg="connected to a standby \(read-only\): waiting for a primary`).MatchString(p.Output()) {
+		t.Errorf("no warning that the relay waits for a primary:\n%s", tail(p.Output()))
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for !sagaStarted(ctx, standby.DSN("app"), ev) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay did not stream from the promoted standby\n%s", tail(p.Output()))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.Stop(30 * time.Second)
+}
+
+// waitReplayed waits until the standby has the event's row.
+func waitReplayed(t *testing.T, ctx context.Context, standby *pgcluster.Cluster, ev uuid.UUID) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		conn, err := pgx.Connect(ctx, standby.DSN("app"))
+		if err == nil {
+			var n int
+			conn.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id = $1`, ev).Scan(&n)
+			conn.Close(ctx)
+			if n == 1 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not replay the row within 60 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitReadyz waits until /readyz answers 503 with a body matching reason.
+func waitReadyz(t *testing.T, p *relaytest.Process, reason string) {
+	t.Helper()
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + p.Addr + "/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			if resp.StatusCode == 503 && regexp.MustCompile(reason).MatchString(body) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz does not say %q: %s\n%s", reason, body, tail(p.Output()))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
