@@ -34,6 +34,7 @@ type Stream struct {
 	flushed    atomic.Uint64 // LSN last reported as flushed
 	serverLSN  atomic.Uint64 // newest server WAL position seen
 	lastCommit atomic.Int64  // unix nanoseconds, source commit time
+	resyncs    atomic.Uint64 // slots re-created with a resync from the outbox
 }
 
 // NewStream checks cfg and returns a stream that hands batches to sink.
@@ -210,6 +211,13 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		}
 	}
 	switch {
+	case slot != nil && slot.lost() && s.cfg.OnSlotLost == SlotLostResync:
+		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
+			return false, fmt.Errorf("cdc: drop invalidated slot %q: %w", s.cfg.Slot, err)
+		}
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+	case slot == nil && hasCkpt && s.cfg.OnSlotLost == SlotLostResync:
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
 	case slot != nil && slot.lost():
 		if !s.cfg.RecreateSlot {
 			return false, slotLostError(s.cfg.Slot, slot, ckpt, hasCkpt)
@@ -239,7 +247,7 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		// rows committed before the slot are in it, later ones come through
 		// the slot too, and the unique indexes absorb the overlap.
 		s.log.Info("slot exists without a checkpoint: reading the outbox table before streaming", "confirmed_flush", start.String())
-		if err := s.readSnapshot(ctx, pool, t, "", start); err != nil {
+		if err := s.readSnapshot(ctx, pool, t, "", start, time.Time{}); err != nil {
 			return false, err
 		}
 	} else {
@@ -286,7 +294,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 	s.log.Info("created replication slot; reading the rows committed before it", "consistent_point", at.String(), "snapshot", res.SnapshotName)
 	// The exported snapshot lives until the next command on repl: read it
 	// before starting replication on the same connection.
-	if err := s.readSnapshot(ctx, pool, t, res.SnapshotName, at); err != nil {
+	if err := s.readSnapshot(ctx, pool, t, res.SnapshotName, at, time.Time{}); err != nil {
 		s.closeConn(repl)
 		return false, err
 	}

@@ -159,6 +159,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		DatabaseURL: cfg.DatabaseURL, Slot: cfg.Slot, Publication: cfg.Publication,
 		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
+		OnSlotLost: cfg.OnSlotLost, ResyncMargin: cfg.ResyncMargin,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
 			if r.fanout != nil {
 				// A new stream session: another replica may have parked.
@@ -212,6 +213,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 			l := r.stream.Lag()
 			return int64(l.Bytes), l.Seconds
 		}
+		sources.Resyncs = r.stream.Resyncs
 		monCfg.Replication = replicationFunc(r.monPool, cfg.Slot)
 	}
 	r.metrics.SetSources(sources)

@@ -50,6 +50,12 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			if cfg.HTTPAddr != "" && !cfg.HTTPInsecure && cfg.APIToken == "" && cfg.APITokensFile == "" && !httpapi.IsLoopback(cfg.HTTPAddr) {
 				return exitError{code: 2, msg: fmt.Sprintf("--http-addr %s is not a loopback address and no token is configured: anyone who can reach it could read every saga's state; pass --api-token (or RELAY_API_TOKEN) or --api-tokens FILE, or --http-insecure to accept that", cfg.HTTPAddr)}
 			}
+			if cfg.OnSlotLost != "stop" && cfg.OnSlotLost != "resync" {
+				return exitError{code: 2, msg: fmt.Sprintf("--on-slot-lost %q: want stop or resync", cfg.OnSlotLost)}
+			}
+			if cfg.ResyncMargin <= 0 {
+				return exitError{code: 2, msg: fmt.Sprintf("--resync-margin %s: give a positive duration such as 10m, longer than the longest producer transaction", cfg.ResyncMargin)}
+			}
 			if cfg.SessionTTL <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
@@ -62,6 +68,8 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
+	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin) (env RELAY_ON_SLOT_LOST)")
+	f.DurationVar(&cfg.ResyncMargin, "resync-margin", 10*time.Minute, "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
 	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")

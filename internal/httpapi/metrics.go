@@ -28,6 +28,9 @@ type Sources struct {
 	// behind the server's WAL, and the age in seconds of the newest commit
 	// or heartbeat processed.
 	Lag func() (bytes int64, seconds float64)
+	// Resyncs returns how many lost slots the stream replaced with a resync
+	// from the outbox table.
+	Resyncs func() uint64
 }
 
 // CorrelatorStats mirrors correlator.Stats field for field, so that one
@@ -201,6 +204,16 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		eventsOutcome("reply", func(s CorrelatorStats) uint64 { return s.OutcomeReply }),
 		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
 		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
+		counterFunc("slot_resyncs_total", "Lost replication slots replaced by a new one after re-reading the outbox rows since the last checkpoint minus the margin (--on-slot-lost=resync).",
+			func() float64 {
+				m.mu.RLock()
+				src := m.sources.Resyncs
+				m.mu.RUnlock()
+				if src == nil {
+					return 0
+				}
+				return float64(src())
+			}),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),
 		gaugeFunc("replication_lag_seconds", "Age of the newest source commit or heartbeat the relay has processed.",
