@@ -205,6 +205,17 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
+	if r.sinks != nil {
+		monCfg.ReplaySink = func(ctx context.Context, name string, req sink.ReplayRequest) (sink.ReplayResult, error) {
+			for _, d := range r.sinks {
+				if d.Spec.Name == name {
+					req.Table, req.Columns = table, cols
+					return sink.Replay(ctx, r.pool, d, req)
+				}
+			}
+			return sink.ReplayResult{Sink: name}, sink.ErrUnknownSink
+		}
+	}
 	if cfg.OutboxColumns == "" {
 		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
 	}

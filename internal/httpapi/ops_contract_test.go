@@ -338,6 +338,11 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("sink retry as a tenant-scoped token: %d, want 403", r.status)
 			}
 		},
+		"POST /v1/sinks/{name}/replay": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/any/replay", `{"since": "2026-01-01T00:00:00Z"}`); r.status != http.StatusForbidden {
+				t.Errorf("sink replay as a tenant-scoped token: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -407,8 +412,9 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"GET /v1/openapi.json":       {{"/v1/openapi.json", ""}},
 		"POST /v1/events": {{"/v1/events", `{"event_type": "openapi.probe", "payload": {"n": 1}}`},
 			{"/v1/events", `{"id": "` + s.a.trigger.String() + `", "event_type": "openapi.probe"}`}, {"/v1/events", `{"bogus": 1}`}},
-		"GET /v1/sinks":               {{"/v1/sinks", ""}},
-		"POST /v1/sinks/{name}/retry": {{"/v1/sinks/nope/retry", ""}},
+		"GET /v1/sinks":                {{"/v1/sinks", ""}},
+		"POST /v1/sinks/{name}/retry":  {{"/v1/sinks/nope/retry", ""}},
+		"POST /v1/sinks/{name}/replay": {{"/v1/sinks/nope/replay", `{"since": "2026-01-01T00:00:00Z", "dry_run": true}`}, {"/v1/sinks/nope/replay", `{}`}},
 	}
 	for _, rt := range s.srv.Routes() {
 		reqs, ok := requests[rt.Method+" "+rt.Path]

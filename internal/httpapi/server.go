@@ -17,6 +17,7 @@ import (
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/sink"
 )
 
 // Config configures the monitor. Pool is required; the rest is optional.
@@ -57,6 +58,9 @@ type Config struct {
 	// that the step runners pick the instance up now instead of at their
 	// next poll (the correlator wakes them the same way).
 	Wake func()
+	// ReplaySink carries out POST /v1/sinks/{name}/replay with the relay's
+	// own sinks (sink.Replay); nil answers 503.
+	ReplaySink func(ctx context.Context, name string, req sink.ReplayRequest) (sink.ReplayResult, error)
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).
@@ -195,6 +199,7 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodPost, "/v1/events", s.postEvent},
 		{http.MethodGet, "/v1/sinks", s.listSinks},
 		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
+		{http.MethodPost, "/v1/sinks/{name}/replay", s.replaySink},
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -91,10 +92,11 @@ func TestSinksReplay(t *testing.T) {
     webhook: { url: "http://%s/events", secret_env: REPLAY_SECRET, timeout: 5s }
 `, ln.Addr())), 0o600)
 	env := []string{"REPLAY_SECRET=whsec_" + base64.StdEncoding.EncodeToString([]byte("replay-test-secret-0123456789"))}
-	p := relaytest.Start(t, env, relayArgs(db, "--sinks", file)...)
+	const apiToken = "5f0c9a1e7b3d4c2a8e6f1b0d9c7a5e3f2b4d6c8a0e1f3b5d7c9a2e4f6b8d0c1a"
+	p := relaytest.Start(t, env, relayArgs(db, "--sinks", file, "--api-token", apiToken)...)
 
 	// The window: 10,000 rows over 40 aggregates, in 20 transactions.
-	var window []string
+	var rows []string
 	aggOf := map[string]int{}
 	since := time.Now().Add(-time.Second)
 	for tx := range 20 {
@@ -104,7 +106,7 @@ func TestSinksReplay(t *testing.T) {
 			a := (tx*500 + i) % 40
 			msgs = append(msgs, outbox.Message{ID: id, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", a),
 				EventType: "replay.event", Payload: map[string]int{"n": tx*500 + i}})
-			window = append(window, id.String())
+			rows = append(rows, id.String())
 			aggOf[id.String()] = a
 		}
 		writeMsgs(t, db.Pool, msgs...)
@@ -116,7 +118,7 @@ func TestSinksReplay(t *testing.T) {
 	until := time.Now()
 	waitFor(t, 3*time.Minute, "the live delivery of the window", func() bool {
 		_, n := rec.snapshot()
-		for _, id := range window {
+		for _, id := range rows {
 			if n[id] == 0 {
 				return false
 			}
@@ -130,7 +132,27 @@ func TestSinksReplay(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "sink hook: 10000 rows found (dry run") {
 		t.Fatalf("dry run: exit %d\n%s", code, out)
 	}
-	if _, n := rec.snapshot(); len(n) != len(window)+1 {
+	// The same through the API (operate role, a token for every tenant).
+	post := func(path, body string) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+p.Addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	filter := fmt.Sprintf(`"since": %q, "until": %q, "aggregate_type": "order", "event_type": "replay.*"`, since.UTC().Format(time.RFC3339Nano), until.UTC().Format(time.RFC3339Nano))
+	if code, body := post("/v1/sinks/hook/replay", "{"+filter+`, "dry_run": true}`); code != 200 || !strings.Contains(body, `"found": 10000`) || !strings.Contains(body, `"delivered": 0`) {
+		t.Fatalf("POST /v1/sinks/hook/replay dry run: %d %s", code, body)
+	}
+	if code, body := post("/v1/sinks/nope/replay", "{"+filter+"}"); code != 404 {
+		t.Fatalf("POST /v1/sinks/nope/replay: %d %s, want 404", code, body)
+	}
+	if _, n := rec.snapshot(); len(n) != len(rows)+1 {
 		t.Fatalf("the dry run delivered something")
 	}
 
@@ -176,7 +198,7 @@ func TestSinksReplay(t *testing.T) {
 		return true
 	})
 	after, n := rec.snapshot()
-	for _, id := range window {
+	for _, id := range rows {
 		if n[id] < 2 {
 			t.Fatalf("row %s of the window was not replayed (%d deliveries)", id, n[id])
 		}
@@ -195,7 +217,7 @@ func TestSinksReplay(t *testing.T) {
 		}
 	}
 	last := map[int]int{}
-	for _, id := range window {
+	for _, id := range rows {
 		a := aggOf[id]
 		if prev, ok := last[a]; ok && pos[id] < prev {
 			t.Fatalf("aggregate o-%d: row %s replayed before a row created earlier", a, id)
