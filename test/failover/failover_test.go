@@ -28,6 +28,7 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
@@ -44,6 +45,13 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	code := m.Run()
 	relaytest.Cleanup()
+	if code == 0 {
+		// pgx's pool health checker may still be winding down after Close.
+		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
