@@ -36,30 +36,9 @@ func (c *Cluster) StartStandby(ctx context.Context, o StandbyOptions) (*Cluster,
 	if c.Kind != KindLocal {
 		return nil, fmt.Errorf("pgcluster: a standby needs a local primary, this one is %s", c.Kind)
 	}
-	major, err := c.Major(ctx)
+	major, err := c.prepareStandbySlot(ctx, slotName)
 	if err != nil {
 		return nil, err
-	}
-	conn, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		return nil, err
-	}
-	_, err = conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName)
-	if err == nil && major >= 17 {
-		var cur string
-		if err = conn.QueryRow(ctx, "SELECT current_setting('synchronized_standby_slots')").Scan(&cur); err == nil {
-			list := slotName
-			if strings.TrimSpace(cur) != "" {
-				list = cur + "," + slotName
-			}
-			if _, err = conn.Exec(ctx, "ALTER SYSTEM SET synchronized_standby_slots = "+quoteLiteral(list)); err == nil {
-				_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
-			}
-		}
-	}
-	conn.Close(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("pgcluster: prepare the primary for a standby: %w", err)
 	}
 
 	dir, err := os.MkdirTemp("", "compensa-pg-standby-")
@@ -88,50 +67,13 @@ func (c *Cluster) StartStandby(ctx context.Context, o StandbyOptions) (*Cluster,
 		return fail(fmt.Errorf("pgcluster: copy the data folder: %v\n%s", cpErr, out))
 	}
 	os.Remove(filepath.Join(s.DataDir, "postmaster.pid"))
-	// The primary's synchronized_standby_slots came along in
-	// postgresql.auto.conf; once this standby is promoted it has no standby
-	// of its own to wait for (until one is made, which sets it again).
-	auto := filepath.Join(s.DataDir, "postgresql.auto.conf")
-	if b, err := os.ReadFile(auto); err == nil {
-		var keep []string
-		for _, l := range strings.Split(string(b), "\n") {
-			if !strings.HasPrefix(strings.TrimSpace(l), "synchronized_standby_slots") {
-				keep = append(keep, l)
-			}
-		}
-		os.WriteFile(auto, []byte(strings.Join(keep, "\n")), 0o600)
-	}
 	slots, _ := filepath.Glob(filepath.Join(s.DataDir, "pg_replslot", "*"))
 	for _, p := range slots {
 		os.RemoveAll(p)
 	}
-	signal := filepath.Join(s.DataDir, "standby.signal")
-	if err := os.WriteFile(signal, nil, 0o600); err != nil {
+	if err := s.configureStandby(c, slotName, major); err != nil {
 		return fail(err)
 	}
-	if s.cred != nil {
-		os.Chown(signal, int(s.cred.Uid), int(s.cred.Gid))
-	}
-	extra := map[string]string{
-		"hot_standby":          "on",
-		"hot_standby_feedback": "on",
-		"primary_slot_name":    slotName,
-		// dbname is what the slot synchronization worker connects to.
-		"primary_conninfo": fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", c.Port),
-	}
-	if major >= 17 {
-		extra["sync_replication_slots"] = "on"
-	}
-	opts := c.opts
-	opts.Settings = map[string]string{}
-	for k, v := range c.opts.Settings {
-		opts.Settings[k] = v
-	}
-	for k, v := range extra {
-		opts.Settings[k] = v
-	}
-	s.opts = opts
-	s.settings = append(baseSettings(opts), "-c", "unix_socket_directories="+dir)
 	var lastErr error
 	for try := 0; try < 5; try++ {
 		port, err := freePort()
@@ -143,7 +85,7 @@ func (c *Cluster) StartStandby(ctx context.Context, o StandbyOptions) (*Cluster,
 		}
 		s.Port = port
 		s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-		if lastErr = s.launch(opts.Log); lastErr != nil {
+		if lastErr = s.launch(s.opts.Log); lastErr != nil {
 			continue
 		}
 		if lastErr = s.waitReady(ctx, 60*time.Second); lastErr == nil {
@@ -211,4 +153,121 @@ func MultiHostURL(database string, servers ...*Cluster) string {
 
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// prepareStandbySlot creates the physical slot a standby streams through
+// and, on 17+, adds it to synchronized_standby_slots. It returns the major
+// version.
+func (c *Cluster) prepareStandbySlot(ctx context.Context, slotName string) (int, error) {
+	major, err := c.Major(ctx)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slotName)
+	if err == nil && major >= 17 {
+		var cur string
+		if err = conn.QueryRow(ctx, "SELECT current_setting('synchronized_standby_slots')").Scan(&cur); err == nil {
+			list := slotName
+			if strings.TrimSpace(cur) != "" {
+				list = cur + "," + slotName
+			}
+			if _, err = conn.Exec(ctx, "ALTER SYSTEM SET synchronized_standby_slots = "+quoteLiteral(list)); err == nil {
+				_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
+			}
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pgcluster: prepare the primary for a standby: %w", err)
+	}
+	return major, nil
+}
+
+// configureStandby writes standby.signal into s's data folder and sets its
+// server settings to stream from primary through slotName.
+func (s *Cluster) configureStandby(primary *Cluster, slotName string, major int) error {
+	// The primary's synchronized_standby_slots may be in
+	// postgresql.auto.conf; once this standby is promoted it has no standby
+	// of its own to wait for (until one is made, which sets it again).
+	auto := filepath.Join(s.DataDir, "postgresql.auto.conf")
+	if b, err := os.ReadFile(auto); err == nil {
+		var keep []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "synchronized_standby_slots") {
+				keep = append(keep, l)
+			}
+		}
+		os.WriteFile(auto, []byte(strings.Join(keep, "\n")), 0o600)
+	}
+	signal := filepath.Join(s.DataDir, "standby.signal")
+	if err := os.WriteFile(signal, nil, 0o600); err != nil {
+		return err
+	}
+	if s.cred != nil {
+		os.Chown(signal, int(s.cred.Uid), int(s.cred.Gid))
+	}
+	extra := map[string]string{
+		"hot_standby":          "on",
+		"hot_standby_feedback": "on",
+		"primary_slot_name":    slotName,
+		// dbname is what the slot synchronization worker connects to.
+		"primary_conninfo": fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres", primary.Port),
+	}
+	if major >= 17 {
+		extra["sync_replication_slots"] = "on"
+	}
+	opts := primary.opts
+	opts.Settings = map[string]string{}
+	for k, v := range primary.opts.Settings {
+		opts.Settings[k] = v
+	}
+	for k, v := range extra {
+		opts.Settings[k] = v
+	}
+	s.opts = opts
+	s.settings = append(baseSettings(opts), "-c", "unix_socket_directories="+s.dir)
+	return nil
+}
+
+// Shutdown stops the server cleanly (a fast shutdown: connected standbys
+// receive the WAL up to the shutdown checkpoint), keeping its files, as for
+// a planned switchover.
+func (c *Cluster) Shutdown() { c.kill(syscall.SIGINT) }
+
+// Rejoin starts c again, after a clean Shutdown, as a hot standby of
+// primary (which was c's standby and has been promoted), streaming through
+// the physical slot slotName that it creates on primary: the old primary
+// of a planned switchover. Logical slots c still holds from its time as
+// primary are dropped, so that the synchronized ones replace them.
+func (c *Cluster) Rejoin(ctx context.Context, primary *Cluster, slotName string) error {
+	major, err := primary.prepareStandbySlot(ctx, slotName)
+	if err != nil {
+		return err
+	}
+	if err := c.configureStandby(primary, slotName, major); err != nil {
+		return err
+	}
+	if err := c.launch(c.opts.Log); err != nil {
+		return err
+	}
+	if err := c.waitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, c.URL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	q := "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_type = 'logical'"
+	if major >= 17 {
+		q += " AND NOT synced"
+	}
+	if _, err := conn.Exec(ctx, q); err != nil {
+		return fmt.Errorf("pgcluster: drop the old logical slots: %w", err)
+	}
+	return nil
 }

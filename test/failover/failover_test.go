@@ -187,81 +187,7 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 	prod.stop()
 	t.Logf("producers: %d transactions committed, %d failed (during the failovers)", prod.ok.Load(), prod.failed.Load())
 
-	app, err := pgx.Connect(ctx, primary.DSN("app"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close(ctx)
-	n := func(sql string) int {
-		var v int
-		if err := app.QueryRow(ctx, sql).Scan(&v); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return v
-	}
-	triggers := n(`SELECT count(*) FROM outbox WHERE event_type = 'research_brief.created'`)
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		open := n(`SELECT count(*) FROM outbox o WHERE o.event_type = 'research_brief.created'
-			AND NOT EXISTS (SELECT 1 FROM saga_instances i WHERE i.trigger_event_id = o.id AND i.status = 'COMPLETED')`)
-		if open == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			var states string
-			app.QueryRow(ctx, `SELECT coalesce(string_agg(st || ' step ' || step || ': ' || n, '; '), '') FROM (
-				SELECT coalesce(i.status::text, 'no instance') AS st, coalesce(i.current_step::text, '-') AS step, count(*) AS n
-				FROM outbox o LEFT JOIN saga_instances i ON i.trigger_event_id = o.id
-				WHERE o.event_type = 'research_brief.created' AND i.status IS DISTINCT FROM 'COMPLETED'
-				GROUP BY 1, 2) x`).Scan(&states)
-			t.Fatalf("%d of %d trigger rows have no completed saga 3 minutes after the load stopped: %s\n%s", open, triggers, states, tail(p.Output()))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	doubled := n(`SELECT count(*) FROM (SELECT 1 FROM saga_instances GROUP BY trigger_event_id, saga_name HAVING count(*) > 1) d`)
-	orphans := n(`SELECT count(*) FROM saga_instances i WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = i.trigger_event_id)`)
-	if doubled != 0 {
-		t.Errorf("%d trigger rows started more than one saga", doubled)
-	}
-	// A saga whose trigger row is not on the new primary would be an event
-	// read from WAL that the standby never had.
-	if orphans != 0 {
-		t.Errorf("%d sagas were started by events missing on the new primary", orphans)
-	}
-
-	var want []string
-	rows, err := app.Query(ctx, `SELECT id::text FROM outbox ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id string
-		rows.Scan(&id)
-		want = append(want, id)
-	}
-	rows.Close()
-	var got map[string]int
-	deadline = time.Now().Add(3 * time.Minute)
-	for {
-		got = natsIDs(t, ns.ClientURL())
-		missing := 0
-		for _, id := range want {
-			if got[id] == 0 {
-				missing++
-			}
-		}
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d outbox rows on the new primary are not in the NATS stream\n%s", missing, len(want), tail(p.Output()))
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
-	deliveries := 0
-	for _, c := range got {
-		deliveries += c
-	}
+	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, primary, ns.ClientURL(), p)
 	// The last primary has no standby: the relay says so when it resumes.
 	lag := lagJSON(t, url, slot)
 	if lag["failover"] != true || lag["failover_ready"] != false {
@@ -280,7 +206,89 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 	slices.Sort(resumes)
 	t.Logf("FIGURES pg%d: %d promotions; time to resume after the promotion median %s, max %s; batches replayed %d; NATS deliveries %d for %d rows (%d again, deduplicated by id); triggers %d; lost = %d; doubled starts = %d",
 		version, promotions, resumes[len(resumes)/2].Round(time.Millisecond), resumes[len(resumes)-1].Round(time.Millisecond),
-		replayed, deliveries, len(want), deliveries-len(got), triggers, 0, doubled)
+		replayed, deliveries, rows, deliveries-distinct, triggers, 0, doubled)
+}
+
+// verify checks, on primary once the load has stopped: every trigger row
+// started exactly one saga, which completed; no saga was started by an
+// event missing there; every outbox row is in the NATS stream.
+func verify(t *testing.T, ctx context.Context, primary *pgcluster.Cluster, natsURL string, p *relaytest.Process) (triggers, rows, deliveries, distinct, doubled int) {
+	t.Helper()
+	app, err := pgx.Connect(ctx, primary.DSN("app"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close(ctx)
+	n := func(sql string) int {
+		var v int
+		if err := app.QueryRow(ctx, sql).Scan(&v); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return v
+	}
+	triggers = n(`SELECT count(*) FROM outbox WHERE event_type = 'research_brief.created'`)
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		open := n(`SELECT count(*) FROM outbox o WHERE o.event_type = 'research_brief.created'
+			AND NOT EXISTS (SELECT 1 FROM saga_instances i WHERE i.trigger_event_id = o.id AND i.status = 'COMPLETED')`)
+		if open == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var states string
+			app.QueryRow(ctx, `SELECT coalesce(string_agg(st || ' step ' || step || ': ' || n, '; '), '') FROM (
+				SELECT coalesce(i.status::text, 'no instance') AS st, coalesce(i.current_step::text, '-') AS step, count(*) AS n
+				FROM outbox o LEFT JOIN saga_instances i ON i.trigger_event_id = o.id
+				WHERE o.event_type = 'research_brief.created' AND i.status IS DISTINCT FROM 'COMPLETED'
+				GROUP BY 1, 2) x`).Scan(&states)
+			t.Fatalf("%d of %d trigger rows have no completed saga 3 minutes after the load stopped: %s\n%s", open, triggers, states, tail(p.Output()))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	doubled = n(`SELECT count(*) FROM (SELECT 1 FROM saga_instances GROUP BY trigger_event_id, saga_name HAVING count(*) > 1) d`)
+	orphans := n(`SELECT count(*) FROM saga_instances i WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = i.trigger_event_id)`)
+	if doubled != 0 {
+		t.Errorf("%d trigger rows started more than one saga", doubled)
+	}
+	// A saga whose trigger row is not on the new primary would be an event
+	// read from WAL that the standby never had.
+	if orphans != 0 {
+		t.Errorf("%d sagas were started by events missing on the new primary", orphans)
+	}
+
+	var want []string
+	ids, err := app.Query(ctx, `SELECT id::text FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ids.Next() {
+		var id string
+		ids.Scan(&id)
+		want = append(want, id)
+	}
+	ids.Close()
+	var got map[string]int
+	deadline = time.Now().Add(3 * time.Minute)
+	for {
+		got = natsIDs(t, natsURL)
+		missing := 0
+		for _, id := range want {
+			if got[id] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d outbox rows on the new primary are not in the NATS stream\n%s", missing, len(want), tail(p.Output()))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	for _, c := range got {
+		deliveries += c
+	}
+	return triggers, len(want), deliveries, len(got), doubled
 }
 
 // setupDatabase creates the application database with the relay's and the
@@ -642,4 +650,80 @@ func waitReadyz(t *testing.T, p *relaytest.Process, reason string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestPlannedSwitchover: sagas and a NATS sink under load; the primary is
+// shut down cleanly and the standby promoted, the old primary rejoins as a
+// standby of the new one, and then the same back. The relay follows both
+// switches with no operator action, and nothing is lost or started twice.
+func TestPlannedSwitchover(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	a, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop() })
+	setupDatabase(t, ctx, a)
+	b, err := a.StartStandby(ctx, pgcluster.StandbyOptions{Slot: "standby_b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Stop() })
+	url := pgcluster.MultiHostURL("app", a, b)
+	ns := startNATS(t)
+	file := filepath.Join(t.TempDir(), "sinks.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
+  - name: bus
+    nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 2s }
+`, ns.ClientURL())), 0o600)
+	const slot = "relay_switch"
+	p := relaytest.Start(t, nil, "--database-url", url, "--slot", slot, "--publication", "relay_switch_pub",
+		"--status-interval", "200ms", "--heartbeat-interval", "500ms", "--workers", "4", "--sinks", file)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	prod := &producer{pool: pool}
+	prod.start(2)
+	defer prod.stop()
+
+	switchover := func(from, to *cluster, standbySlot string) {
+		t.Helper()
+		waitSynced(t, ctx, to.c, slot)
+		time.Sleep(1500 * time.Millisecond)
+		t.Logf("switchover: shut down %s (port %d), promote %s (port %d)", from.name, from.c.Port, to.name, to.c.Port)
+		from.c.Shutdown()
+		if err := to.c.Promote(ctx); err != nil {
+			t.Fatal(err)
+		}
+		promotedAt := time.Now()
+		probe := writeBrief(t, ctx, to.c.DSN("app"))
+		deadline := time.Now().Add(2 * time.Minute)
+		for !sagaStarted(ctx, to.c.DSN("app"), probe) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the relay did not resume on %s within 2 minutes\n%s", to.name, tail(p.Output()))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Logf("switchover to %s: resumed %s after the promotion", to.name, time.Since(promotedAt).Round(time.Millisecond))
+		if err := from.c.Rejoin(ctx, to.c, standbySlot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ca, cb := &cluster{"a", a}, &cluster{"b", b}
+	switchover(ca, cb, "standby_a")
+	switchover(cb, ca, "standby_b2")
+	time.Sleep(time.Second)
+	prod.stop()
+	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, a, ns.ClientURL(), p)
+	p.Stop(60 * time.Second)
+	t.Logf("FIGURES switchover pg17: 2 switchovers; triggers %d; rows %d; NATS deliveries %d (%d again); lost = 0; doubled starts = %d",
+		triggers, rows, deliveries, deliveries-distinct, doubled)
+}
+
+type cluster struct {
+	name string
+	c    *pgcluster.Cluster
 }
