@@ -84,8 +84,8 @@ func Preflight(ctx context.Context, q Querier, cfg Config) error {
 			return err
 		}
 	}
-	if cfg.RecreateSlot {
-		return nil
+	if cfg.RecreateSlot || cfg.OnSlotLost == SlotLostResync {
+		return nil // Run re-creates a lost slot
 	}
 	if slot != nil && slot.lost() {
 		return slotLostError(cfg.Slot, slot, 0, false)

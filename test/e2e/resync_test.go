@@ -128,6 +128,23 @@ func TestResyncAfterSlotLost(t *testing.T) {
 		deliveries += c
 	}
 	p.Stop(30 * time.Second)
+
+	// A relay started while its slot is gone: it resyncs at start too.
+	db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
+	var late []uuid.UUID
+	for range 20 {
+		late = append(late, createBrief(t, db, "written while no relay and no slot", true))
+	}
+	p = relaytest.Start(t, nil, relayArgs(db, "--sinks", file, "--on-slot-lost", "resync", "--resync-margin", "1m")...)
+	waitFor(t, time.Minute, "the sagas of the rows written while the slot was gone", func() bool {
+		for _, ev := range late {
+			if instancesFor(t, db, ev) != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	p.Stop(30 * time.Second)
 	t.Logf("resync: %d producer transactions, %d trigger rows, %d outbox rows, %d NATS deliveries (%d again), slot dropped %s before the end of the load",
 		written.Load(), triggers, len(ids), deliveries, deliveries-len(got), 3*time.Second)
 }
