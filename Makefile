@@ -21,7 +21,15 @@ vet:
 
 test: postgres chromium vet deploy-check
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory test-versions
 	$(MAKE) --no-print-directory chaos QUICK=1
+
+# `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
+# 18 as well, installed by the test harness (npm needed; see README).
+.PHONY: test-versions
+test-versions:
+	RELAY_TEST_PG_VERSION=17 $(GO) test -count=1 -timeout 10m ./cdc
+	RELAY_TEST_PG_VERSION=18 $(GO) test -count=1 -timeout 10m ./cdc
 
 demo: postgres build
 	./bin/relay demo
