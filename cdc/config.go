@@ -65,6 +65,16 @@ type Config struct {
 	// was gone may be skipped: outbox rows still in the table are re-read
 	// (the unique indexes absorb the duplicates), deleted ones are lost.
 	RecreateSlot bool
+	// OnSlotLost says what Run does when the slot is missing while a
+	// checkpoint exists, or invalidated: SlotLostStop (the default) returns
+	// ErrSlotLost; SlotLostResync creates a new slot and, before streaming
+	// from it, re-reads the outbox rows created since the last checkpoint's
+	// time minus ResyncMargin (see resync.go).
+	OnSlotLost string
+	// ResyncMargin is how far before the last checkpoint's time a resync
+	// starts reading (default 10m): longer than the longest producer
+	// transaction, whose rows carry its start time.
+	ResyncMargin time.Duration
 	// MaxBatchEvents bounds the events in one Batch (default 5000). A larger
 	// transaction is handed over in Partial batches.
 	MaxBatchEvents int
@@ -120,6 +130,8 @@ func (c Config) WithDefaults() Config {
 	c.MaxReconnectWait = cmp.Or(c.MaxReconnectWait, DefaultMaxReconnectWait)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
+	c.OnSlotLost = cmp.Or(c.OnSlotLost, SlotLostStop)
+	c.ResyncMargin = cmp.Or(c.ResyncMargin, DefaultResyncMargin)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -177,6 +189,12 @@ func (c *Config) validate(needURL bool) error {
 		if d < 0 {
 			return errorf(ErrConfig, "Config.%s is negative (%s)", name, d)
 		}
+	}
+	if c.OnSlotLost != SlotLostStop && c.OnSlotLost != SlotLostResync {
+		return errorf(ErrConfig, "Config.OnSlotLost %q: want %q or %q", c.OnSlotLost, SlotLostStop, SlotLostResync)
+	}
+	if c.ResyncMargin < 0 {
+		return errorf(ErrConfig, "Config.ResyncMargin is negative (%s)", c.ResyncMargin)
 	}
 	if c.Retention < 0 {
 		return errorf(ErrConfig, "Config.Retention is negative (%s): use 0 to keep every outbox row", c.Retention)

@@ -57,6 +57,16 @@ type LagReport struct {
 	LagSeconds        *float64 `json:"lag_seconds"`
 	ConfirmedFlushLSN string   `json:"confirmed_flush_lsn"`
 	CurrentLSN        string   `json:"current_lsn"`
+	// Failover is the slot's failover flag: on PostgreSQL 17 and later a
+	// failover slot is synchronized to standbys and survives a promotion.
+	// Always false before 17.
+	Failover bool `json:"failover"`
+	// SynchronizedStandbySlots is the primary's synchronized_standby_slots
+	// setting: the physical slots of the standbys a promotion may pick.
+	SynchronizedStandbySlots string `json:"synchronized_standby_slots"`
+	// FailoverReady: the slot would survive a promotion now (see
+	// QueryFailover).
+	FailoverReady bool `json:"failover_ready"`
 }
 
 const sqlLag = `
@@ -107,6 +117,11 @@ func QueryLagOf(ctx context.Context, q Querier, slot string, table outbox.TableN
 	default:
 		return r, fmt.Errorf("cdc: read the checkpoint of slot %q: %w", slot, err)
 	}
+	f, err := QueryFailover(ctx, q, slot)
+	if err != nil {
+		return r, err
+	}
+	r.Failover, r.SynchronizedStandbySlots, r.FailoverReady = f.Failover, f.SynchronizedStandbySlots, f.Ready
 	return r, nil
 }
 
@@ -116,8 +131,9 @@ func (r LagReport) String() string {
 	if r.LagSeconds != nil {
 		secs = fmt.Sprintf("%.1fs", *r.LagSeconds)
 	}
-	return fmt.Sprintf("slot %s active=%t wal_status=%s lag=%s (%d bytes) lag_seconds=%s confirmed_flush_lsn=%s current_lsn=%s",
-		r.Slot, r.Active, r.WALStatus, HumanBytes(r.LagBytes), r.LagBytes, secs, r.ConfirmedFlushLSN, r.CurrentLSN)
+	return fmt.Sprintf("slot %s active=%t wal_status=%s lag=%s (%d bytes) lag_seconds=%s confirmed_flush_lsn=%s current_lsn=%s failover=%t synchronized_standby_slots=%q failover_ready=%t",
+		r.Slot, r.Active, r.WALStatus, HumanBytes(r.LagBytes), r.LagBytes, secs, r.ConfirmedFlushLSN, r.CurrentLSN,
+		r.Failover, r.SynchronizedStandbySlots, r.FailoverReady)
 }
 
 // WriteLag writes the report as a line for people, or as one JSON object on

@@ -55,7 +55,7 @@ func TestQueryLagReportsTheSlot(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &obj); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"active", "confirmed_flush_lsn", "current_lsn", "lag_bytes", "lag_seconds", "slot", "wal_status"}
+	want := []string{"active", "confirmed_flush_lsn", "current_lsn", "failover", "failover_ready", "lag_bytes", "lag_seconds", "slot", "synchronized_standby_slots", "wal_status"}
 	if got := slices.Sorted(maps.Keys(obj)); !slices.Equal(got, want) {
 		t.Fatalf("JSON keys %v, want %v", got, want)
 	}

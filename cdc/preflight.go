@@ -84,8 +84,8 @@ func Preflight(ctx context.Context, q Querier, cfg Config) error {
 			return err
 		}
 	}
-	if cfg.RecreateSlot {
-		return nil
+	if cfg.RecreateSlot || cfg.OnSlotLost == SlotLostResync {
+		return nil // Run re-creates a lost slot
 	}
 	if slot != nil && slot.lost() {
 		return slotLostError(cfg.Slot, slot, 0, false)
@@ -143,7 +143,17 @@ func Setup(ctx context.Context, q Querier, cfg Config) error {
 		}
 		return nil
 	}
-	_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot)
+	// On PostgreSQL 17 and later the slot is a failover slot, synchronized to
+	// standbys that have sync_replication_slots on.
+	var major int
+	if err := q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int / 10000`).Scan(&major); err != nil {
+		return fmt.Errorf("cdc: read the server version: %w", err)
+	}
+	if major >= failoverMajor {
+		_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, cfg.Slot)
+	} else {
+		_, err = q.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by a relay
 		return nil

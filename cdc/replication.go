@@ -200,7 +200,10 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	close(r.batches)
 	<-sinkDone
 	wg.Wait()
-	if !s.hardStop.Load() {
+	// A connection pgconn closed on a failed or cancelled read (the server
+	// died, a failover) is still being torn down in the background: writing
+	// to it would race with that.
+	if !s.hardStop.Load() && !repl.IsClosed() {
 		// Report what the sink finished before going, so that a restart
 		// replays as little as possible.
 		_ = r.sendStatus()

@@ -22,7 +22,9 @@ var snapshotNameRE = regexp.MustCompile(`^[0-9A-Fa-f-]{1,64}$`)
 // exported at its creation, so the rows are exactly those committed before
 // the slot's consistent point; without one, it is a fresh snapshot and the
 // rows overlap what the slot will stream (the unique indexes absorb that).
-func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, name string, at pglogrepl.LSN) error {
+//
+// A non-zero since reads only the rows created at or after it (a resync).
+func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, name string, at pglogrepl.LSN, since time.Time) error {
 	began := time.Now()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -37,8 +39,8 @@ func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableI
 			return fmt.Errorf("cdc: import the slot's snapshot: %w", err)
 		}
 	}
-	sql, fields, typ := snapshotQuery(t)
-	rows, err := tx.Query(ctx, sql)
+	sql, fields, typ, args := snapshotQuery(t, since)
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("cdc: read the outbox table %s: %w", t.quoted(), err)
 	}
@@ -78,12 +80,17 @@ func (s *Stream) readSnapshot(ctx context.Context, pool *pgxpool.Pool, t *tableI
 
 // snapshotQuery selects the mapped columns as text, the form the WAL carries
 // them in, so that one decoder reads both.
-func snapshotQuery(t *tableInfo) (string, []int, [nFields]uint32) {
+func snapshotQuery(t *tableInfo, since time.Time) (string, []int, [nFields]uint32, []any) {
 	sql, fields, typ := selectColumns(t)
+	var args []any
 	if c := t.fieldCol[fCreatedAt]; c != "" {
+		if !since.IsZero() {
+			sql += " WHERE " + pgx.Identifier{c}.Sanitize() + " >= $1"
+			args = append(args, since)
+		}
 		sql += " ORDER BY " + pgx.Identifier{c}.Sanitize()
 	}
-	return sql, fields, typ
+	return sql, fields, typ, args
 }
 
 // ReadEvent reads the outbox row whose id, as text, is rawID, and decodes it

@@ -42,6 +42,7 @@ type Stream struct {
 	flushed    atomic.Uint64 // LSN last reported as flushed
 	serverLSN  atomic.Uint64 // newest server WAL position seen
 	lastCommit atomic.Int64  // unix nanoseconds, source commit time
+	resyncs    atomic.Uint64 // slots re-created with a resync from the outbox
 
 	// unhandled lists the transactions received for the sink and not yet
 	// committed by it, oldest first: their age is the lag.
@@ -240,6 +241,10 @@ func (s *Stream) setLeader(v bool) {
 func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	// What will not heal by retrying is fatal: check it every session, it
 	// costs one query.
+	major, err := checkPrimary(ctx, pool)
+	if err != nil {
+		return false, err
+	}
 	srv, err := inspectServer(ctx, pool)
 	if err != nil {
 		return false, err
@@ -275,6 +280,13 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		}
 	}
 	switch {
+	case slot != nil && slot.lost() && s.cfg.OnSlotLost == SlotLostResync:
+		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
+			return false, fmt.Errorf("cdc: drop invalidated slot %q: %w", s.cfg.Slot, err)
+		}
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+	case slot == nil && hasCkpt && s.cfg.OnSlotLost == SlotLostResync:
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
 	case slot != nil && slot.lost():
 		if !s.cfg.RecreateSlot {
 			return false, slotLostError(s.cfg.Slot, slot, ckpt, hasCkpt)
@@ -292,8 +304,10 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	}
 
 	if slot == nil {
-		return s.createAndStream(ctx, pool, t)
+		return s.createAndStream(ctx, pool, t, major)
 	}
+	s.ensureFailover(ctx, pool, major)
+	s.warnFailover(ctx, pool, major)
 	start := slot.confirmedFlush
 	if !hasCkpt {
 		// The slot exists but nothing was ever checkpointed: it was created
@@ -302,7 +316,7 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		// rows committed before the slot are in it, later ones come through
 		// the slot too, and the unique indexes absorb the overlap.
 		s.log.Info("slot exists without a checkpoint: reading the outbox table before streaming", "confirmed_flush", start.String())
-		if err := s.readSnapshot(ctx, pool, t, "", start); err != nil {
+		if err := s.readSnapshot(ctx, pool, t, "", start, time.Time{}); err != nil {
 			return false, err
 		}
 	} else {
@@ -331,13 +345,12 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 
 // createAndStream creates the slot with an exported snapshot, hands over the
 // outbox rows visible in it, then streams from the slot's consistent point.
-func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo) (bool, error) {
+func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, major int) (bool, error) {
 	repl, err := s.connectReplication(ctx)
 	if err != nil {
 		return false, err
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, s.cfg.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	res, err := s.createSlot(ctx, repl)
 	if err != nil {
 		s.closeConn(repl)
 		return false, fmt.Errorf("cdc: create replication slot %q: %w", s.cfg.Slot, err)
@@ -350,7 +363,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 	s.log.Info("created replication slot; reading the rows committed before it", "consistent_point", at.String(), "snapshot", res.SnapshotName)
 	// The exported snapshot lives until the next command on repl: read it
 	// before starting replication on the same connection.
-	if err := s.readSnapshot(ctx, pool, t, res.SnapshotName, at); err != nil {
+	if err := s.readSnapshot(ctx, pool, t, res.SnapshotName, at, time.Time{}); err != nil {
 		s.closeConn(repl)
 		return false, err
 	}
@@ -358,6 +371,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 		s.closeConn(repl)
 		return false, err
 	}
+	s.warnFailover(ctx, pool, major)
 	return s.replicate(ctx, pool, repl, t, at, 0)
 }
 

@@ -51,6 +51,13 @@ type Config struct {
 	// RecreateSlot re-creates a missing or lost slot. It MAY SKIP EVENTS
 	// written while the slot was gone: set it only after checking.
 	RecreateSlot bool
+	// OnSlotLost is what happens when the slot is lost (missing while a
+	// checkpoint exists, or invalidated): "stop" (the default) stops the
+	// stream with ErrSlotLost; "resync" creates a new slot and first
+	// re-reads the outbox rows created since the last checkpoint's time
+	// minus ResyncMargin (default 10m) through the same idempotent path.
+	OnSlotLost   string
+	ResyncMargin time.Duration
 	// OutboxRetention deletes outbox rows older than this once streamed; 0
 	// keeps them.
 	OutboxRetention time.Duration

@@ -113,6 +113,9 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("tracing: %w", err)
 		}
 	}
+	if err := WaitForPrimary(ctx, cfg.DatabaseURL, cfg.Logger); err != nil {
+		return nil, err
+	}
 	// The workers, the correlator, the stream's checkpoint reads and the
 	// monitor each need a connection at once.
 	pool, err := dbconn.OpenStepPool(ctx, cfg.DatabaseURL, int32(cfg.Workers+8))
@@ -198,6 +201,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
 		StallAfter: cfg.StallAfter,
+		OnSlotLost: cfg.OnSlotLost, ResyncMargin: cfg.ResyncMargin,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {
 			if r.fanout != nil {
 				// A new stream session: another replica may have parked.
@@ -250,6 +254,17 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
 	}
+	if r.sinks != nil {
+		monCfg.ReplaySink = func(ctx context.Context, name string, req sink.ReplayRequest) (sink.ReplayResult, error) {
+			for _, d := range r.sinks {
+				if d.Spec.Name == name {
+					req.Table, req.Columns = table, cols
+					return sink.Replay(ctx, r.pool, d, req)
+				}
+			}
+			return sink.ReplayResult{Sink: name}, sink.ErrUnknownSink
+		}
+	}
 	if cfg.OutboxColumns == "" {
 		monCfg.OutboxTable = cfg.OutboxTable // POST /v1/events writes the default columns only
 	}
@@ -264,6 +279,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 			return h.Stalled, h.BatchFailures
 		}
 		monCfg.Health = r.health
+		sources.Resyncs = r.stream.Resyncs
 	}
 	r.metrics.SetSources(sources)
 	r.monitor, err = httpapi.New(monCfg)
@@ -528,6 +544,7 @@ func replicationFunc(pool *pgxpool.Pool, slot string, table outbox.TableName, cr
 		return httpapi.ReplicationStatus{
 			Slot: r.Slot, Exists: true, Active: r.Active, WALStatus: r.WALStatus, LagBytes: r.LagBytes,
 			LagSeconds: r.LagSeconds, ConfirmedFlushLSN: r.ConfirmedFlushLSN, CurrentLSN: r.CurrentLSN,
+			Failover: r.Failover, SynchronizedStandbySlots: r.SynchronizedStandbySlots, FailoverReady: r.FailoverReady,
 		}, nil
 	}
 }

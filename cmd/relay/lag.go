@@ -27,7 +27,9 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 			"(pg_current_wal_lsn() - confirmed_flush_lsn, human and exact) and in seconds (the age of the\n" +
 			"oldest outbox row the relay has not handled yet: 0 when it is caught up).\n" +
 			"--json prints one object per line with the keys slot, active, wal_status, lag_bytes,\n" +
-			"lag_seconds, confirmed_flush_lsn and current_lsn. --follow prints one line per --interval.",
+			"lag_seconds, confirmed_flush_lsn, current_lsn, failover (the slot's failover flag, PostgreSQL 17+),\n" +
+			"synchronized_standby_slots (the primary's setting) and failover_ready (the slot would survive\n" +
+			"a promotion now). --follow prints one line per --interval.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if interval <= 0 {

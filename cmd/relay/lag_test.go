@@ -76,7 +76,7 @@ func TestLagCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &obj); err != nil || strings.Count(out, "\n") != 1 {
 		t.Fatalf("--json output %q: %v", out, err)
 	}
-	want := []string{"active", "confirmed_flush_lsn", "current_lsn", "lag_bytes", "lag_seconds", "slot", "wal_status"}
+	want := []string{"active", "confirmed_flush_lsn", "current_lsn", "failover", "failover_ready", "lag_bytes", "lag_seconds", "slot", "synchronized_standby_slots", "wal_status"}
 	if got := slices.Sorted(maps.Keys(obj)); !slices.Equal(got, want) {
 		t.Fatalf("JSON keys %v, want %v", got, want)
 	}

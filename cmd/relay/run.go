@@ -53,6 +53,12 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			if err := declare.ValidateEgressAllow(cfg.HTTPEgressAllow); err != nil {
 				return exitError{code: 2, msg: "--http-egress-allow: " + err.Error()}
 			}
+			if cfg.OnSlotLost != "stop" && cfg.OnSlotLost != "resync" {
+				return exitError{code: 2, msg: fmt.Sprintf("--on-slot-lost %q: want stop or resync", cfg.OnSlotLost)}
+			}
+			if cfg.ResyncMargin <= 0 {
+				return exitError{code: 2, msg: fmt.Sprintf("--resync-margin %s: give a positive duration such as 10m, longer than the longest producer transaction", cfg.ResyncMargin)}
+			}
 			if cfg.SessionTTL <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
@@ -65,6 +71,8 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
+	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin) (env RELAY_ON_SLOT_LOST)")
+	f.DurationVar(&cfg.ResyncMargin, "resync-margin", 10*time.Minute, "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
 	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
 	f.DurationVar(&cfg.StallAfter, "stall-after", relay.DefaultStallAfter, "/readyz answers 503 when committed outbox work has waited this long behind the acknowledged position, or the stream has been down this long (env RELAY_STALL_AFTER)")
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
@@ -89,6 +97,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 // stop exits at once.
 func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) error {
 	log := cfg.Logger
+	if err := relay.WaitForPrimary(ctx, cfg.DatabaseURL, log); err != nil {
+		return exitError{code: 2, msg: err.Error()}
+	}
 	reg, err := registryForURL(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return exitError{code: 2, msg: err.Error()}

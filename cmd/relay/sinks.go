@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/dial"
 )
 
 func init() { registerCommand(newSinksCmd) }
@@ -104,8 +107,106 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts))
+	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts), newSinksReplayCmd(opts))
 	return cmd
+}
+
+// newSinksReplayCmd is `relay sinks replay NAME`: re-deliver the outbox rows
+// still in the table to one sink of a sinks file, beside the running relay.
+func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
+	var since, until, aggType, eventType, file string
+	var dryRun, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "replay NAME --since TIME",
+		Short: "Re-deliver the outbox rows still in the table to one sink (original ids, in order per aggregate)",
+		Long: "Reads the outbox rows created from --since (inclusive) to --until (exclusive; default now) that\n" +
+			"the sink's match and --aggregate-type / --event-type select, in created_at order (then id), and\n" +
+			"delivers them to the sink named NAME in --sinks FILE with their original ids (the brokers' and\n" +
+			"endpoints' dedupe ids). It runs beside the relay and never holds its stream. --dry-run only counts.\n" +
+			"TIME is RFC 3339 (2026-01-02T15:04:05Z) or a date (2026-01-02, UTC).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := sink.ReplayRequest{AggregateType: aggType, EventType: eventType, DryRun: dryRun}
+			var err error
+			if since == "" {
+				return exitError{code: 2, msg: "--since is required: give the start of the window, e.g. --since 2026-01-02T15:04:05Z"}
+			}
+			if req.Since, err = parseTime("--since", since); err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			if until != "" {
+				if req.Until, err = parseTime("--until", until); err != nil {
+					return exitError{code: 2, msg: err.Error()}
+				}
+			}
+			if file == "" {
+				return exitError{code: 2, msg: "--sinks FILE is required: the sinks file the relay runs with (env RELAY_SINKS)"}
+			}
+			if req.Table, err = outbox.ParseTableName(opts.OutboxTable); err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			if req.Columns, err = outbox.ParseColumnMap(opts.OutboxColumns); err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			cfg, err := sink.LoadFile(file)
+			if err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			var spec *sink.Spec
+			for i := range cfg.Sinks {
+				if cfg.Sinks[i].Name == args[0] {
+					spec = &cfg.Sinks[i]
+				}
+			}
+			if spec == nil {
+				return exitError{code: 2, msg: fmt.Sprintf("no sink named %q in %s", args[0], file)}
+			}
+			cfg.Sinks = []sink.Spec{*spec}
+			var dests []sink.Destination
+			if !dryRun {
+				if dests, err = dial.Open(cfg, nil); err != nil {
+					return exitError{code: 2, msg: err.Error()}
+				}
+				defer dial.Close(dests)
+			} else {
+				dests = []sink.Destination{{Spec: *spec}}
+			}
+			pool, err := openPool(cmd.Context(), opts, 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			res, err := sink.Replay(cmd.Context(), pool, dests[0], req)
+			out := cmd.OutOrStdout()
+			if asJSON {
+				json.NewEncoder(out).Encode(res)
+			} else if dryRun {
+				fmt.Fprintf(out, "sink %s: %d rows found (dry run: nothing delivered)\n", res.Sink, res.Found)
+			} else {
+				fmt.Fprintf(out, "sink %s: %d rows found, %d delivered\n", res.Sink, res.Found, res.Delivered)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&since, "since", "", "start of the window (created_at, inclusive)")
+	f.StringVar(&until, "until", "", "end of the window (created_at, exclusive; default now)")
+	f.StringVar(&aggType, "aggregate-type", "", "only this aggregate type")
+	f.StringVar(&eventType, "event-type", "", "only event types matching this glob, e.g. 'order.*'")
+	f.BoolVar(&dryRun, "dry-run", false, "only count the rows")
+	f.StringVar(&file, "sinks", "", "the sinks file (env RELAY_SINKS)")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// parseTime reads RFC 3339 or a date (UTC).
+func parseTime(flag, s string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02"} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s %q: give a time in RFC 3339 (2026-01-02T15:04:05Z) or a date (2026-01-02)", flag, s)
 }
 
 // terminalSafe keeps control characters of a stored reason off the terminal.

@@ -58,6 +58,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay sinks retry":       {"database-url"},
 	"relay sinks parked":      {"database-url"},
 	"relay sinks skip":        {"database-url"},
+	"relay sinks replay":      {"database-url", "outbox-table", "outbox-columns"},
 	"relay demo":              {"http-addr", "log-level"},
 	"relay bench":             {"database-url"},
 	"relay bench consume":     {"database-url", "slot", "publication", "log-level"},

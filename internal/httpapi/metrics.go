@@ -32,6 +32,9 @@ type Sources struct {
 	// Stream returns whether the stream is stalled (see cdc.Health) and
 	// how many batches the sink failed on since the start.
 	Stream func() (stalled bool, batchFailures uint64)
+	// Resyncs returns how many lost slots the stream replaced with a resync
+	// from the outbox table.
+	Resyncs func() uint64
 }
 
 // CorrelatorStats mirrors correlator.Stats field for field, so that one
@@ -230,6 +233,16 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
 		eventsOutcome("filtered", func(s CorrelatorStats) uint64 { return s.OutcomeFiltered }),
 		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
+		counterFunc("slot_resyncs_total", "Lost replication slots replaced by a new one after re-reading the outbox rows since the last checkpoint minus the margin (--on-slot-lost=resync).",
+			func() float64 {
+				m.mu.RLock()
+				src := m.sources.Resyncs
+				m.mu.RUnlock()
+				if src == nil {
+					return 0
+				}
+				return float64(src())
+			}),
 		gaugeFunc("replication_lag_bytes", "Bytes of WAL between the server's current position and the slot's confirmed flush position.",
 			lag(func(b int64, _ float64) float64 { return float64(b) })),
 		gaugeFunc("replication_lag_seconds", "Age of the oldest committed change this relay has received and not yet handled; 0 when caught up.",
@@ -423,6 +436,8 @@ var (
 		"1 while a walsender streams from the relay's slot, else 0; read in the background with the counts (replicas that do not stream report it too).", []string{"slot"}, nil)
 	slotHealthyDesc = prometheus.NewDesc(namespace+"_replication_slot_healthy",
 		"1 while the slot exists and its WAL is not lost, else 0 (0 means events may have been skipped); read in the background with the counts.", []string{"slot"}, nil)
+	slotFailoverReadyDesc = prometheus.NewDesc(namespace+"_slot_failover_ready",
+		"1 while the slot would survive a promotion of a standby (PostgreSQL 17+: failover on, synchronized_standby_slots set, its standbys connected and synchronizing), else 0.", []string{"slot"}, nil)
 )
 
 // scrapeCollector serves the counted gauges from memory. The first scrape
@@ -436,6 +451,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- parkedDesc
 	ch <- slotActiveDesc
 	ch <- slotHealthyDesc
+	ch <- slotFailoverReadyDesc
 }
 
 func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -462,6 +478,7 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if g.slotOK {
 		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b2f(g.slot.Active), g.slot.Slot)
 		ch <- prometheus.MustNewConstMetric(slotHealthyDesc, prometheus.GaugeValue, b2f(g.slot.Healthy()), g.slot.Slot)
+		ch <- prometheus.MustNewConstMetric(slotFailoverReadyDesc, prometheus.GaugeValue, b2f(g.slot.FailoverReady), g.slot.Slot)
 	}
 }
 

@@ -406,6 +406,11 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("%d rows in relay_sink_skipped for the skip, want 1", n)
 			}
 		},
+		"POST /v1/sinks/{name}/replay": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sinks/any/replay", `{"since": "2026-01-01T00:00:00Z"}`); r.status != http.StatusForbidden {
+				t.Errorf("sink replay as a tenant-scoped token: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -484,6 +489,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 			{"/v1/sinks/hook/parked?limit=0", ""}, {"/v1/sinks/nope/parked", ""}},
 		"POST /v1/sinks/{name}/parked/{id}/skip": {{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`},
 			{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`}, {"/v1/sinks/hook/parked/ev-a1/skip", `{}`}},
+		"POST /v1/sinks/{name}/replay": {{"/v1/sinks/nope/replay", `{"since": "2026-01-01T00:00:00Z", "dry_run": true}`}, {"/v1/sinks/nope/replay", `{}`}},
 	}
 	s.seedParked(t)
 	for _, rt := range s.srv.Routes() {

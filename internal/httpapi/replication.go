@@ -31,6 +31,11 @@ type ReplicationStatus struct {
 	// The server fills it in when the ReplicationFunc leaves it empty; ""
 	// when nobody streams.
 	Streamer string `json:"streamer"`
+	// Failover, SynchronizedStandbySlots and FailoverReady: whether the
+	// slot survives a promotion (PostgreSQL 17+), as cdc.LagReport.
+	Failover                 bool   `json:"failover"`
+	SynchronizedStandbySlots string `json:"synchronized_standby_slots"`
+	FailoverReady            bool   `json:"failover_ready"`
 }
 
 // Healthy reports whether the slot can still deliver every event: it exists

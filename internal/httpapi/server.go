@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,6 +18,7 @@ import (
 	"github.com/compensa/compensa/internal/logthrottle"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/sink"
 )
 
 // Config configures the monitor. Pool is required; the rest is optional.
@@ -61,6 +63,9 @@ type Config struct {
 	// that the step runners pick the instance up now instead of at their
 	// next poll (the correlator wakes them the same way).
 	Wake func()
+	// ReplaySink carries out POST /v1/sinks/{name}/replay with the relay's
+	// own sinks (sink.Replay); nil answers 503.
+	ReplaySink func(ctx context.Context, name string, req sink.ReplayRequest) (sink.ReplayResult, error)
 	// Metrics are served at /metrics; nil creates a fresh set.
 	Metrics *Metrics
 	// Logger receives request errors (default: discard).
@@ -206,6 +211,7 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodPost, "/v1/sinks/{name}/retry", s.retrySink},
 		{http.MethodGet, "/v1/sinks/{name}/parked", s.listParked},
 		{http.MethodPost, "/v1/sinks/{name}/parked/{id}/skip", s.skipParked},
+		{http.MethodPost, "/v1/sinks/{name}/replay", s.replaySink},
 	}
 }
 
@@ -369,9 +375,17 @@ func (s *Server) checkReady() readyResult {
 	defer cancel()
 	var reasons []string
 	out := map[string]any{"status": "ok", "database": "ok"}
-	if err := s.cfg.Pool.Ping(ctx); err != nil {
+	var standby bool
+	if err := s.cfg.Pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
 		s.throttle.Warn("database", "readyz: database unreachable", "err", err)
-		reasons = append(reasons, "database unreachable: the relay cannot reach PostgreSQL (the relay's log has the error)")
+		if strings.Contains(err.Error(), "read only connection") {
+			// target_session_attrs=read-write found only standbys.
+			reasons = append(reasons, "no primary: every reachable host of the database URL is a standby (read-only); waiting for a promotion")
+		} else {
+			reasons = append(reasons, "database unreachable: the relay cannot reach PostgreSQL (the relay's log has the error)")
+		}
+	} else if standby {
+		reasons = append(reasons, "connected to a standby (read-only): waiting for a primary; name every host of the cluster with target_session_attrs=read-write")
 	} else {
 		s.throttle.Recovered("database", "readyz: database reachable again")
 		if s.cfg.Replication != nil {

