@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/compensa/compensa/internal/backoff"
 )
 
 // WaitForPrimary returns once dsn leads to a primary (a server not in
@@ -23,8 +25,9 @@ func WaitForPrimary(ctx context.Context, dsn string, log *slog.Logger) error {
 	if err != nil {
 		return nil // New reports a bad DSN with its own message
 	}
-	wait := 500 * time.Millisecond
+	policy := backoff.Policy{Base: 500 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 0; ; attempt++ {
+		wait := policy.Delay(attempt)
 		standby, err := probeStandby(ctx, cfg)
 		if err != nil || !standby {
 			return nil // a primary, or an error New reports as before
@@ -38,7 +41,6 @@ func WaitForPrimary(ctx context.Context, dsn string, log *slog.Logger) error {
 			return fmt.Errorf("relay: no primary while waiting for one: %w", ctx.Err())
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 10*time.Second)
 	}
 }
 
