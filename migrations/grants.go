@@ -234,12 +234,15 @@ func serialSequences(ctx context.Context, q Querier, table string) ([]string, er
 	return seqs, nil
 }
 
+// sqlHas lists the privileges role lacks. Objects are spelt as a GRANT
+// spells them; a schema's name is read back from its quoted form, since
+// has_schema_privilege takes the name itself, not an identifier.
 const sqlHas = `
 SELECT t.i FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS t(kind, obj, priv, i)
 WHERE NOT CASE t.kind
     WHEN 'table'    THEN has_table_privilege($1, t.obj, t.priv)
     WHEN 'sequence' THEN has_sequence_privilege($1, t.obj, t.priv)
-    ELSE                 has_schema_privilege($1, t.obj, t.priv) END
+    ELSE                 has_schema_privilege($1, (parse_ident(t.obj))[1], t.priv) END
 ORDER BY t.i`
 
 // Lacking returns the privileges of want that role does not hold, in
