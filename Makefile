@@ -97,7 +97,7 @@ overview-bench: postgres
 test-db-down: postgres
 	$(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay -args -relay.db-down=60s
 
-# `make test-sinks` is the sink fault suite of issue 15 (a few minutes): 5 kill -9
+# `make test-sinks` is the sink fault suite (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
 # webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook;
 # and a webhook sink down for 2 minutes under a steady load of sagas.

@@ -38,7 +38,7 @@ func buildRelay(t *testing.T) string {
 // run only with --peers.
 var quickNull = map[string]bool{"claim_ms_1m": true, "peer_dbos_steps_per_sec": true, "peer_river_steps_per_sec": true}
 
-// TestQuickBenchCommand is the smoke test issue 9 asks of CI: `relay bench
+// TestQuickBenchCommand is the smoke test CI runs: `relay bench
 // --quick --json` on a throwaway PostgreSQL finishes in well under two
 // minutes, measures every headline figure and prints them as the last line.
 func TestQuickBenchCommand(t *testing.T) {

@@ -70,7 +70,7 @@ func TestPgbenchOutputParses(t *testing.T) {
 	}
 }
 
-// requiredKeys are the keys issue 9 asks of the --json line.
+// requiredKeys are the keys the --json line must carry.
 var requiredKeys = []string{
 	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
 	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",

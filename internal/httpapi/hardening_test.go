@@ -19,7 +19,7 @@ import (
 	"github.com/compensa/compensa/saga"
 )
 
-// Each test here reproduces a finding of the probe of issue 18 against the
+// Each test here reproduces a finding of a security probe against the
 // monitor: it fails on the code before the fix.
 
 // syncBuffer collects a logger's output from concurrent handlers.
