@@ -10,10 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/declare"
@@ -30,24 +27,7 @@ func TestSagasCLIKnowsStoredDefinitions(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { c.Stop() })
-	conn, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	c, pool := migratedCluster(ctx, t, migrations.Options{})
 
 	// What a relay run with --sagas stores at start.
 	body, err := os.ReadFile(filepath.Join("..", "..", "examples", "orders", "sagas", "order_fulfilment.yaml"))

@@ -9,11 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/briefs"
-	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -44,24 +41,7 @@ func TestCLIEscapesControlCharacters(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { c.Stop() })
-	conn, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	c, pool := migratedCluster(ctx, t, migrations.Options{})
 	j, err := pgjournal.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
