@@ -57,6 +57,21 @@ func TestLagCLI(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE TABLE filler AS SELECT g FROM generate_series(1, 10000) g`); err != nil {
 		t.Fatal(err)
 	}
+	// The test cluster commits asynchronously: wait until the WAL writer has
+	// written the filler, so that the slot is behind the server's position.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var behind bool
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn() > confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'lag_cli_slot'`).Scan(&behind); err != nil {
+			t.Fatal(err)
+		}
+		if behind {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server's WAL position never passed the slot's")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 
 	out, _, err := runLag(ctx, c.URL)
 	if err != nil {
