@@ -135,6 +135,12 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 			if lag["failover"] != true || lag["synchronized_standby_slots"] != "standby0" || lag["failover_ready"] != true {
 				t.Errorf("relay lag --json before the failover: %v; want failover true, synchronized_standby_slots standby0, failover_ready true", lag)
 			}
+			// The gauge is refreshed in the background (the metrics' gauge
+			// interval): it follows the synchronization within one.
+			ready := func() bool { return scrape(t, p.Addr, "compensa_slot_failover_ready") == 1 }
+			for deadline := time.Now().Add(30 * time.Second); !ready() && time.Now().Before(deadline); {
+				time.Sleep(200 * time.Millisecond)
+			}
 			if v := scrape(t, p.Addr, "compensa_slot_failover_ready"); v != 1 {
 				t.Errorf("compensa_slot_failover_ready = %d with a synchronizing standby, want 1", v)
 			}
