@@ -49,7 +49,7 @@ type Config struct {
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
-var Scenarios = []string{"stream", "sinks", "latency", "steps", "declared", "claim", "curve"}
+var Scenarios = []string{"stream", "sinks", "sinklatency", "latency", "steps", "declared", "claim", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -159,13 +159,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		r.report.Notes = append(r.report.Notes, "the server does not wait for WAL flushes (fsync or synchronous_commit off): every commit is cheaper than in production")
 	}
 	scenarios := map[string]func(context.Context) error{
-		"stream":   r.streamScenario,
-		"sinks":    r.sinksScenario,
-		"latency":  r.latencyScenario,
-		"steps":    r.stepsScenario,
-		"declared": r.declaredScenario,
-		"claim":    r.claimScenario,
-		"curve":    r.curveScenario,
+		"stream":      r.streamScenario,
+		"sinks":       r.sinksScenario,
+		"sinklatency": r.sinkLatencyScenario,
+		"latency":     r.latencyScenario,
+		"steps":       r.stepsScenario,
+		"declared":    r.declaredScenario,
+		"claim":       r.claimScenario,
+		"curve":       r.curveScenario,
 	}
 	for _, name := range Scenarios {
 		if cfg.Only != "" && cfg.Only != name {

@@ -77,6 +77,8 @@ var requiredKeys = []string{
 	"step_ratio", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
 	// issue 16
 	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
+	"nats_sink_latency_p50_ms_1k", "nats_sink_latency_p99_ms_1k", "nats_sink_latency_p50_ms_5k", "nats_sink_latency_p99_ms_5k",
+	"webhook_sink_latency_p50_ms_5k", "webhook_sink_latency_p99_ms_5k", "kafka_sink_latency_p50_ms_5k", "kafka_sink_latency_p99_ms_5k",
 }
 
 func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
@@ -94,7 +96,11 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, PeerDBOS: f64(1900), PeerRiver: f64(1000)},
 		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
 		Sinks:    &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
-		Curve:    []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
+		SinkLatency: []SinkLatencyCase{
+			{Sink: "nats", Rate: 1000, Latency: LatencySummary{P50: 1, P99: 2}}, {Sink: "nats", Rate: 5000, Latency: LatencySummary{P50: 3, P99: 4}},
+			{Sink: "webhook", Rate: 5000, Latency: LatencySummary{P50: 5, P99: 6}}, {Sink: "kafka", Rate: 5000, Latency: LatencySummary{P50: 7, P99: 8}},
+		},
+		Curve: []CurvePoint{{Events: 10, PeakRSSMB: 20, CPUPer100k: 3}, {Events: 100, PeakRSSMB: 30, CPUPer100k: 2}},
 	}
 	var buf bytes.Buffer
 	if err := full.WriteJSON(&buf); err != nil {

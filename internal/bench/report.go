@@ -19,15 +19,16 @@ type Report struct {
 	Finished time.Time `json:"finished"`
 	Machine  Machine   `json:"machine"`
 
-	Stream          []StreamCase     `json:"stream,omitempty"`
-	CorrelatorAlone []CorrelatorCase `json:"correlator_alone,omitempty"`
-	Sinks           *SinkCase        `json:"sinks,omitempty"`
-	Latency         []LatencyCase    `json:"latency,omitempty"`
-	Steps           *StepsResult     `json:"steps,omitempty"`
-	Declared        *DeclaredResult  `json:"declared,omitempty"`
-	Overload        *LatencyCase     `json:"overload,omitempty"`
-	Claim           []ClaimCase      `json:"claim,omitempty"`
-	Curve           []CurvePoint     `json:"curve,omitempty"`
+	Stream          []StreamCase      `json:"stream,omitempty"`
+	CorrelatorAlone []CorrelatorCase  `json:"correlator_alone,omitempty"`
+	Sinks           *SinkCase         `json:"sinks,omitempty"`
+	SinkLatency     []SinkLatencyCase `json:"sink_latency,omitempty"`
+	Latency         []LatencyCase     `json:"latency,omitempty"`
+	Steps           *StepsResult      `json:"steps,omitempty"`
+	Declared        *DeclaredResult   `json:"declared,omitempty"`
+	Overload        *LatencyCase      `json:"overload,omitempty"`
+	Claim           []ClaimCase       `json:"claim,omitempty"`
+	Curve           []CurvePoint      `json:"curve,omitempty"`
 
 	LoadAverage []ScenarioLoad `json:"load_average"`
 	Notes       []string       `json:"notes,omitempty"`
@@ -202,7 +203,16 @@ type Summary struct {
 	NATSSinkRatio           *float64 `json:"nats_sink_ratio"`
 	WebhookSinkEventsPerSec *float64 `json:"webhook_sink_events_per_sec"`
 	WebhookSinkRatio        *float64 `json:"webhook_sink_ratio"`
-	PeakRSSMB               *float64 `json:"peak_rss_mb"`
+	// Producer commit → sink acknowledgement at 1,000 and 5,000 events/s.
+	NATSSinkLatencyP50Ms1k    *float64 `json:"nats_sink_latency_p50_ms_1k"`
+	NATSSinkLatencyP99Ms1k    *float64 `json:"nats_sink_latency_p99_ms_1k"`
+	NATSSinkLatencyP50Ms5k    *float64 `json:"nats_sink_latency_p50_ms_5k"`
+	NATSSinkLatencyP99Ms5k    *float64 `json:"nats_sink_latency_p99_ms_5k"`
+	WebhookSinkLatencyP50Ms5k *float64 `json:"webhook_sink_latency_p50_ms_5k"`
+	WebhookSinkLatencyP99Ms5k *float64 `json:"webhook_sink_latency_p99_ms_5k"`
+	KafkaSinkLatencyP50Ms5k   *float64 `json:"kafka_sink_latency_p50_ms_5k"`
+	KafkaSinkLatencyP99Ms5k   *float64 `json:"kafka_sink_latency_p99_ms_5k"`
+	PeakRSSMB                 *float64 `json:"peak_rss_mb"`
 	// The saga's end at the first rate (trigger commit → COMPLETED).
 	EndP99Ms *float64 `json:"end_p99_ms"`
 	// Steps/s while a backlog exists (producer at twice the sustained
@@ -251,6 +261,19 @@ func (r *Report) Summary() Summary {
 	if c := r.Sinks; c != nil {
 		s.NATSSinkEventsPerSec, s.NATSSinkRatio = f64(c.NATSPerSec), f64(c.NATSRatio)
 		s.WebhookSinkEventsPerSec, s.WebhookSinkRatio = f64(c.WebhookPerSec), f64(c.WebhookRatio)
+	}
+	for _, c := range r.SinkLatency {
+		p50, p99 := f64(c.Latency.P50), f64(c.Latency.P99)
+		switch {
+		case c.Sink == "nats" && c.Rate == 1000:
+			s.NATSSinkLatencyP50Ms1k, s.NATSSinkLatencyP99Ms1k = p50, p99
+		case c.Sink == "nats" && c.Rate == 5000:
+			s.NATSSinkLatencyP50Ms5k, s.NATSSinkLatencyP99Ms5k = p50, p99
+		case c.Sink == "webhook" && c.Rate == 5000:
+			s.WebhookSinkLatencyP50Ms5k, s.WebhookSinkLatencyP99Ms5k = p50, p99
+		case c.Sink == "kafka" && c.Rate == 5000:
+			s.KafkaSinkLatencyP50Ms5k, s.KafkaSinkLatencyP99Ms5k = p50, p99
+		}
 	}
 	for _, c := range r.Stream {
 		switch c.RowsPerTx {
@@ -356,6 +379,17 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintln(tw, "\n   sinks (1 row/tx, no sagas)\tevents\tpg_recvlogical ev/s\tNATS sink ev/s\tratio (≥0.5)\twebhook sink ev/s\tratio")
 		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f\n", c.Events, c.RecvlogicalPerSec, c.NATSPerSec, c.NATSRatio, mark(c.NATSRatio >= 0.5),
 			c.WebhookPerSec, c.WebhookRatio)
+	}
+	if len(r.SinkLatency) > 0 {
+		fmt.Fprintln(tw, "\n   sink latency (ms, commit → ack)\tsink\trate ev/s\tachieved\tevents\tp50\tp95\tp99\tmax")
+		for _, c := range r.SinkLatency {
+			target := ""
+			if c.Rate == 5000 && c.Sink != "kafka" {
+				target = "\ttarget p99 < 50 " + mark(c.Latency.P99 < 50)
+			}
+			fmt.Fprintf(tw, "\t%s\t%d\t%.0f\t%d\t%.1f\t%.1f\t%.1f\t%.1f%s\n", c.Sink, c.Rate, c.AchievedRate, c.Latency.Count,
+				c.Latency.P50, c.Latency.P95, c.Latency.P99, c.Latency.Max, target)
+		}
 	}
 	if len(r.CorrelatorAlone) > 0 {
 		fmt.Fprintln(tw, "\n   correlator alone (synthetic batches, no stream)\tevents/batch\tbatches\tevents/s\tbatches/s")

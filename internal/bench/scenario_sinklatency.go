@@ -1,0 +1,199 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/compensa/compensa/sink"
+	"github.com/compensa/compensa/sink/kafkasink"
+	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/webhook"
+)
+
+// SinkLatencyCase is the sink latency scenario for one sink and rate: a
+// producer commits single-row outbox transactions at Rate events/s for a
+// fixed window while the relay's stream delivers them to the sink, with the
+// correlator starting the bench saga for every event in the same batch
+// transactions (the sagas' steps are not run); each
+// event's latency runs from the producer's clock_timestamp() in the row
+// (created_at, written by the inserting statement, which commits on its own)
+// to the sink's acknowledgement of that event: the NATS PubAck, the Kafka
+// produce ack, the webhook's 2xx.
+type SinkLatencyCase struct {
+	Sink         string         `json:"sink"`
+	Rate         int            `json:"rate"`
+	AchievedRate float64        `json:"achieved_rate"`
+	Seconds      float64        `json:"seconds"`
+	Latency      LatencySummary `json:"latency"`
+}
+
+// sinkLatencyRuns are the cases of the scenario, in the order they run.
+func (r *run) sinkLatencyRuns() []struct {
+	sink string
+	rate int
+} {
+	low, high := 1000, 5000
+	if r.cfg.Quick {
+		low, high = 200, 1000
+	}
+	return []struct {
+		sink string
+		rate int
+	}{{"nats", low}, {"nats", high}, {"webhook", low}, {"webhook", high}, {"kafka", low}, {"kafka", high}}
+}
+
+func (r *run) sinkLatencyScenario(ctx context.Context) error {
+	window := 10 * time.Second
+	if r.cfg.Quick {
+		window = 2 * time.Second
+	}
+	ns, natsURL, err := startNATS(ctx)
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	defer hook.Close()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	if err != nil {
+		return fmt.Errorf("bench: start an in-process Kafka broker: %w", err)
+	}
+	defer kc.Close()
+
+	for i, c := range r.sinkLatencyRuns() {
+		var (
+			s    sink.Sink
+			spec = sink.Spec{Name: fmt.Sprintf("lat%s%d", c.sink, i)}
+		)
+		switch c.sink {
+		case "nats":
+			s, err = natssink.New(natssink.Config{URL: natsURL, Stream: fmt.Sprintf("LAT%d", i),
+				Subject: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}.{event_type}", i))})
+			spec.NATS = &sink.NATSSpec{}
+		case "webhook":
+			s, err = webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: 16})
+			spec.Webhook = &sink.WebhookSpec{}
+		case "kafka":
+			s, err = kafkasink.New(kafkasink.Config{Brokers: kc.ListenAddrs(), Topic: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}", i))})
+			spec.Kafka = &sink.KafkaSpec{}
+		}
+		if err != nil {
+			return err
+		}
+		r.progress("sinklatency: %s sink at %d events/s for %s", c.sink, c.rate, window)
+		lc, err := r.sinkLatencyCase(ctx, spec, s, c.rate, window)
+		s.Close()
+		if err != nil {
+			return fmt.Errorf("%s sink at %d events/s: %w", c.sink, c.rate, err)
+		}
+		lc.Sink = c.sink
+		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", c.sink, c.rate, lc.Latency.P50, lc.Latency.P99, lc.Latency.Max)
+		r.report.SinkLatency = append(r.report.SinkLatency, lc)
+	}
+	return nil
+}
+
+// sinkLatencyCase measures one sink at one rate: the stream starts, one
+// warm-up event is delivered (the stream's start-up is not the sink's
+// latency), then the producer runs for window at perSec.
+func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, perSec int, window time.Duration) (SinkLatencyCase, error) {
+	e := r.env
+	var lc SinkLatencyCase
+	if err := e.reset(ctx); err != nil {
+		return lc, err
+	}
+	if _, err := e.pool.Exec(ctx, `TRUNCATE relay_sink_parked, relay_sinks`); err != nil {
+		return lc, fmt.Errorf("bench: reset sink tables: %w", err)
+	}
+	slot := e.slotName(spec.Name)
+	if _, err := e.createSlot(ctx, slot, true); err != nil {
+		return lc, err
+	}
+	count := int(int64(perSec) * int64(window) / int64(time.Second))
+	ts := &timedSink{Sink: s, first: make(chan struct{})}
+	prod, err := newProducer(ctx, e.url, newTimeline(count+1))
+	if err != nil {
+		return lc, err
+	}
+	defer prod.close()
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := consume(cctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: slot, Registry: benchRegistry(nil),
+			Want: count + 1, Timeout: r.sz.timeout, Logger: r.log,
+			Destinations: []sink.Destination{{Spec: spec, Sink: ts}}})
+		done <- err
+	}()
+	if err := prod.produce(ctx, 0, 1, 1); err != nil {
+		return lc, err
+	}
+	select {
+	case <-ts.first:
+	case err := <-done:
+		return lc, fmt.Errorf("the stream ended before the warm-up event: %v", err)
+	case <-time.After(r.sz.timeout):
+		return lc, fmt.Errorf("the warm-up event was not delivered within %s", r.sz.timeout)
+	}
+	ts.reset()
+	began := time.Now()
+	if err := prod.produce(ctx, 1, count, perSec); err != nil {
+		return lc, err
+	}
+	produced := time.Since(began)
+	if err := <-done; err != nil {
+		return lc, err
+	}
+	var parked int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&parked); err != nil {
+		return lc, err
+	}
+	if parked > 0 {
+		return lc, fmt.Errorf("%d events were parked instead of delivered", parked)
+	}
+	ts.mu.Lock()
+	lat := ts.lat
+	ts.mu.Unlock()
+	if len(lat) != count {
+		return lc, fmt.Errorf("%d of %d events acknowledged", len(lat), count)
+	}
+	lc.Rate, lc.Seconds, lc.AchievedRate, lc.Latency = perSec, produced.Seconds(), rate(count, produced), summarize(lat)
+	return lc, nil
+}
+
+// timedSink records, for each event the wrapped sink acknowledges, the time
+// since the event's created_at (the producer's clock_timestamp(); the server
+// and the bench share the machine's clock).
+type timedSink struct {
+	sink.Sink
+	first     chan struct{}
+	firstOnce sync.Once
+	mu        sync.Mutex
+	lat       []time.Duration
+}
+
+func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
+	errs := t.Sink.Deliver(ctx, evs)
+	now := time.Now()
+	t.mu.Lock()
+	for i, ev := range evs {
+		if errs[i] == nil && !ev.CreatedAt.IsZero() {
+			t.lat = append(t.lat, now.Sub(ev.CreatedAt))
+		}
+	}
+	t.mu.Unlock()
+	t.firstOnce.Do(func() { close(t.first) })
+	return errs
+}
+
+func (t *timedSink) reset() {
+	t.mu.Lock()
+	t.lat = nil
+	t.mu.Unlock()
+}
