@@ -436,11 +436,13 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 		return total, out, tx.Commit(ctx)
 	}
 	noID := map[uint64]int{} // rows without an id are numbered as in one plan
+	var starts int32         // and starts keep their position in the batch
 	for i := range b.Events {
 		ev := b.Events[i]
 		numbered := noID[ev.LSN]
-		p := plan{noID: noID}
+		p := plan{noID: noID, ordBase: starts}
 		p.add(c.routes, &ev)
+		starts += int32(len(p.startSaga))
 		if !p.empty() {
 			var o outcome
 			sp, err := tx.Begin(ctx)
@@ -485,6 +487,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 		total.outStarted += p.outStarted
 		total.outReply += p.outReply
 		total.outIgnored += p.outIgnored
+		total.outFiltered += p.outFiltered
 		total.outParked += p.outParked
 	}
 	if c.cfg.InBatchTx != nil {

@@ -53,6 +53,10 @@ type plan struct {
 	startConcOrd   []*int32
 	// keyed: some start has a concurrency key (sqlStartKeyed).
 	keyed bool
+	// ordBase is the number of starts planned before this plan's in the
+	// same batch (a batch applied one event at a time), so that startConcOrd
+	// is the position in the batch either way.
+	ordBase int32
 	// startTrace is the traceparent of each start's span (nil untraced).
 	startTrace []*string
 
@@ -193,7 +197,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		if keys != nil && keys[i] != nil {
 			limit := int32(d.Concurrency.Limit)
 			lsn := fmt.Sprintf("%X/%X", ev.LSN>>32, uint32(ev.LSN))
-			ord := int32(len(p.startSaga))
+			ord := p.ordBase + int32(len(p.startSaga))
 			p.startConcKey = append(p.startConcKey, keys[i])
 			p.startConcLimit = append(p.startConcLimit, &limit)
 			p.startConcLSN = append(p.startConcLSN, &lsn)

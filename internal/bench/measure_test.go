@@ -75,7 +75,7 @@ var requiredKeys = []string{
 	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
 	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",
 	"step_ratio", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
-	// issue 16
+	// latency, overload, claim and the peers
 	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
 	"nats_sink_latency_p50_ms_1k", "nats_sink_latency_p99_ms_1k", "nats_sink_latency_p50_ms_5k", "nats_sink_latency_p99_ms_5k",
 	"webhook_sink_latency_p50_ms_5k", "webhook_sink_latency_p99_ms_5k", "kafka_sink_latency_p50_ms_5k", "kafka_sink_latency_p99_ms_5k",
