@@ -2,8 +2,6 @@ package declare
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -137,25 +135,13 @@ func (c *Catalog) Definitions() []saga.Definition {
 // readStored loads every body of saga_definitions as a definition that is
 // never run (no runtime: no client, no secrets).
 func readStored(ctx context.Context, db Querier) (map[saga.Key]saga.Definition, error) {
-	rows, err := db.Query(ctx, sqlStoredDefinitions)
+	all, err := readStoredRows(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("saga definitions: read: %w", err)
-	}
-	type row struct {
-		name, hash, body, file string
-		version                int
-	}
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
-		return x, r.Scan(&x.name, &x.version, &x.hash, &x.body, &x.file)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("saga definitions: read: %w", err)
+		return nil, err
 	}
 	out := make(map[saga.Key]saga.Definition, len(all))
 	for _, r := range all {
-		src := fmt.Sprintf("stored:%s@v%d (first loaded from %s)", r.name, r.version, filepath.Base(r.file))
-		s, probs := LoadFile(src, []byte(r.body), Options{SkipSchemaFiles: true})
+		s, probs := LoadFile(r.source(), []byte(r.body), Options{SkipSchemaFiles: true})
 		if probs != nil || s.Name != r.name || s.Version != r.version {
 			continue
 		}

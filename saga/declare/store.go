@@ -48,26 +48,9 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 			return nil, fmt.Errorf("saga definitions: store %s v%d: %w", s.Name, s.Version, err)
 		}
 	}
-	type row struct {
-		name, hash, body, file string
-		version                int
-	}
-	rows, err := tx.Query(ctx, sqlStoredDefinitions)
+	stored, err := readStoredRows(ctx, tx)
 	if err != nil {
-		return nil, fmt.Errorf("saga definitions: read: %w", err)
-	}
-	var stored []row
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.name, &r.version, &r.hash, &r.body, &r.file); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("saga definitions: read: %w", err)
-		}
-		stored = append(stored, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("saga definitions: read: %w", err)
+		return nil, err
 	}
 	unfinished := map[string]bool{}
 	urows, err := tx.Query(ctx, sqlUnfinished)
@@ -109,7 +92,7 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 		if !names[r.name] && !unfinished[key] {
 			continue // removed, and nothing of it is left to finish
 		}
-		src := fmt.Sprintf("stored:%s@v%d (first loaded from %s)", r.name, r.version, filepath.Base(r.file))
+		src := r.source()
 		s, ps := LoadFile(src, []byte(r.body), Options{SkipSchemaFiles: true})
 		if ps != nil {
 			probs = append(probs, Problem{File: src, Msg: fmt.Sprintf("the stored body no longer loads (%s); fix or finish its instances by hand", ps[0].Msg)})
@@ -142,4 +125,31 @@ func (s *Saga) retire() {
 	}
 	s.Triggers = s.Triggers[:1]
 	s.contracts = nil
+}
+
+// storedRow is one row of saga_definitions.
+type storedRow struct {
+	name, hash, body, file string
+	version                int
+}
+
+// source names a stored body in load problems.
+func (r storedRow) source() string {
+	return fmt.Sprintf("stored:%s@v%d (first loaded from %s)", r.name, r.version, filepath.Base(r.file))
+}
+
+// readStoredRows reads every stored definition, ordered by name and version.
+func readStoredRows(ctx context.Context, q Querier) ([]storedRow, error) {
+	rows, err := q.Query(ctx, sqlStoredDefinitions)
+	if err != nil {
+		return nil, fmt.Errorf("saga definitions: read: %w", err)
+	}
+	stored, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (storedRow, error) {
+		var x storedRow
+		return x, r.Scan(&x.name, &x.version, &x.hash, &x.body, &x.file)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("saga definitions: read: %w", err)
+	}
+	return stored, nil
 }
