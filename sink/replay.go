@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/backoff"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -39,6 +40,9 @@ type ReplayResult struct {
 // replayAttempts bounds the tries of one page before the replay stops with
 // an error (what was delivered so far is reported).
 const replayAttempts = 5
+
+// replayBackoff spaces the tries of a page: 200 ms, doubling.
+var replayBackoff = backoff.Policy{Base: 200 * time.Millisecond, Max: 5 * time.Second}
 
 // Replay re-delivers to d the outbox rows still in the table that req and
 // d's match select, with their original ids (the brokers' and endpoints'
@@ -80,7 +84,6 @@ func Replay(ctx context.Context, db cdc.Querier, d Destination, req ReplayReques
 			if req.DryRun || len(evs) == 0 {
 				return nil
 			}
-			wait := 200 * time.Millisecond
 			for attempt := 1; ; attempt++ {
 				errs := d.Sink.Deliver(ctx, evs)
 				var failed []*Event
@@ -104,9 +107,8 @@ func Replay(ctx context.Context, db cdc.Querier, d Destination, req ReplayReques
 				select {
 				case <-ctx.Done():
 					return ctx.Err()
-				case <-time.After(wait):
+				case <-time.After(replayBackoff.Delay(attempt - 1)):
 				}
-				wait *= 2
 			}
 		})
 	return res, err
