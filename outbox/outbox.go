@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -220,4 +221,35 @@ func EventIDFromText(s string) uuid.UUID {
 		return u
 	}
 	return uuid.NewSHA1(EventIDNamespace, []byte(s))
+}
+
+// WriteTableOnce writes msg (its ID set) into table unless a row with that
+// id is there already, in which case it writes nothing and reports false: a
+// caller that chose the id (from an idempotency key, a participant's own
+// event id) can send it again safely. A concurrent writer of the same id
+// that commits first makes this transaction fail with a unique violation,
+// which IsDuplicate recognises.
+func WriteTableOnce(ctx context.Context, tx pgx.Tx, table string, msg Message) (bool, error) {
+	if msg.ID == uuid.Nil {
+		return false, errors.New("outbox: WriteTableOnce needs the message's ID")
+	}
+	ident, err := ParseTableName(table)
+	if err != nil {
+		return false, err
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ident.Quoted()+` WHERE id = $1)`, msg.ID).Scan(&exists); err != nil {
+		return false, err
+	}
+	if exists {
+		return false, nil
+	}
+	return true, WriteTable(ctx, tx, table, msg)
+}
+
+// IsDuplicate reports whether err is a unique violation: another writer of
+// the same id won.
+func IsDuplicate(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }

@@ -43,20 +43,8 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 		writeError(w, http.StatusNotImplemented, "this relay writes no events: its outbox table has custom columns (--outbox-columns); write to it from your service")
 		return
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxEventBody))
-	dec.DisallowUnknownFields()
 	var b eventBody
-	if err := dec.Decode(&b); err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the event is larger than %d bytes; send a smaller payload (put large data elsewhere and send a reference)", maxEventBody))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "body is not an event: "+strings.TrimPrefix(err.Error(), "json: ")+
-			"; send {\"event_type\": \"…\", \"payload\": {…}} with optional id, tenant_id, aggregate_type, aggregate_id, headers, correlation_id, causation_id")
-		return
-	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "body holds more than one JSON value; send one event per request")
+	if !decodeOne(w, r, &b, "an event", `{"event_type": "…", "payload": {…}} with optional id, tenant_id, aggregate_type, aggregate_id, headers, correlation_id, causation_id`) {
 		return
 	}
 	if strings.TrimSpace(b.EventType) == "" {
@@ -105,34 +93,19 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 			return
 		}
 	}
-	idGiven := msg.ID != uuid.Nil
-	if !idGiven {
+	if msg.ID == uuid.Nil {
 		// Chosen here, not by outbox.Write, so that the answer can name it.
 		msg.ID = uuid.New()
 	}
-	table, err := outbox.ParseTableName(s.cfg.OutboxTable)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "the relay's outbox table name is invalid")
-		return
-	}
-	created := true
-	err = pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if idGiven {
-			var exists bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table.Quoted()+` WHERE id = $1)`, msg.ID).Scan(&exists); err != nil {
-				return err
-			}
-			if exists {
-				created = false
-				return nil
-			}
-		}
-		return outbox.WriteTable(ctx, tx, s.cfg.OutboxTable, msg)
+	var created bool
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) (err error) {
+		created, err = outbox.WriteTableOnce(ctx, tx, s.cfg.OutboxTable, msg)
+		return err
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if outbox.IsDuplicate(err) {
 		created, err = false, nil // a concurrent post of the same id won
 	}
+	var pgErr *pgconn.PgError
 	if err != nil {
 		// The database's own text stays in the log: it may name tables,
 		// columns and values a caller has no business seeing.
@@ -172,4 +145,26 @@ func storable(b *eventBody) string {
 		}
 	}
 	return ""
+}
+
+// decodeOne reads a POST body of at most maxEventBody bytes holding exactly
+// one JSON object into v, unknown fields refused. On a problem it answers
+// (413 for a body too large, 400 otherwise, with what is expected: hint)
+// and returns false.
+func decodeOne(w http.ResponseWriter, r *http.Request, v any, what, hint string) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxEventBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes; send a smaller payload (put large data elsewhere and send a reference)", maxEventBody))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "body is not "+what+": "+strings.TrimPrefix(err.Error(), "json: ")+"; send "+hint)
+		return false
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "body holds more than one JSON value; send one request at a time")
+		return false
+	}
+	return true
 }

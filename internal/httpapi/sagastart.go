@@ -2,9 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -31,16 +29,8 @@ func (s *Server) startSaga(w http.ResponseWriter, r *http.Request, a *admin.Admi
 		writeError(w, http.StatusNotImplemented, "this relay writes no events: its outbox table has custom columns (--outbox-columns); start the saga by writing its trigger event from your service")
 		return
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxEventBody+1))
-	dec.DisallowUnknownFields()
 	var b startBody
-	if err := dec.Decode(&b); err != nil {
-		writeError(w, http.StatusBadRequest, "body is not a start request: "+strings.TrimPrefix(err.Error(), "json: ")+
-			"; send {\"saga\": \"…\", \"payload\": {…}} with optional aggregate_id, idempotency_key, tenant_id")
-		return
-	}
-	if dec.More() {
-		writeError(w, http.StatusBadRequest, "body holds more than one JSON value; send one start per request")
+	if !decodeOne(w, r, &b, "a start request", `{"saga": "…", "payload": {…}} with optional aggregate_id, idempotency_key, tenant_id`) {
 		return
 	}
 	req := admin.StartRequest{Saga: b.Saga, Payload: b.Payload, AggregateID: b.AggregateID, IdempotencyKey: b.IdempotencyKey}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
@@ -101,13 +100,9 @@ func (a *Admin) Start(ctx context.Context, table string, req StartRequest) (Star
 	} else {
 		res.EventID = uuid.New()
 	}
-	ident, err := outbox.ParseTableName(table)
-	if err != nil {
-		return StartResult{}, err
-	}
 	msg := outbox.Message{ID: res.EventID, TenantID: tenant, AggregateType: trig.AggregateType,
 		AggregateID: req.AggregateID, EventType: trig.EventType, Payload: payload}
-	err = pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		// The instance is the proof of a start: the outbox row may be gone
 		// (retention) while the key's instance stays.
 		var inst uuid.UUID
@@ -119,18 +114,10 @@ func (a *Admin) Start(ctx context.Context, table string, req StartRequest) (Star
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ident.Quoted()+` WHERE id = $1)`, res.EventID).Scan(&exists); err != nil {
-			return err
-		}
-		if exists {
-			res.Created = false
-			return nil
-		}
-		return outbox.WriteTable(ctx, tx, table, msg)
+		res.Created, err = outbox.WriteTableOnce(ctx, tx, table, msg)
+		return err
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if outbox.IsDuplicate(err) {
 		res.Created, err = false, nil // a concurrent start with the same key won
 	}
 	if err != nil {
