@@ -106,10 +106,12 @@ inbox AS (
   RETURNING outcome
 ),
 journaled AS (
-  INSERT INTO saga_events (instance_id, version, kind, step, payload)
+  INSERT INTO saga_events (instance_id, version, kind, step, payload, xid)
   SELECT d.id, d.current_version, 'reply_received', d.current_step,
          jsonb_build_object('kind', 'reply_received', 'step', d.current_step,
-                            'output', d.payload::jsonb, 'reason', 'reply event ' || d.event_id::text)
+                            'output', d.payload::jsonb, 'reason', 'reply event ' || d.event_id::text),
+         GREATEST(pg_current_xact_id(),
+                  (SELECT p.xid FROM saga_events p WHERE p.instance_id = d.id AND p.version = d.current_version - 1))
   FROM delivered d
   RETURNING 1
 )

@@ -76,6 +76,9 @@ func TestQuickBenchCommand(t *testing.T) {
 		if v, present := got[k]; quickNull[k] && present && v == nil {
 			continue // not measured by design in a quick run without --peers
 		}
+		if v, present := got[k]; k == "server_ms_per_step" && present && v == nil && os.Getenv("RELAY_TEST_DATABASE_URL") != "" {
+			continue // a server of the caller's may not load pg_stat_statements; the throwaway one does
+		}
 		if v, ok := got[k].(float64); !ok || v <= 0 {
 			t.Errorf("%s = %v, want a positive number", k, got[k])
 		}

@@ -74,7 +74,7 @@ func TestPgbenchOutputParses(t *testing.T) {
 var requiredKeys = []string{
 	"recvlogical_events_per_sec", "stream_events_per_sec", "stream_ratio", "correlate_events_per_sec",
 	"correlate_ratio", "start_p99_ms", "first_step_p99_ms", "steps_per_sec", "pgbench_step_tps",
-	"step_ratio", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
+	"step_ratio", "server_ms_per_step", "peak_rss_mb", "nats_sink_events_per_sec", "nats_sink_ratio",
 	// latency, overload, claim and the peers
 	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
 	"nats_sink_latency_p50_ms_1k", "nats_sink_latency_p99_ms_1k", "nats_sink_latency_p50_ms_5k", "nats_sink_latency_p99_ms_5k",
@@ -93,7 +93,7 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 			{Rate: 5000, Start: LatencySummary{P99: 30}, FirstStep: LatencySummary{P99: 45}},
 		},
 		Overload: &LatencyCase{Rate: 2600, Overload: true, StepsPerSec: 3600},
-		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, PeerDBOS: f64(1900), PeerRiver: f64(1000)},
+		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, ServerMsPerStep: f64(0.2), PeerDBOS: f64(1900), PeerRiver: f64(1000)},
 		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
 		Sinks:    &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
 		SinkLatency: []SinkLatencyCase{

@@ -153,6 +153,12 @@ type StepsResult struct {
 	// HotShare is the share of saga_instances updates during the runs
 	// that were HOT (no new index entries; pg_stat_user_tables).
 	HotShare float64 `json:"hot_update_share"`
+	// ServerMsPerStep is the server's time in every statement of a run
+	// (pg_stat_statements' total_exec_time) over its steps, and
+	// PgbenchServerMsPerTx the same for pgbench's run over its
+	// transactions (medians of the runs; null without pg_stat_statements).
+	ServerMsPerStep      *float64 `json:"server_ms_per_step"`
+	PgbenchServerMsPerTx *float64 `json:"pgbench_server_ms_per_tx"`
 	// Statements are the server's costliest statements during the last
 	// run (pg_stat_statements, when the server has it).
 	Statements []StatementCost `json:"statements,omitempty"`
@@ -198,6 +204,7 @@ type Summary struct {
 	StepsPerSec             *float64 `json:"steps_per_sec"`
 	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
 	StepRatio               *float64 `json:"step_ratio"`
+	ServerMsPerStep         *float64 `json:"server_ms_per_step"`
 	DeclaredStepRatio       *float64 `json:"declared_step_ratio"`
 	NATSSinkEventsPerSec    *float64 `json:"nats_sink_events_per_sec"`
 	NATSSinkRatio           *float64 `json:"nats_sink_ratio"`
@@ -311,6 +318,7 @@ func (r *Report) Summary() Summary {
 		s.StepsPerSec = f64(st.StepsPerSec)
 		s.PgbenchStepTPS = f64(st.PgbenchTPS)
 		s.StepRatio = f64(st.Ratio)
+		s.ServerMsPerStep = st.ServerMsPerStep
 		s.PeerDBOSStepsPerSec, s.PeerRiverStepsPerSec = st.PeerDBOS, st.PeerRiver
 		if o := r.Overload; o != nil && st.StepsPerSec > 0 {
 			s.OverloadStepsRatio = f64(o.StepsPerSec / st.StepsPerSec)
@@ -445,6 +453,10 @@ func (r *Report) WriteTable(w io.Writer) {
 				times(st.StepsPerSec, st.PeerDBOS), times(st.StepsPerSec, st.PeerRiver), times(st.StepsPerSec, st.PeerRiverFast))
 		}
 	}
+	if st := r.Steps; st != nil && st.ServerMsPerStep != nil {
+		fmt.Fprintf(tw, "\n   server time per step, every statement (pg_stat_statements)\t%.3f ms (target ≤ 0.25) %s\tpgbench per transaction\t%s ms\n",
+			*st.ServerMsPerStep, mark(*st.ServerMsPerStep <= 0.25), fmtMs(st.PgbenchServerMsPerTx))
+	}
 	if st := r.Steps; st != nil && len(st.Statements) > 0 {
 		fmt.Fprintln(tw, "\n   server time per statement (last run, pg_stat_statements)\tcalls\tmean ms\tms per step\tWAL bytes/call\tstatement")
 		for _, c := range st.Statements {
@@ -500,6 +512,13 @@ func fmtPtr(v *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.0f", *v)
+}
+
+func fmtMs(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", *v)
 }
 
 func times(ours float64, peer *float64) string {

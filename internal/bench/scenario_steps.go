@@ -58,6 +58,8 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	res.PerClaim = pick(func(x StepsResult) float64 { return x.PerClaim })
 	res.ClaimSeconds = pick(func(x StepsResult) float64 { return x.ClaimSeconds })
 	res.HotShare = pick(func(x StepsResult) float64 { return x.HotShare })
+	res.ServerMsPerStep = medianOf(runs, func(x StepsResult) *float64 { return x.ServerMsPerStep })
+	res.PgbenchServerMsPerTx = medianOf(runs, func(x StepsResult) *float64 { return x.PgbenchServerMsPerTx })
 	res.Statements = runs[len(runs)-1].Statements
 	res.PgbenchStatements = runs[len(runs)-1].PgbenchStatements
 	for _, x := range runs {
@@ -180,6 +182,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		i+1, r.sz.repeats, res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
 	pool.Close() // a backend's statistics reach pg_stat when it exits
 	res.Statements = e.topStatements(ctx, 8, res.Sagas*res.StepsPerSaga)
+	res.ServerMsPerStep = e.serverMsPer(ctx, res.Sagas*res.StepsPerSaga)
 	if upd1, hot1 := e.instanceUpdates(ctx); upd1 > upd0 {
 		res.HotShare = float64(hot1-hot0) / float64(upd1-upd0)
 	}
@@ -189,6 +192,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		return res, err
 	}
 	res.PgbenchStatements = e.topStatements(ctx, 4, max(1, int(pg.TPS*pg.Duration.Seconds())))
+	res.PgbenchServerMsPerTx = e.serverMsPer(ctx, max(1, int(pg.TPS*pg.Duration.Seconds())))
 	res.PgbenchTPS, res.PgbenchClients, res.PgbenchSeconds = pg.TPS, pg.Clients, pg.Duration.Seconds()
 	if pg.TPS > 0 {
 		res.Ratio = res.StepsPerSec / pg.TPS
@@ -275,6 +279,38 @@ ORDER BY s.total_exec_time DESC LIMIT $1`, n)
 		out = append(out, c)
 	}
 	return out
+}
+
+// serverMsPer is the server's time in every statement of this database
+// since the last reset (pg_stat_statements' total_exec_time) over n (steps
+// or transactions); nil when pg_stat_statements is not usable.
+func (e *env) serverMsPer(ctx context.Context, n int) *float64 {
+	if !e.statements || n == 0 {
+		return nil
+	}
+	var total float64
+	if e.pool.QueryRow(ctx, `
+SELECT coalesce(sum(s.total_exec_time), 0)
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = current_database() AND s.query NOT LIKE '%pg_stat%'`).Scan(&total) != nil {
+		return nil
+	}
+	return f64(total / float64(n))
+}
+
+// medianOf is the median of the runs' figures that were measured (nil when
+// none was).
+func medianOf(runs []StepsResult, f func(StepsResult) *float64) *float64 {
+	var v []float64
+	for _, x := range runs {
+		if p := f(x); p != nil {
+			v = append(v, *p)
+		}
+	}
+	if len(v) == 0 {
+		return nil
+	}
+	return f64(median(v))
 }
 
 // waitSagas waits until done closes (every saga of the run ended), the

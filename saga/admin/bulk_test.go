@@ -58,7 +58,7 @@ func (l *live) cloneFailed(t *testing.T, proto uuid.UUID, tenant uuid.UUID, n in
 		`INSERT INTO saga_steps
 		   WITH p AS MATERIALIZED (SELECT to_jsonb(p) AS j FROM saga_steps p WHERE p.saga_instance_id = $3)
 		   SELECT r.* FROM p, clones c, jsonb_populate_record(NULL::saga_steps, p.j || jsonb_build_object(
-		     'id', gen_random_uuid(), 'saga_instance_id', c.id)) r WHERE $1::int > 0 AND $2::uuid IS NOT NULL`,
+		     'saga_instance_id', c.id)) r WHERE $1::int > 0 AND $2::uuid IS NOT NULL`,
 		`INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
 		   SELECT c.id, e.version, e.kind, e.step, e.payload, e.created_at
 		   FROM saga_events e, clones c WHERE e.instance_id = $3 AND $1::int > 0 AND $2::uuid IS NOT NULL
@@ -94,7 +94,7 @@ func (l *live) fingerprint(t *testing.T) string {
 	err := l.db.Pool.QueryRow(context.Background(), `
 		SELECT md5(coalesce((SELECT string_agg(to_jsonb(i)::text, ',' ORDER BY id) FROM saga_instances i), '')) ||
 		       md5(coalesce((SELECT string_agg(to_jsonb(e)::text, ',' ORDER BY global_seq) FROM saga_events e), '')) ||
-		       md5(coalesce((SELECT string_agg(to_jsonb(st)::text, ',' ORDER BY id) FROM saga_steps st), ''))`).Scan(&s)
+		       md5(coalesce((SELECT string_agg(to_jsonb(st)::text, ',' ORDER BY saga_instance_id, sequence) FROM saga_steps st), ''))`).Scan(&s)
 	if err != nil {
 		t.Fatal(err)
 	}

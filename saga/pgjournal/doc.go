@@ -1,6 +1,7 @@
 // Package pgjournal is the PostgreSQL saga.Journal: saga_instances is the
 // mutable projection (status, position, lease), saga_events the append-only
-// history, saga_steps one record per step. Every change is computed by
+// history (keyed by instance and version), saga_steps one record per step
+// (keyed by instance and sequence). Every change is computed by
 // saga.Advance, the same function the memory reference (saga/memjournal)
 // uses, and both pass one conformance suite (saga/journaltest) plus a model
 // test that drives them with the same random operations.
@@ -56,12 +57,27 @@
 // tailer names by its GlobalSeq: ordering by global_seq alone would not do,
 // because a transaction can draw a lower global_seq, yet take its xid later
 // and commit after one whose event a tailer has already passed
-// (TestTailerReceivesALowerSeqThatCommitsAfterAHigherOneWasRead). A trigger
-// raises an event's xid to its predecessor's when that is higher, so an
-// instance's events stay in version order for tailers. The price: an event
+// (TestTailerReceivesALowerSeqThatCommitsAfterAHigherOneWasRead). The INSERT
+// that appends an event raises its xid to its predecessor's when that is
+// higher (looked up by primary key in the same statement), so an instance's
+// events stay in version order for tailers; a row inserted without an xid
+// gets it from a trigger that applies the same rule. The price: an event
 // becomes readable only once every older transaction in the cluster (that
 // has written anything) has ended, so a long write transaction anywhere
 // delays tailers, never appends.
+//
+// # Writes
+//
+// A step is one statement after the locking read: the projection's UPDATE
+// (a HOT update when no indexed column changes), the step record's upsert
+// and the event's INSERT, the last two fed by the UPDATE's RETURNING, so
+// that they are written only for an instance that exists and still has the
+// version read. That is why the step records and events carry no foreign
+// key to saga_instances (a lookup and a row lock per row): deleting an
+// instance (or truncating saga_instances) deletes its step records and
+// events by trigger instead. A step adds four index entries: the step
+// record's primary key and the event's primary key, global_seq and
+// (xid, global_seq).
 //
 // # Throughput
 //

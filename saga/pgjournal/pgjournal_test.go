@@ -207,6 +207,40 @@ func TestTailerKeepsAnInstancesVersionOrder(t *testing.T) {
 	}
 }
 
+// TestTailerKeepsAnInstancesVersionOrderOfAPair is the same for the step's
+// event and the terminal event written by one statement (AppendTerminal):
+// both keys are raised to version 1's, and the tailer sees 1, 2, 3.
+func TestTailerKeepsAnInstancesVersionOrderOfAPair(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	x := b.claimed(t, time.Minute)
+	old := begin(t, b.db.Pool)
+	oldXid := xact(t, old)
+	if _, err := b.j.Append(ctx, x.ID, x.LeaseID.UUID, stepDone(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.j.AppendTerminal(saga.ContextWithTx(ctx, old), x.ID, x.LeaseID.UUID, stepDone(1), saga.StatusCompleted, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := tail(t, b.j, 0, 3)
+	if len(got) != 3 || got[0].Version != 1 || got[1].Version != 2 || got[2].Version != 3 {
+		t.Fatalf("tailer got %d events: %+v", len(got), got)
+	}
+	var first, second, third string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT
+		(SELECT xid::text FROM saga_events WHERE instance_id = $1 AND version = 1),
+		(SELECT xid::text FROM saga_events WHERE instance_id = $1 AND version = 2),
+		(SELECT xid::text FROM saga_events WHERE instance_id = $1 AND version = 3)`, x.ID).Scan(&first, &second, &third); err != nil {
+		t.Fatal(err)
+	}
+	if first == oldXid || second != first || third != first {
+		t.Fatalf("xids %s, %s, %s (the pair's writer %s): versions 2 and 3 must be raised to version 1's", first, second, third, oldXid)
+	}
+}
+
 // TestFenceUsesTheStatementClock: inside a transaction that began while the
 // lease was live, now() stays at the transaction's start; the fence must use
 // the time of the write.

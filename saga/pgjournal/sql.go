@@ -170,25 +170,34 @@ st AS (
 )
 `
 
+// sqlEventXid is the xid (the tailers' order key) of the event(s) a write
+// appends after the version read ($17): the transaction's own id, raised to
+// the xid of the event at that version when that is higher (see Tailers
+// below). The event is found by primary key; the first event of an instance
+// has no predecessor, and GREATEST skips the NULL.
+const sqlEventXid = `GREATEST(pg_current_xact_id(),
+	(SELECT p.xid FROM saga_events p WHERE p.instance_id = $1 AND p.version = $17))`
+
 // sqlWrite stores a saga.Transition in one statement: the projection, the
 // step record (when $19 is true) and the event, whose global_seq it returns.
 // The step and event rows are written only if the projection row still has
 // the version that was read ($17): under the row lock it always has, and if
 // it ever did not, nothing at all would be written.
 const sqlWrite = sqlWriteProjection + `
-INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
-SELECT u.id, $10, $29, $30, $31, $15 FROM u
+INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
+SELECT u.id, $10, $29, $30, $31, $15, ` + sqlEventXid + ` FROM u
 RETURNING global_seq`
 
 // sqlWritePair is sqlWrite for two events applied one after the other (a
 // saga's last step and its terminal event, AppendTerminal): the projection
 // is updated once, to the second event's result, from the version read
 // before the first ($17); the step record is the first event's; both events
-// are inserted, in version order ($10 - 1, then $10), so that the order-key
-// trigger of the second sees the first.
+// are inserted, in version order ($10 - 1, then $10), with one xid: the
+// first's is at least the transaction's own, so the second's, the greater
+// of the two, is the same.
 const sqlWritePair = sqlWriteProjection + `
-INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at)
-SELECT u.id, v.version, v.kind, v.step, v.payload, $15
+INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
+SELECT u.id, v.version, v.kind, v.step, v.payload, $15, ` + sqlEventXid + `
 FROM u, (VALUES ($10::bigint - 1, $29::text, $30::integer, $31::jsonb), ($10::bigint, $32::text, $33::integer, $34::jsonb))
 	AS v (version, kind, step, payload)
 ORDER BY v.version
@@ -214,8 +223,10 @@ ORDER BY e.version`
 // has an xid at or above it, so nothing can appear behind a tailer's cursor.
 // (global_seq alone is not enough: a transaction that drew a lower global_seq
 // can commit after one that drew a higher, even with its own lower xid.)
-// The migration's trigger raises an event's xid to its predecessor's, so that
-// an instance's events keep version order in this order too.
+// Every INSERT into saga_events raises the event's xid to its predecessor's
+// (sqlEventXid here, the correlator's reply delivery there; a trigger does it
+// for a row inserted without an xid), so that an instance's events keep
+// version order in this order too.
 
 // sqlLoadFirst reads from the start of the journal.
 const sqlLoadFirst = `
