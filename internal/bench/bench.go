@@ -93,7 +93,7 @@ func sizesFor(quick bool) sizes {
 			streamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
 			latencyRates: []int{1000, 5000}, latencyDuration: time.Second, latencyLong: time.Second,
 			overloadDuration: 2 * time.Second, claimSizes: []int{1000, 20000},
-			capacityStart: 200, capacityGrowth: 2, capacityPrecision: 0.4, capacityMaxSteps: 6,
+			capacityStart: 200, capacityGrowth: 2, capacityPrecision: 0.5, capacityMaxSteps: 5,
 			capacityStep: 1200 * time.Millisecond, capacityLevel: 2 * time.Second,
 			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,

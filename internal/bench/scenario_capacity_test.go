@@ -1,9 +1,13 @@
 package bench
 
 import (
+	"context"
+	"math"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/compensa/compensa/test/pgtest"
 )
 
 // runSearch drives a rampSearch against a machine that sustains every rate
@@ -111,5 +115,56 @@ func TestTimelineWindowCountsCommitsAndEndsInIt(t *testing.T) {
 	// A range past the timeline's end is cut, not a panic.
 	if p, c := tl.window(4, 10, 0, time.Second); p != 2 || c != 0 {
 		t.Fatalf("window(4, 10) = %d, %d; want 2, 0", p, c)
+	}
+}
+
+// TestCapacityScenarioHoldsSharesOfWhatItFound runs the quick capacity
+// scenario on a real PostgreSQL: the capacity is the highest rate the ramp
+// sustained, each share of the curve and the overload run at their share of
+// it, and every saga of the curve ended.
+func TestCapacityScenarioHoldsSharesOfWhatItFound(t *testing.T) {
+	c := pgtest.Cluster(t)
+	report, err := Run(context.Background(), Config{DatabaseURL: c.URL, Quick: true, Only: "capacity"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Errors) > 0 {
+		t.Fatalf("errors: %v", report.Errors)
+	}
+	res := report.Capacity
+	if res == nil || res.SagasPerSec <= 0 || len(res.Ramp) == 0 {
+		t.Fatalf("capacity = %+v", res)
+	}
+	best := 0
+	for _, st := range res.Ramp {
+		if st.Sustained {
+			best = max(best, st.Rate)
+			if st.ProducedPerSec < 0.95*float64(st.Rate) || st.CompletedPerSec < 0.95*st.ProducedPerSec {
+				t.Errorf("ramp step counted as sustained without keeping up: %+v", st)
+			}
+		}
+	}
+	if float64(best) != res.SagasPerSec {
+		t.Fatalf("capacity %.0f, but the highest rate sustained is %d: %+v", res.SagasPerSec, best, res.Ramp)
+	}
+	if len(res.Levels) != 3 {
+		t.Fatalf("levels = %+v", res.Levels)
+	}
+	for i, l := range res.Levels {
+		want := max(1, int(math.Round(res.SagasPerSec*float64(capacityLevels[i])/100)))
+		if l.Percent != capacityLevels[i] || l.Rate != want {
+			t.Errorf("level %d: %d %% at %d sagas/s, want %d %% at %d", i, l.Percent, l.Rate, capacityLevels[i], want)
+		}
+		if l.End.Count != l.Produced || l.EndUnfinished != 0 || l.End.P99 <= 0 || l.FirstStep.P50 <= 0 || l.Start.P50 <= 0 {
+			t.Errorf("%d %%: %d sagas produced, end %+v, %d unfinished", l.Percent, l.Produced, l.End, l.EndUnfinished)
+		}
+	}
+	o := report.Overload
+	if o == nil || !o.Overload || float64(o.Rate) != 2*res.SagasPerSec || o.StepsPerSec <= 0 {
+		t.Fatalf("overload = %+v", o)
+	}
+	s := report.Summary()
+	if s.CapacitySagasPerSec == nil || *s.CapacitySagasPerSec != res.SagasPerSec || s.OverloadStepsRatio == nil || s.Curve50EndP99Ms == nil {
+		t.Fatalf("summary: capacity %v, overload %v, curve_50_end_p99_ms %v", s.CapacitySagasPerSec, s.OverloadStepsRatio, s.Curve50EndP99Ms)
 	}
 }
