@@ -71,12 +71,14 @@ type sizes struct {
 	// The capacity scenario's ramp (see findCapacity): the first rate
 	// (sagas/s), the factor between rates until one is not sustained, the
 	// bracket (a share of the sustained rate) at which the bisection stops,
-	// the most rates tried and how long each is held; then how long each
-	// share of the sustainable rate is held.
+	// the most rates held, how often a rate not sustained is held again
+	// before it counts, and how long each is held; then how long each share
+	// of the sustainable rate is held.
 	capacityStart     int
 	capacityGrowth    float64
 	capacityPrecision float64
 	capacityMaxSteps  int
+	capacityRetries   int
 	capacityStep      time.Duration
 	capacityLevel     time.Duration
 	// claimSizes are the due backlogs the claim scenario measures at.
@@ -103,7 +105,7 @@ func sizesFor(quick bool) sizes {
 		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 3,
 		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second, latencyLong: 60 * time.Second,
 		overloadDuration: 30 * time.Second, claimSizes: []int{1000, 1000000},
-		capacityStart: 200, capacityGrowth: 1.5, capacityPrecision: 0.1, capacityMaxSteps: 14,
+		capacityStart: 200, capacityGrowth: 1.5, capacityPrecision: 0.1, capacityMaxSteps: 16, capacityRetries: 1,
 		capacityStep: 5 * time.Second, capacityLevel: 60 * time.Second,
 		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,

@@ -514,15 +514,16 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if c := r.Capacity; c != nil {
 		fmt.Fprintln(tw, "\n3c. capacity (whole relay, 3-step sagas)\tsustainable sagas/s\tramp: sagas/s asked → triggers committed/s → sagas completed/s")
-		var ramp []string
-		for _, st := range c.Ramp {
-			held := "not sustained"
+		for i, st := range c.Ramp {
+			held, capacity := "not sustained", ""
 			if st.Sustained {
 				held = "sustained"
 			}
-			ramp = append(ramp, fmt.Sprintf("%d → %.0f → %.0f %s", st.Rate, st.ProducedPerSec, st.CompletedPerSec, held))
+			if i == 0 {
+				capacity = fmt.Sprintf("%.0f", c.SagasPerSec)
+			}
+			fmt.Fprintf(tw, "\t%s\t%d → %.0f → %.0f %s\n", capacity, st.Rate, st.ProducedPerSec, st.CompletedPerSec, held)
 		}
-		fmt.Fprintf(tw, "\t%.0f\t%s\n", c.SagasPerSec, strings.Join(ramp, "; "))
 		fmt.Fprintln(tw, "\n   latency at a share of capacity (ms)\tshare\trate sagas/s\tachieved\tevents\tstart p50\tp99\tfirst step p50\tp99\tend p50\tp99\tsteps/s\tunfinished (start, step, end)")
 		row := func(label string, l LatencyCase, target string) {
 			st, fs, en := lowerBound(l.StartUnfinished), lowerBound(l.FirstStepUnfinished), lowerBound(l.EndUnfinished)

@@ -70,6 +70,30 @@ func TestRampSearchBoundsAndFailures(t *testing.T) {
 	}
 }
 
+// TestRampSearchHoldsAFailedRateAgain: with retries, one window sunk by
+// someone else's burst does not decide; a rate counts as not sustained only
+// when every hold of it failed.
+func TestRampSearchHoldsAFailedRateAgain(t *testing.T) {
+	t.Parallel()
+	s := rampSearch{start: 200, growth: 1.5, precision: 0.1, maxSteps: 16, maxRate: 10000, retries: 1}
+	var tried []int
+	noisy := true // the first hold of 200 is sunk by a burst
+	for rate, ok := s.next(); ok; rate, ok = s.next() {
+		tried = append(tried, rate)
+		held := rate <= 500
+		if rate == 200 && noisy {
+			held, noisy = false, false
+		}
+		s.record(rate, held)
+	}
+	// 200 fails once and holds on the second try; 675, 562 and 506 fail
+	// twice each; 478 holds: 506 ≤ 1.1 × 478, done.
+	want := []int{200, 200, 300, 450, 675, 675, 562, 562, 506, 506, 478}
+	if !slices.Equal(tried, want) || s.held != 478 {
+		t.Fatalf("tried %v, held %d; want %v, 478", tried, s.held, want)
+	}
+}
+
 func TestSustainedNeedsTheRateAndNoGrowingBacklog(t *testing.T) {
 	t.Parallel()
 	w := 2 * time.Second
