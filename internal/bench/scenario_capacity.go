@@ -103,8 +103,12 @@ func (r *run) findCapacity(ctx context.Context, res *CapacityResult) (int, error
 		st.Sustained = sustained(target, ended-began-settle, produced, completed)
 		res.Ramp = append(res.Ramp, st)
 		search.record(target, st.Sustained)
+		verdict := "not sustained"
+		if st.Sustained {
+			verdict = "sustained"
+		}
 		r.progress("capacity: ramp: %d sagas/s asked, %.0f triggers/s committed, %.0f sagas/s completed: %s",
-			target, st.ProducedPerSec, st.CompletedPerSec, map[bool]string{true: "sustained", false: "not sustained"}[st.Sustained])
+			target, st.ProducedPerSec, st.CompletedPerSec, verdict)
 		if target, ok = search.next(); ok && !st.Sustained {
 			// The next rate must start without the backlog this one left.
 			drained, err := tl.wait(ctx, tl.end, 1, int(next-1), r.drainLimit(), p.streamErr)
