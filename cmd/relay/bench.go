@@ -63,7 +63,7 @@ func newBenchCmd(opts *rootOptions) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&quick, "quick", false, "small sizes: a smoke test that finishes in well under two minutes")
 	f.BoolVar(&asJSON, "json", false, "print the headline figures as one JSON object on the last line")
-	f.StringVar(&only, "only", "", "run one scenario: stream, sinks, sinklatency, latency, steps, declared, claim or curve")
+	f.StringVar(&only, "only", "", "run one scenario: stream, sinks, sinklatency, latency, steps, capacity, declared, claim or curve")
 	f.StringVar(&peers, "peers", "", "the bench/peers binary (make bench-peers builds bin/peers): run DBOS Transact and River between the step runs")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (child relays write FILE.consume-N)")
 	cmd.AddCommand(newBenchConsumeCmd(opts))

@@ -307,7 +307,7 @@ func (v *checkedValue) Set(s string) error {
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
 	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
-	"only":      {"stream", "sinks", "sinklatency", "latency", "steps", "declared", "claim", "curve"},
+	"only":      {"stream", "sinks", "sinklatency", "latency", "steps", "capacity", "declared", "claim", "curve"},
 }
 
 // stringChecks check free-text flags that still have a form.

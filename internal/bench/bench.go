@@ -49,7 +49,7 @@ type Config struct {
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
-var Scenarios = []string{"stream", "sinks", "sinklatency", "latency", "steps", "declared", "claim", "curve"}
+var Scenarios = []string{"stream", "sinks", "sinklatency", "latency", "steps", "capacity", "declared", "claim", "curve"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -66,8 +66,21 @@ type sizes struct {
 	// 60 s run of the targets; the other rates run latencyDuration.
 	latencyLong time.Duration
 	// overloadDuration is how long the overload case's producer runs, at
-	// twice the saga rate the step scenario sustained.
+	// twice the saga rate the capacity scenario found sustainable.
 	overloadDuration time.Duration
+	// The capacity scenario's ramp (see findCapacity): the first rate
+	// (sagas/s), the factor between rates until one is not sustained, the
+	// bracket (a share of the sustained rate) at which the bisection stops,
+	// the most rates held, how often a rate not sustained is held again
+	// before it counts, and how long each is held; then how long each share
+	// of the sustainable rate is held.
+	capacityStart     int
+	capacityGrowth    float64
+	capacityPrecision float64
+	capacityMaxSteps  int
+	capacityRetries   int
+	capacityStep      time.Duration
+	capacityLevel     time.Duration
 	// claimSizes are the due backlogs the claim scenario measures at.
 	claimSizes     []int
 	stepSagas      int
@@ -82,6 +95,8 @@ func sizesFor(quick bool) sizes {
 			streamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
 			latencyRates: []int{1000, 5000}, latencyDuration: time.Second, latencyLong: time.Second,
 			overloadDuration: 2 * time.Second, claimSizes: []int{1000, 20000},
+			capacityStart: 200, capacityGrowth: 2, capacityPrecision: 0.5, capacityMaxSteps: 5,
+			capacityStep: 1200 * time.Millisecond, capacityLevel: 2 * time.Second,
 			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,
 		}
@@ -90,6 +105,8 @@ func sizesFor(quick bool) sizes {
 		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 3,
 		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second, latencyLong: 60 * time.Second,
 		overloadDuration: 30 * time.Second, claimSizes: []int{1000, 1000000},
+		capacityStart: 200, capacityGrowth: 1.5, capacityPrecision: 0.1, capacityMaxSteps: 16, capacityRetries: 1,
+		capacityStep: 5 * time.Second, capacityLevel: 60 * time.Second,
 		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,
 	}
@@ -164,6 +181,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		"sinklatency": r.sinkLatencyScenario,
 		"latency":     r.latencyScenario,
 		"steps":       r.stepsScenario,
+		"capacity":    r.capacityScenario,
 		"declared":    r.declaredScenario,
 		"claim":       r.claimScenario,
 		"curve":       r.curveScenario,

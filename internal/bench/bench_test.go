@@ -86,7 +86,7 @@ func TestQuickBenchCommand(t *testing.T) {
 	if got["resources_in_process"] != false {
 		t.Errorf("resources_in_process = %v: the quick run must measure a child relay", got["resources_in_process"])
 	}
-	for _, want := range []string{"1. stream throughput", "sinks (1 row/tx, no sagas)", "sink latency (ms, commit → ack)", "2. latency", "3. step throughput", "4/5. stream+correlator cost curve"} {
+	for _, want := range []string{"1. stream throughput", "sinks (1 row/tx, no sagas)", "sink latency (ms, commit → ack)", "2. latency", "3. step throughput", "3c. capacity", "latency at a share of capacity", "4/5. stream+correlator cost curve"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q", want)
 		}
@@ -112,7 +112,7 @@ next:
 func TestOnlyRejectsAnUnknownScenario(t *testing.T) {
 	t.Parallel()
 	_, err := Run(context.Background(), Config{Only: "streem"})
-	if err == nil || !strings.Contains(err.Error(), "stream, sinks, sinklatency, latency, steps, declared, claim, curve") {
+	if err == nil || !strings.Contains(err.Error(), "stream, sinks, sinklatency, latency, steps, capacity, declared, claim, curve") {
 		t.Fatalf("err = %v", err)
 	}
 }

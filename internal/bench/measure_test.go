@@ -79,6 +79,11 @@ var requiredKeys = []string{
 	"end_p99_ms", "overload_steps_ratio", "claim_ms_1k", "claim_ms_1m", "peer_dbos_steps_per_sec", "peer_river_steps_per_sec",
 	"nats_sink_latency_p50_ms_1k", "nats_sink_latency_p99_ms_1k", "nats_sink_latency_p50_ms_5k", "nats_sink_latency_p99_ms_5k",
 	"webhook_sink_latency_p50_ms_5k", "webhook_sink_latency_p99_ms_5k", "kafka_sink_latency_p50_ms_5k", "kafka_sink_latency_p99_ms_5k",
+	// the latency curve at shares of the machine's capacity
+	"capacity_sagas_per_sec",
+	"curve_25_start_p50_ms", "curve_25_start_p99_ms", "curve_25_first_step_p50_ms", "curve_25_first_step_p99_ms", "curve_25_end_p50_ms", "curve_25_end_p99_ms",
+	"curve_50_start_p50_ms", "curve_50_start_p99_ms", "curve_50_first_step_p50_ms", "curve_50_first_step_p99_ms", "curve_50_end_p50_ms", "curve_50_end_p99_ms",
+	"curve_75_start_p50_ms", "curve_75_start_p99_ms", "curve_75_first_step_p50_ms", "curve_75_first_step_p99_ms", "curve_75_end_p50_ms", "curve_75_end_p99_ms",
 }
 
 func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
@@ -92,7 +97,12 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 			{Rate: 1000, Start: LatencySummary{P99: 12.5}, FirstStep: LatencySummary{P99: 20}, End: LatencySummary{P99: 80}},
 			{Rate: 5000, Start: LatencySummary{P99: 30}, FirstStep: LatencySummary{P99: 45}},
 		},
-		Overload: &LatencyCase{Rate: 2600, Overload: true, StepsPerSec: 3600},
+		Capacity: &CapacityResult{SagasPerSec: 1000, Levels: []CapacityLevel{
+			{Percent: 25, LatencyCase: LatencyCase{Start: LatencySummary{P50: 1, P99: 2}, FirstStep: LatencySummary{P50: 3, P99: 4}, End: LatencySummary{P50: 5, P99: 6}}},
+			{Percent: 50, LatencyCase: LatencyCase{Start: LatencySummary{P50: 11, P99: 12}, FirstStep: LatencySummary{P50: 13, P99: 14}, End: LatencySummary{P50: 15, P99: 16}}},
+			{Percent: 75, LatencyCase: LatencyCase{Start: LatencySummary{P50: 21, P99: 22}, FirstStep: LatencySummary{P50: 23, P99: 24}, End: LatencySummary{P50: 25, P99: 26}}},
+		}},
+		Overload: &LatencyCase{Rate: 2000, Overload: true, StepsPerSec: 2700},
 		Steps:    &StepsResult{StepsPerSec: 4000, PgbenchTPS: 8000, Ratio: 0.5, ServerMsPerStep: f64(0.2), PeerDBOS: f64(1900), PeerRiver: f64(1000)},
 		Claim:    []ClaimCase{{Due: 1000, ClaimMs: 0.5, StartMs: 20}, {Due: 1000000, ClaimMs: 0.7, StartMs: 22}},
 		Sinks:    &SinkCase{Events: 10, RecvlogicalPerSec: 100, NATSPerSec: 60, NATSRatio: 0.6, WebhookPerSec: 40, WebhookRatio: 0.4},
@@ -121,8 +131,18 @@ func TestSummaryCarriesEveryRequiredKey(t *testing.T) {
 	if got["start_p99_ms"] != 12.5 || got["high_rate_start_p99_ms"] != 30.0 {
 		t.Errorf("start_p99_ms must be the first (lower) rate's: %v, %v", got["start_p99_ms"], got["high_rate_start_p99_ms"])
 	}
+	// The overload ratio is against the sustainable steps/s (three per
+	// saga of the capacity), not the step scenario's runner alone.
 	if got["overload_steps_ratio"] != 0.9 || got["end_p99_ms"] != 80.0 || got["claim_ms_1m"] != 0.7 {
-		t.Errorf("overload %v (want 3600/4000), end %v, claim at 1M %v", got["overload_steps_ratio"], got["end_p99_ms"], got["claim_ms_1m"])
+		t.Errorf("overload %v (want 2700/(3×1000)), end %v, claim at 1M %v", got["overload_steps_ratio"], got["end_p99_ms"], got["claim_ms_1m"])
+	}
+	for k, want := range map[string]float64{"capacity_sagas_per_sec": 1000,
+		"curve_25_start_p50_ms": 1, "curve_25_first_step_p99_ms": 4, "curve_25_end_p99_ms": 6,
+		"curve_50_start_p99_ms": 12, "curve_50_first_step_p50_ms": 13, "curve_50_first_step_p99_ms": 14, "curve_50_end_p99_ms": 16,
+		"curve_75_start_p50_ms": 21, "curve_75_end_p50_ms": 25, "curve_75_end_p99_ms": 26} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v", k, got[k], want)
+		}
 	}
 	if got["peak_rss_mb"] != 30.0 || got["cpu_seconds_per_100k_events"] != 2.0 {
 		t.Errorf("resources: peak %v, cpu %v", got["peak_rss_mb"], got["cpu_seconds_per_100k_events"])

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -26,6 +25,7 @@ type Report struct {
 	Latency         []LatencyCase     `json:"latency,omitempty"`
 	Steps           *StepsResult      `json:"steps,omitempty"`
 	Declared        *DeclaredResult   `json:"declared,omitempty"`
+	Capacity        *CapacityResult   `json:"capacity,omitempty"`
 	Overload        *LatencyCase      `json:"overload,omitempty"`
 	Claim           []ClaimCase       `json:"claim,omitempty"`
 	Curve           []CurvePoint      `json:"curve,omitempty"`
@@ -110,8 +110,33 @@ type LatencyCase struct {
 	// start until every saga ended (or the wait gave up).
 	StepsPerSec float64 `json:"steps_per_sec"`
 	// Overload marks the overload case: the rate is twice the saga rate
-	// the step scenario sustained.
+	// the capacity scenario found sustainable.
 	Overload bool `json:"overload,omitempty"`
+}
+
+// CapacityResult is the capacity scenario: the sustainable saga rate of the
+// whole relay on this machine, the ramp that found it, and the latency at
+// shares of it (the overload case is Report.Overload).
+type CapacityResult struct {
+	SagasPerSec float64         `json:"sagas_per_sec"`
+	Ramp        []RampStep      `json:"ramp"`
+	Levels      []CapacityLevel `json:"levels,omitempty"`
+}
+
+// RampStep is one rate the capacity ramp held, measured over the window
+// after its settling time.
+type RampStep struct {
+	Rate            int     `json:"rate"`
+	Seconds         float64 `json:"seconds"`
+	ProducedPerSec  float64 `json:"produced_per_sec"`
+	CompletedPerSec float64 `json:"completed_per_sec"`
+	Sustained       bool    `json:"sustained"`
+}
+
+// CapacityLevel is the latency at a share (percent) of the sustainable rate.
+type CapacityLevel struct {
+	Percent int `json:"percent"`
+	LatencyCase
 }
 
 // ClaimCase is the claim scenario at one backlog size.
@@ -222,9 +247,31 @@ type Summary struct {
 	PeakRSSMB                 *float64 `json:"peak_rss_mb"`
 	// The saga's end at the first rate (trigger commit → COMPLETED).
 	EndP99Ms *float64 `json:"end_p99_ms"`
-	// Steps/s while a backlog exists (producer at twice the sustained
-	// saga rate) over the step scenario's steps/s.
+	// Steps/s while a backlog exists and drains (producer at twice the
+	// sustainable saga rate) over the sustainable steps/s (three per saga
+	// of capacity_sagas_per_sec).
 	OverloadStepsRatio *float64 `json:"overload_steps_ratio"`
+	// The whole relay's sustainable saga rate, and the latency at 25, 50
+	// and 75 % of it (trigger commit → saga start, first step, COMPLETED).
+	CapacitySagasPerSec   *float64 `json:"capacity_sagas_per_sec"`
+	Curve25StartP50Ms     *float64 `json:"curve_25_start_p50_ms"`
+	Curve25StartP99Ms     *float64 `json:"curve_25_start_p99_ms"`
+	Curve25FirstStepP50Ms *float64 `json:"curve_25_first_step_p50_ms"`
+	Curve25FirstStepP99Ms *float64 `json:"curve_25_first_step_p99_ms"`
+	Curve25EndP50Ms       *float64 `json:"curve_25_end_p50_ms"`
+	Curve25EndP99Ms       *float64 `json:"curve_25_end_p99_ms"`
+	Curve50StartP50Ms     *float64 `json:"curve_50_start_p50_ms"`
+	Curve50StartP99Ms     *float64 `json:"curve_50_start_p99_ms"`
+	Curve50FirstStepP50Ms *float64 `json:"curve_50_first_step_p50_ms"`
+	Curve50FirstStepP99Ms *float64 `json:"curve_50_first_step_p99_ms"`
+	Curve50EndP50Ms       *float64 `json:"curve_50_end_p50_ms"`
+	Curve50EndP99Ms       *float64 `json:"curve_50_end_p99_ms"`
+	Curve75StartP50Ms     *float64 `json:"curve_75_start_p50_ms"`
+	Curve75StartP99Ms     *float64 `json:"curve_75_start_p99_ms"`
+	Curve75FirstStepP50Ms *float64 `json:"curve_75_first_step_p50_ms"`
+	Curve75FirstStepP99Ms *float64 `json:"curve_75_first_step_p99_ms"`
+	Curve75EndP50Ms       *float64 `json:"curve_75_end_p50_ms"`
+	Curve75EndP99Ms       *float64 `json:"curve_75_end_p99_ms"`
 	// Median claim of 8 with 1,000 and 1,000,000 due instances.
 	ClaimMs1k *float64 `json:"claim_ms_1k"`
 	ClaimMs1m *float64 `json:"claim_ms_1m"`
@@ -320,8 +367,27 @@ func (r *Report) Summary() Summary {
 		s.StepRatio = f64(st.Ratio)
 		s.ServerMsPerStep = st.ServerMsPerStep
 		s.PeerDBOSStepsPerSec, s.PeerRiverStepsPerSec = st.PeerDBOS, st.PeerRiver
-		if o := r.Overload; o != nil && st.StepsPerSec > 0 {
-			s.OverloadStepsRatio = f64(o.StepsPerSec / st.StepsPerSec)
+	}
+	if c := r.Capacity; c != nil && c.SagasPerSec > 0 {
+		s.CapacitySagasPerSec = f64(c.SagasPerSec)
+		if o := r.Overload; o != nil {
+			s.OverloadStepsRatio = f64(o.StepsPerSec / (c.SagasPerSec * benchStepsPerSaga))
+		}
+		for _, l := range c.Levels {
+			var p [6]**float64
+			switch l.Percent {
+			case 25:
+				p = [6]**float64{&s.Curve25StartP50Ms, &s.Curve25StartP99Ms, &s.Curve25FirstStepP50Ms, &s.Curve25FirstStepP99Ms, &s.Curve25EndP50Ms, &s.Curve25EndP99Ms}
+			case 50:
+				p = [6]**float64{&s.Curve50StartP50Ms, &s.Curve50StartP99Ms, &s.Curve50FirstStepP50Ms, &s.Curve50FirstStepP99Ms, &s.Curve50EndP50Ms, &s.Curve50EndP99Ms}
+			case 75:
+				p = [6]**float64{&s.Curve75StartP50Ms, &s.Curve75StartP99Ms, &s.Curve75FirstStepP50Ms, &s.Curve75FirstStepP99Ms, &s.Curve75EndP50Ms, &s.Curve75EndP99Ms}
+			default:
+				continue
+			}
+			for i, v := range []float64{l.Start.P50, l.Start.P99, l.FirstStep.P50, l.FirstStep.P99, l.End.P50, l.End.P99} {
+				*p[i] = f64(v)
+			}
 		}
 	}
 	for _, c := range r.Claim {
@@ -407,20 +473,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if len(r.Latency) > 0 {
 		fmt.Fprintln(tw, "\n2. latency (ms)\trate ev/s\tachieved\tevents\tstart p50\tp95\tp99\tmax\tfirst step p50\tp95\tp99\tmax\tend p50\tp99\tsteps/s\tunfinished (start, step, end)")
-		cases := r.Latency
-		if r.Overload != nil {
-			cases = append(slices.Clone(cases), *r.Overload)
-		}
-		for i, c := range cases {
+		for i, c := range r.Latency {
 			target := ""
 			if i == 0 {
 				target = fmt.Sprintf("\ttargets: start p99 < 50 %s, first step p99 < 100 %s, end p99 < 500 %s",
 					mark(c.Start.P99 < 50 && c.StartUnfinished == 0), mark(c.FirstStep.P99 < 100 && c.FirstStepUnfinished == 0),
 					mark(c.End.P99 < 500 && c.EndUnfinished == 0))
-			}
-			if c.Overload && r.Steps != nil && r.Steps.StepsPerSec > 0 {
-				ratio := c.StepsPerSec / r.Steps.StepsPerSec
-				target = fmt.Sprintf("\toverload (2× the sustained saga rate): steps/s %.2f of the step scenario's (≥0.9) %s", ratio, mark(ratio >= 0.9))
 			}
 			en := ""
 			if c.EndUnfinished > 0 {
@@ -465,6 +523,43 @@ func (r *Report) WriteTable(w io.Writer) {
 		for _, c := range st.PgbenchStatements {
 			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\tpgbench: %s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
 		}
+	}
+	if c := r.Capacity; c != nil {
+		fmt.Fprintln(tw, "\n3c. capacity (whole relay, 3-step sagas)\tsustainable sagas/s\tramp: sagas/s asked → triggers committed/s → sagas completed/s")
+		for i, st := range c.Ramp {
+			held, capacity := "not sustained", ""
+			if st.Sustained {
+				held = "sustained"
+			}
+			if i == 0 {
+				capacity = fmt.Sprintf("%.0f", c.SagasPerSec)
+			}
+			fmt.Fprintf(tw, "\t%s\t%d → %.0f → %.0f %s\n", capacity, st.Rate, st.ProducedPerSec, st.CompletedPerSec, held)
+		}
+		fmt.Fprintln(tw, "\n   latency at a share of capacity (ms)\tshare\trate sagas/s\tachieved\tevents\tstart p50\tp99\tfirst step p50\tp99\tend p50\tp99\tsteps/s\tunfinished (start, step, end)")
+		row := func(label string, l LatencyCase, target string) {
+			st, fs, en := lowerBound(l.StartUnfinished), lowerBound(l.FirstStepUnfinished), lowerBound(l.EndUnfinished)
+			fmt.Fprintf(tw, "\t%s\t%d\t%.0f\t%d\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%s%.1f\t%.0f\t%d, %d, %d%s\n",
+				label, l.Rate, l.AchievedRate, l.Produced, st, l.Start.P50, st, l.Start.P99, fs, l.FirstStep.P50, fs, l.FirstStep.P99,
+				en, l.End.P50, en, l.End.P99, l.StepsPerSec, l.StartUnfinished, l.FirstStepUnfinished, l.EndUnfinished, target)
+		}
+		for _, l := range c.Levels {
+			target := ""
+			switch l.Percent {
+			case 50:
+				target = fmt.Sprintf("\ttargets: first step p99 < 50 %s, end p99 < 250 %s",
+					mark(l.FirstStep.P99 < 50 && l.FirstStepUnfinished == 0), mark(l.End.P99 < 250 && l.EndUnfinished == 0))
+			case 75:
+				target = fmt.Sprintf("\ttarget: end p99 < 1000 %s", mark(l.End.P99 < 1000 && l.EndUnfinished == 0))
+			}
+			row(fmt.Sprintf("%d %%", l.Percent), l.LatencyCase, target)
+		}
+		if o := r.Overload; o != nil && c.SagasPerSec > 0 {
+			ratio := o.StepsPerSec / (c.SagasPerSec * benchStepsPerSaga)
+			row("200 % (overload)", *o, fmt.Sprintf("\toverload_steps_ratio: steps/s %.2f of the sustainable %.0f (≥0.9) %s",
+				ratio, c.SagasPerSec*benchStepsPerSaga, mark(ratio >= 0.9)))
+		}
+		fmt.Fprintln(tw, "\t(≥: some sagas had not started, taken their first step or ended when the wait ended; they count with the time waited, a lower bound)")
 	}
 	if len(r.Claim) > 0 {
 		fmt.Fprintln(tw, "\n   claim and start cost vs backlog\tdue instances\tclaim of 8 ms (median)\tcorrelator start of 1,000 ms (median)")
@@ -526,6 +621,15 @@ func times(ours float64, peer *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", ours / *peer)
+}
+
+// lowerBound marks a percentile that counts unfinished samples with the time
+// waited.
+func lowerBound(unfinished int) string {
+	if unfinished > 0 {
+		return "≥"
+	}
+	return ""
 }
 
 func mark(ok bool) string {

@@ -55,103 +55,14 @@ func (r *run) latencyScenario(ctx context.Context) error {
 func (r *run) drainLimit() time.Duration { return max(10*time.Second, r.sz.latencyDuration) }
 
 func (r *run) latencyCase(ctx context.Context, perSec int, dur time.Duration) (LatencyCase, error) {
-	e := r.env
 	count := int(float64(perSec) * dur.Seconds())
 	c := LatencyCase{Rate: perSec, Produced: count}
-	if err := e.reset(ctx); err != nil {
-		return c, err
-	}
-	slot := e.slotName("latency")
-	if _, err := e.createSlot(ctx, slot, true); err != nil {
-		return c, err
-	}
-	tl := newTimeline(count + 1) // seq 0 is the warm-up event
-
-	var bySeq, endSeq sync.Map // instance id → seq, from the first step's Do
-	var steps atomic.Int64     // step commits, for the steps/s under a backlog
-	reg := benchRegistry(func(x *saga.StepTx) {
-		if seq, ok := seqOf(x.State); ok {
-			bySeq.Store(x.Instance.ID, seq)
-			endSeq.Store(x.Instance.ID, seq)
-		}
-	})
-	cfg := (&saga.RunnerConfig{}).WithDefaults()
-	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
+	p, err := r.openPipeline(ctx, count+1) // seq 0 is the warm-up event
 	if err != nil {
 		return c, err
 	}
-	defer pool.Close()
-	journal, err := pgjournal.New(pool, nil)
-	if err != nil {
-		return c, err
-	}
-	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
-		Logger: r.log.With("component", "runner"),
-		Hooks: saga.Hooks{OnStep: func(ev saga.StepEvent) {
-			if ev.Compensation || ev.Outcome != saga.OutcomeCompleted {
-				return
-			}
-			steps.Add(1)
-			if ev.StepName != "reserve" {
-				return
-			}
-			if seq, ok := bySeq.LoadAndDelete(ev.InstanceID); ok {
-				tl.mark(tl.step, seq.(int64))
-			}
-		}, OnTerminal: func(ev saga.TerminalEvent) {
-			if seq, ok := endSeq.LoadAndDelete(ev.InstanceID); ok && ev.Status == saga.StatusCompleted {
-				tl.mark(tl.end, seq.(int64))
-			}
-		}},
-	})
-	if err != nil {
-		return c, err
-	}
-	corr, err := correlator.New(pool, &correlator.Config{Registry: reg, Wake: runner.Wake, Logger: r.log.With("component", "correlator")})
-	if err != nil {
-		return c, err
-	}
-	sink := newCountingSink(corr, 0)
-	sink.onBatch = func(b *cdc.Batch) {
-		for i := range b.Events {
-			if seq, ok := seqOf(b.Events[i].Payload); ok {
-				tl.mark(tl.start, seq)
-			}
-		}
-	}
-	stream, err := cdc.NewStream(cdc.Config{DatabaseURL: e.url, Slot: slot, Publication: e.pub,
-		Logger: r.log.With("component", "cdc")}, sink)
-	if err != nil {
-		return c, err
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	if err := runner.Start(runCtx); err != nil {
-		return c, err
-	}
-	streamErr := make(chan error, 1)
-	go func() { streamErr <- stream.Run(runCtx) }()
-	defer func() {
-		cancel()
-		<-streamErr
-		stopCtx, c := context.WithTimeout(context.Background(), 30*time.Second)
-		defer c()
-		runner.Stop(stopCtx)
-	}()
-
-	prod, err := newProducer(ctx, e.url, tl)
-	if err != nil {
-		return c, err
-	}
-	defer prod.close()
-
-	// Warm up: one event all the way through before the clock counts.
-	if err := prod.produce(ctx, 0, 1, 1); err != nil {
-		return c, err
-	}
-	if ok, err := tl.wait(ctx, tl.end, 0, 1, 60*time.Second, streamErr); err != nil || !ok {
-		return c, fmt.Errorf("warm-up: the first event had no first step within a minute (%v)", err)
-	}
+	defer p.close()
+	tl, prod, steps, streamErr := p.tl, p.prod, &p.steps, p.streamErr
 	tl.stop.Store(0)
 	r.progress("latency: %d events/s for %s", perSec, dur)
 	steps0 := steps.Load()
@@ -180,6 +91,131 @@ func (r *run) latencyCase(ctx context.Context, perSec int, dur time.Duration) (L
 	r.progress("latency: %d events/s (achieved %.0f): start p50 %.1f p99 %.1f max %.1f ms; first step p50 %.1f p99 %.1f max %.1f ms; end p99 %.1f ms; %.0f steps/s",
 		perSec, c.AchievedRate, c.Start.P50, c.Start.P99, c.Start.Max, c.FirstStep.P50, c.FirstStep.P99, c.FirstStep.Max, c.End.P99, c.StepsPerSec)
 	return c, nil
+}
+
+// pipeline is the whole relay (stream, correlator, step runner, wired as
+// `relay run` wires them) on a fresh slot over empty tables, with a producer,
+// after one warm-up event (seq 0) went all the way through. Its timeline
+// holds events [0, n).
+type pipeline struct {
+	tl        *timeline
+	prod      *producer
+	steps     atomic.Int64 // step commits (not compensations)
+	streamErr chan error
+	closers   []func()
+}
+
+func (p *pipeline) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+func (r *run) openPipeline(ctx context.Context, n int) (_ *pipeline, err error) {
+	e := r.env
+	p := &pipeline{tl: newTimeline(n), streamErr: make(chan error, 1)}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if err := e.reset(ctx); err != nil {
+		return nil, err
+	}
+	slot := e.slotName("latency")
+	if _, err := e.createSlot(ctx, slot, true); err != nil {
+		return nil, err
+	}
+	tl, steps, streamErr := p.tl, &p.steps, p.streamErr
+
+	var bySeq, endSeq sync.Map // instance id → seq, from the first step's Do
+	reg := benchRegistry(func(x *saga.StepTx) {
+		if seq, ok := seqOf(x.State); ok {
+			bySeq.Store(x.Instance.ID, seq)
+			endSeq.Store(x.Instance.ID, seq)
+		}
+	})
+	cfg := (&saga.RunnerConfig{}).WithDefaults()
+	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
+	if err != nil {
+		return nil, err
+	}
+	p.closers = append(p.closers, pool.Close)
+	journal, err := pgjournal.New(pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
+		Logger: r.log.With("component", "runner"),
+		Hooks: saga.Hooks{OnStep: func(ev saga.StepEvent) {
+			if ev.Compensation || ev.Outcome != saga.OutcomeCompleted {
+				return
+			}
+			steps.Add(1)
+			if ev.StepName != "reserve" {
+				return
+			}
+			if seq, ok := bySeq.LoadAndDelete(ev.InstanceID); ok {
+				tl.mark(tl.step, seq.(int64))
+			}
+		}, OnTerminal: func(ev saga.TerminalEvent) {
+			if seq, ok := endSeq.LoadAndDelete(ev.InstanceID); ok && ev.Status == saga.StatusCompleted {
+				tl.mark(tl.end, seq.(int64))
+			}
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	corr, err := correlator.New(pool, &correlator.Config{Registry: reg, Wake: runner.Wake, Logger: r.log.With("component", "correlator")})
+	if err != nil {
+		return nil, err
+	}
+	sink := newCountingSink(corr, 0)
+	sink.onBatch = func(b *cdc.Batch) {
+		for i := range b.Events {
+			if seq, ok := seqOf(b.Events[i].Payload); ok {
+				tl.mark(tl.start, seq)
+			}
+		}
+	}
+	stream, err := cdc.NewStream(cdc.Config{DatabaseURL: e.url, Slot: slot, Publication: e.pub,
+		Logger: r.log.With("component", "cdc")}, sink)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.closers = append(p.closers, cancel)
+	if err := runner.Start(runCtx); err != nil {
+		return nil, err
+	}
+	go func() { streamErr <- stream.Run(runCtx) }()
+	p.closers = append(p.closers, func() {
+		cancel()
+		select { // a stream that failed has already handed its error to a wait
+		case <-streamErr:
+		case <-time.After(30 * time.Second):
+		}
+		stopCtx, c := context.WithTimeout(context.Background(), 30*time.Second)
+		defer c()
+		runner.Stop(stopCtx)
+	})
+
+	prod, err := newProducer(ctx, e.url, tl)
+	if err != nil {
+		return nil, err
+	}
+	p.prod = prod
+	p.closers = append(p.closers, prod.close)
+
+	// Warm up: one event all the way through before the clock counts.
+	if err := prod.produce(ctx, 0, 1, 1); err != nil {
+		return nil, err
+	}
+	if ok, err := tl.wait(ctx, tl.end, 0, 1, 60*time.Second, streamErr); err != nil || !ok {
+		return nil, fmt.Errorf("warm-up: the first event had no first step within a minute (%v)", err)
+	}
+	return p, nil
 }
 
 // timeline holds, per event sequence number, the nanoseconds (since base)

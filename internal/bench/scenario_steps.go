@@ -75,21 +75,6 @@ func (r *run) stepsScenario(ctx context.Context) error {
 		res.PeerDBOS, res.PeerRiver, res.PeerRiverFast = f64(median(d)), f64(median(rv)), f64(median(rf))
 	}
 	r.report.Steps = &res
-
-	// Overload: the whole relay while a producer starts sagas at twice the
-	// rate the runner just sustained, so that a backlog builds; the steps/s
-	// while it exists and drains, against the figure above.
-	if res.StepsPerSec > 0 {
-		rate := max(1, int(2*res.StepsPerSec/benchStepsPerSaga))
-		r.progress("steps: overload: starting sagas at %d/s (twice the sustained %.0f sagas/s) for %s", rate, res.StepsPerSec/benchStepsPerSaga, r.sz.overloadDuration)
-		c, err := r.latencyCase(ctx, rate, r.sz.overloadDuration)
-		if err != nil {
-			return fmt.Errorf("overload: %w", err)
-		}
-		c.Overload = true
-		r.report.Overload = &c
-		r.progress("steps: overload: %.0f steps/s while the backlog existed and drained: %.2f of the step scenario's %.0f", c.StepsPerSec, c.StepsPerSec/res.StepsPerSec, res.StepsPerSec)
-	}
 	return nil
 }
 
