@@ -163,6 +163,19 @@ func countHandled(t testing.TB, pool *pgxpool.Pool) int {
 	return n
 }
 
+// countHandledOf counts how many of ids were handled. Tests whose producer
+// retries through faults wait on this rather than on countHandled: a commit
+// whose acknowledgement the fault cut off is handled too, without being in
+// ids, so the total can reach len(ids) while some of ids are still in flight.
+func countHandledOf(t testing.TB, pool *pgxpool.Pool, ids []uuid.UUID) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM cdc_handled WHERE event_id = ANY($1)`, ids).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // logBuffer collects a test's logs and prints them when the test fails.
 type logBuffer struct {
 	mu  sync.Mutex

@@ -36,7 +36,7 @@ func TestReconnectAfterTerminatedBackends(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	ids := prod.finish(t)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) >= len(ids) })
+	waitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	if _, done := r.wait(0); done {
 		t.Fatal("Run ended on a transient failure")
@@ -75,7 +75,7 @@ func TestReconnectAfterServerCrashRestart(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	ids := prod.finish(t)
-	waitFor(t, 60*time.Second, "every event", func() bool { return countHandled(t, db.Pool) >= len(ids) })
+	waitFor(t, 60*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	if _, done := r.wait(0); done {
 		t.Fatal("Run ended on a server restart")

@@ -67,7 +67,7 @@ func TestStartStopStress(t *testing.T) {
 	}
 	ids := prod.finish(t)
 	startStream(t, cfg, sink)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) >= len(ids) })
+	waitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	m.mu.Lock()
 	defer m.mu.Unlock()
