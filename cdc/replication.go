@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,6 +228,10 @@ func isCtxErr(err error) bool {
 
 // receive reads the stream until ctx ends or the connection fails.
 func (r *receiver) receive(ctx context.Context) error {
+	rd := newReadDeadline(r.conn.Conn())
+	defer rd.release()
+	release := context.AfterFunc(ctx, rd.interrupt)
+	defer release()
 	for {
 		if !time.Now().Before(r.nextStatus) {
 			if err := r.sendStatus(); err != nil {
@@ -242,9 +247,13 @@ func (r *receiver) receive(ctx context.Context) error {
 			// this loop when it frees up.
 			deadline = minTime(deadline, time.Now().Add(pendingPoll))
 		}
-		dctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := r.conn.ReceiveMessage(dctx)
-		cancel()
+		// The wait is bounded by the connection's read deadline rather than
+		// a context per message: a message costs no context, timer and
+		// watcher then, and the stream reads one per outbox row.
+		if !rd.set(deadline) {
+			return context.Cause(ctx)
+		}
+		msg, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -265,6 +274,49 @@ func (r *receiver) receive(ctx context.Context) error {
 			return errors.New("cdc: the server ended the replication stream")
 		}
 	}
+}
+
+// readDeadline bounds the receive loop's reads with the connection's read
+// deadline, and interrupts a read when the loop's context ends (from another
+// goroutine, hence the lock: a deadline set by the loop must not undo the
+// interruption).
+type readDeadline struct {
+	mu          sync.Mutex
+	conn        net.Conn
+	interrupted bool
+}
+
+func newReadDeadline(conn net.Conn) *readDeadline { return &readDeadline{conn: conn} }
+
+// set makes reads time out at t; it reports false once interrupted.
+func (d *readDeadline) set(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return false
+	}
+	_ = d.conn.SetReadDeadline(t)
+	return true
+}
+
+// interrupt makes the current read, and every later one, time out now.
+func (d *readDeadline) interrupt() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return // or released: the loop is over
+	}
+	d.interrupted = true
+	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// release leaves the connection without a read deadline, for what is sent
+// and read on it after the loop (the last status update).
+func (d *readDeadline) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.interrupted = true
+	_ = d.conn.SetReadDeadline(time.Time{})
 }
 
 func (r *receiver) copyData(ctx context.Context, data []byte) error {
