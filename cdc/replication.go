@@ -131,9 +131,13 @@ type receiver struct {
 	// replayUntil: transactions ending at or before it are replays of work
 	// the sink already committed; they are never merged (see hold).
 	replayUntil pglogrepl.LSN
-	received    pglogrepl.LSN
-	sent        pglogrepl.LSN
-	nextStatus  time.Time
+	// lastTxEvents is the number of outbox rows of the previous
+	// transaction: the next one's events get room for as many at once,
+	// since transactions of one application tend to be alike.
+	lastTxEvents int
+	received     pglogrepl.LSN
+	sent         pglogrepl.LSN
+	nextStatus   time.Time
 }
 
 // replicate streams from start until ctx ends or something fails.
@@ -383,6 +387,9 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		if err != nil {
 			return err
 		}
+		if r.tx.events == nil {
+			r.tx.events = make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
+		}
 		ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
 		ev.Xid = r.tx.xid
 		r.tx.events = append(r.tx.events, ev)
@@ -410,6 +417,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		}
 		r.inTx = false
 		end := m.TransactionEndLSN
+		r.lastTxEvents = len(r.tx.events)
 		if len(r.tx.events) == 0 && r.tx.parts == 0 && !r.tx.heartbeat {
 			// Nothing for the sink (servers before 15 send every
 			// transaction): acknowledge it once nothing is in flight.
@@ -456,6 +464,13 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 		size := batchBytes(&b)
 		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents && r.pendingBytes+size <= r.s.cfg.MaxBatchBytes {
 			r.pendingBytes += size
+			if need := len(p.Events) + len(b.Events); need > cap(p.Events) {
+				// Double (append grows a large slice by a quarter, which
+				// copies a batch of many small transactions many times).
+				grown := make([]outbox.Event, len(p.Events), min(max(2*cap(p.Events), need, 64), r.s.cfg.MaxBatchEvents))
+				copy(grown, p.Events)
+				p.Events = grown
+			}
 			p.Events = append(p.Events, b.Events...)
 			p.CommitLSN, p.EndLSN, p.CommitTime = b.CommitLSN, b.EndLSN, b.CommitTime
 			p.Heartbeat = p.Heartbeat && b.Heartbeat
