@@ -135,9 +135,11 @@ type receiver struct {
 	// transaction: the next one's events get room for as many at once,
 	// since transactions of one application tend to be alike.
 	lastTxEvents int
-	received     pglogrepl.LSN
-	sent         pglogrepl.LSN
-	nextStatus   time.Time
+	// cols is parseInsert's buffer, reused for every insert.
+	cols       []tupleColumn
+	received   pglogrepl.LSN
+	sent       pglogrepl.LSN
+	nextStatus time.Time
 }
 
 // replicate streams from start until ctx ends or something fails.
@@ -358,6 +360,9 @@ func (r *receiver) copyData(ctx context.Context, data []byte) error {
 // message handles one pgoutput message. Its bytes belong to the connection's
 // buffer: everything kept is copied (buildEvent does).
 func (r *receiver) message(ctx context.Context, data []byte) error {
+	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
+		return r.insert(ctx, data)
+	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
 		return wrapf(ErrProtocol, err, "decode a pgoutput message")
@@ -372,41 +377,6 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		r.inTx = true
 		r.tx.commitLSN, r.tx.commitTime, r.tx.xid = m.FinalLSN, m.CommitTime, m.Xid
 		r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
-	case *pglogrepl.InsertMessage:
-		if !r.inTx {
-			return errorf(ErrProtocol, "an insert outside a transaction")
-		}
-		rel, err := r.rels.get(m.RelationID)
-		if err != nil {
-			return err
-		}
-		if !rel.ours {
-			return nil // the publication covers more than the outbox table
-		}
-		row, err := rel.rowFromTuple(m.Tuple)
-		if err != nil {
-			return err
-		}
-		if r.tx.events == nil {
-			r.tx.events = make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
-		}
-		ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
-		ev.Xid = r.tx.xid
-		r.tx.events = append(r.tx.events, ev)
-		r.tx.bytes += eventBytes(&ev)
-		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
-			// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
-			// see Batch.EndLSN.
-			b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
-				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
-			r.tx.events, r.tx.bytes = nil, 0
-			r.tx.parts++
-			r.s.received(r.tx.commitLSN, r.tx.commitTime)
-			if err := r.flushPending(ctx); err != nil {
-				return err
-			}
-			return r.queue(ctx, b)
-		}
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Transactional && r.inTx && m.Prefix == HeartbeatPrefix {
 			r.tx.heartbeat = true
@@ -437,6 +407,51 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 	}
 	// Update, delete, truncate, type and origin messages carry nothing for
 	// us: the publication publishes inserts.
+	return nil
+}
+
+// insert handles a pgoutput Insert message: one row of the outbox table
+// (or of another table the publication covers, which is skipped).
+func (r *receiver) insert(ctx context.Context, data []byte) error {
+	if !r.inTx {
+		return errorf(ErrProtocol, "an insert outside a transaction")
+	}
+	relID, cols, err := parseInsert(data, r.cols)
+	r.cols = cols
+	if err != nil {
+		return err
+	}
+	rel, err := r.rels.get(relID)
+	if err != nil {
+		return err
+	}
+	if !rel.ours {
+		return nil // the publication covers more than the outbox table
+	}
+	row, err := rel.rowFromTuple(cols)
+	if err != nil {
+		return err
+	}
+	if r.tx.events == nil {
+		r.tx.events = make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
+	}
+	ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
+	ev.Xid = r.tx.xid
+	r.tx.events = append(r.tx.events, ev)
+	r.tx.bytes += eventBytes(&ev)
+	if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
+		// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
+		// see Batch.EndLSN.
+		b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
+			EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
+		r.tx.events, r.tx.bytes = nil, 0
+		r.tx.parts++
+		r.s.received(r.tx.commitLSN, r.tx.commitTime)
+		if err := r.flushPending(ctx); err != nil {
+			return err
+		}
+		return r.queue(ctx, b)
+	}
 	return nil
 }
 
