@@ -355,16 +355,31 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	}
 	br := tx.SendBatch(ctx, &batch)
 	if startQ != nil {
-		rows, err := br.Query()
-		if err == nil {
-			out.startedBySaga = map[string]int{}
-			var name string
-			var n int
-			_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
-				out.startedBySaga[name] += n
-				out.started += n
-				return nil
-			})
+		var err error
+		out.startedBySaga = map[string]int{}
+		if p.guarded {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				var name string
+				var n int
+				_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+					out.startedBySaga[name] += n
+					out.started += n
+					return nil
+				})
+			}
+		} else {
+			// The plain form starts every instance or fails.
+			var tag pgconn.CommandTag
+			if tag, err = br.Exec(); err == nil && tag.RowsAffected() != int64(len(p.startSaga)) {
+				err = fmt.Errorf("%d instances inserted for %d starts", tag.RowsAffected(), len(p.startSaga))
+			}
+			if err == nil {
+				for _, name := range p.startSaga {
+					out.startedBySaga[name]++
+				}
+				out.started = len(p.startSaga)
+			}
 		}
 		if err != nil {
 			br.Close()

@@ -23,8 +23,8 @@ WHERE c.lsn < EXCLUDED.lsn`
 // Correlator.HandleBatch). The plain form spares every start the
 // speculative insertion of ON CONFLICT (a probe of each unique index before
 // the insert, a lock and a confirmation record in the WAL), a fifth of the
-// start's server time. Both return how many instances they created, per
-// saga.
+// start's server time, and it returns nothing: it starts every instance or
+// fails. The guarded form returns how many instances it created, per saga.
 
 const startColumns = `
   INSERT INTO saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
@@ -41,8 +41,7 @@ SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
 
 // sqlStart starts one instance per (saga, trigger event) of a batch whose
 // triggers are new.
-const sqlStart = `
-WITH ins AS (` + startColumns + startCount
+const sqlStart = startColumns
 
 // sqlStartGuarded is sqlStart for a batch that may hold triggers started
 // before: those start nothing.
@@ -65,8 +64,7 @@ const keyedColumns = `
 // concurrency limit: it also stores each instance's concurrency key, limit
 // and place in the stream (NULL for the others), which the runner's claim
 // reads. A batch without one uses sqlStart and pays nothing for it.
-const sqlStartKeyed = `
-WITH ins AS (` + keyedColumns + startCount
+const sqlStartKeyed = keyedColumns
 
 // sqlStartKeyedGuarded is sqlStartKeyed with ON CONFLICT DO NOTHING.
 const sqlStartKeyedGuarded = `
