@@ -200,3 +200,26 @@ func TestRepliesWhenTheServerAsks(t *testing.T) {
 	}
 	assertExactlyOnce(t, db.Pool, ids)
 }
+
+// A stream waiting for the next message stops as soon as it is told to,
+// however long it would otherwise wait before its next status update.
+func TestStopInterruptsTheWaitForTheNextMessage(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	cfg := baseConfig(t, db)
+	cfg.StatusInterval = time.Hour
+	cfg.HeartbeatInterval = time.Hour
+	r := startStream(t, cfg, sink)
+	ids := writeEvents(t, db.Pool, 2, "x")
+	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 2 })
+	time.Sleep(200 * time.Millisecond) // waiting for a message now
+	began := time.Now()
+	if err := r.stop(t); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Fatalf("Run returned %s after cancel, want promptly (the next status update is an hour away)", took)
+	}
+	assertExactlyOnce(t, db.Pool, ids)
+}

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -92,27 +93,75 @@ func knownOID(oid uint32) bool {
 	return false
 }
 
-// rowFromTuple picks the mapped fields out of a pgoutput tuple.
-func (r *relation) rowFromTuple(t *pglogrepl.TupleData) (row [nFields]value, err error) {
+// tupleColumn is one column of an insert's tuple: its kind (pgoutput's
+// TupleDataType) and, for a value, its bytes inside the message.
+type tupleColumn struct {
+	kind byte
+	data []byte
+}
+
+// parseInsert reads a pgoutput Insert message ('I', relation id, 'N', the
+// tuple) into cols, reused across messages. The values are not copied: they
+// point into data, which belongs to the connection's buffer, and buildEvent
+// copies what it keeps. The stream reads one such message per outbox row,
+// and pglogrepl's parser allocates twice per column.
+func parseInsert(data []byte, cols []tupleColumn) (uint32, []tupleColumn, error) {
+	if len(data) < 8 || data[0] != byte(pglogrepl.MessageTypeInsert) {
+		return 0, cols, errorf(ErrProtocol, "an insert message of %d bytes", len(data))
+	}
+	rel := binary.BigEndian.Uint32(data[1:5])
+	if data[5] != 'N' {
+		return 0, cols, errorf(ErrProtocol, "an insert's tuple marked %q, want 'N'", data[5])
+	}
+	n := int(binary.BigEndian.Uint16(data[6:8]))
+	p := 8
+	cols = cols[:0]
+	for range n {
+		if p >= len(data) {
+			return 0, cols, errorf(ErrProtocol, "an insert's tuple ends after %d of its %d columns", len(cols), n)
+		}
+		c := tupleColumn{kind: data[p]}
+		p++
+		switch c.kind {
+		case pglogrepl.TupleDataTypeNull, pglogrepl.TupleDataTypeToast:
+		case pglogrepl.TupleDataTypeText, pglogrepl.TupleDataTypeBinary:
+			if len(data)-p < 4 {
+				return 0, cols, errorf(ErrProtocol, "an insert's column %d has no length", len(cols)+1)
+			}
+			l := binary.BigEndian.Uint32(data[p:])
+			p += 4
+			if uint64(l) > uint64(len(data)-p) {
+				return 0, cols, errorf(ErrProtocol, "an insert's column %d claims %d bytes, %d remain", len(cols)+1, l, len(data)-p)
+			}
+			c.data = data[p : p+int(l) : p+int(l)]
+			p += int(l)
+		default:
+			return 0, cols, errorf(ErrProtocol, "unknown tuple column kind %q", c.kind)
+		}
+		cols = append(cols, c)
+	}
+	return rel, cols, nil
+}
+
+// rowFromTuple picks the mapped fields out of an insert's tuple.
+func (r *relation) rowFromTuple(t []tupleColumn) (row [nFields]value, err error) {
 	for f := range nFields {
 		i := r.col[f]
 		if i < 0 {
 			continue
 		}
-		if i >= len(t.Columns) {
-			return row, errorf(ErrProtocol, "an insert has %d columns, its relation %d", len(t.Columns), i+1)
+		if i >= len(t) {
+			return row, errorf(ErrProtocol, "an insert has %d columns, its relation %d", len(t), i+1)
 		}
-		c := t.Columns[i]
+		c := &t[i]
 		v := value{present: true}
-		switch c.DataType {
+		switch c.kind {
 		case pglogrepl.TupleDataTypeNull:
 			v.null = true
 		case pglogrepl.TupleDataTypeToast:
 			v.unchanged = true
-		case pglogrepl.TupleDataTypeText, pglogrepl.TupleDataTypeBinary:
-			v.data = c.Data
 		default:
-			return row, errorf(ErrProtocol, "unknown tuple column kind %q", c.DataType)
+			v.data = c.data
 		}
 		row[f] = v
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,9 +131,15 @@ type receiver struct {
 	// replayUntil: transactions ending at or before it are replays of work
 	// the sink already committed; they are never merged (see hold).
 	replayUntil pglogrepl.LSN
-	received    pglogrepl.LSN
-	sent        pglogrepl.LSN
-	nextStatus  time.Time
+	// lastTxEvents is the number of outbox rows of the previous
+	// transaction: the next one's events get room for as many at once,
+	// since transactions of one application tend to be alike.
+	lastTxEvents int
+	// cols is parseInsert's buffer, reused for every insert.
+	cols       []tupleColumn
+	received   pglogrepl.LSN
+	sent       pglogrepl.LSN
+	nextStatus time.Time
 }
 
 // replicate streams from start until ctx ends or something fails.
@@ -227,6 +234,10 @@ func isCtxErr(err error) bool {
 
 // receive reads the stream until ctx ends or the connection fails.
 func (r *receiver) receive(ctx context.Context) error {
+	rd := newReadDeadline(r.conn.Conn())
+	defer rd.release()
+	release := context.AfterFunc(ctx, rd.interrupt)
+	defer release()
 	for {
 		if !time.Now().Before(r.nextStatus) {
 			if err := r.sendStatus(); err != nil {
@@ -242,9 +253,13 @@ func (r *receiver) receive(ctx context.Context) error {
 			// this loop when it frees up.
 			deadline = minTime(deadline, time.Now().Add(pendingPoll))
 		}
-		dctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := r.conn.ReceiveMessage(dctx)
-		cancel()
+		// The wait is bounded by the connection's read deadline rather than
+		// a context per message: a message costs no context, timer and
+		// watcher then, and the stream reads one per outbox row.
+		if !rd.set(deadline) {
+			return context.Cause(ctx)
+		}
+		msg, err := r.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
@@ -265,6 +280,49 @@ func (r *receiver) receive(ctx context.Context) error {
 			return errors.New("cdc: the server ended the replication stream")
 		}
 	}
+}
+
+// readDeadline bounds the receive loop's reads with the connection's read
+// deadline, and interrupts a read when the loop's context ends (from another
+// goroutine, hence the lock: a deadline set by the loop must not undo the
+// interruption).
+type readDeadline struct {
+	mu          sync.Mutex
+	conn        net.Conn
+	interrupted bool
+}
+
+func newReadDeadline(conn net.Conn) *readDeadline { return &readDeadline{conn: conn} }
+
+// set makes reads time out at t; it reports false once interrupted.
+func (d *readDeadline) set(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return false
+	}
+	_ = d.conn.SetReadDeadline(t)
+	return true
+}
+
+// interrupt makes the current read, and every later one, time out now.
+func (d *readDeadline) interrupt() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.interrupted {
+		return // or released: the loop is over
+	}
+	d.interrupted = true
+	_ = d.conn.SetReadDeadline(time.Now())
+}
+
+// release leaves the connection without a read deadline, for what is sent
+// and read on it after the loop (the last status update).
+func (d *readDeadline) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.interrupted = true
+	_ = d.conn.SetReadDeadline(time.Time{})
 }
 
 func (r *receiver) copyData(ctx context.Context, data []byte) error {
@@ -302,6 +360,9 @@ func (r *receiver) copyData(ctx context.Context, data []byte) error {
 // message handles one pgoutput message. Its bytes belong to the connection's
 // buffer: everything kept is copied (buildEvent does).
 func (r *receiver) message(ctx context.Context, data []byte) error {
+	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
+		return r.insert(ctx, data)
+	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
 		return wrapf(ErrProtocol, err, "decode a pgoutput message")
@@ -316,38 +377,6 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		r.inTx = true
 		r.tx.commitLSN, r.tx.commitTime, r.tx.xid = m.FinalLSN, m.CommitTime, m.Xid
 		r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
-	case *pglogrepl.InsertMessage:
-		if !r.inTx {
-			return errorf(ErrProtocol, "an insert outside a transaction")
-		}
-		rel, err := r.rels.get(m.RelationID)
-		if err != nil {
-			return err
-		}
-		if !rel.ours {
-			return nil // the publication covers more than the outbox table
-		}
-		row, err := rel.rowFromTuple(m.Tuple)
-		if err != nil {
-			return err
-		}
-		ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
-		ev.Xid = r.tx.xid
-		r.tx.events = append(r.tx.events, ev)
-		r.tx.bytes += eventBytes(&ev)
-		if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
-			// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
-			// see Batch.EndLSN.
-			b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
-				EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
-			r.tx.events, r.tx.bytes = nil, 0
-			r.tx.parts++
-			r.s.received(r.tx.commitLSN, r.tx.commitTime)
-			if err := r.flushPending(ctx); err != nil {
-				return err
-			}
-			return r.queue(ctx, b)
-		}
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Transactional && r.inTx && m.Prefix == HeartbeatPrefix {
 			r.tx.heartbeat = true
@@ -358,6 +387,7 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 		}
 		r.inTx = false
 		end := m.TransactionEndLSN
+		r.lastTxEvents = len(r.tx.events)
 		if len(r.tx.events) == 0 && r.tx.parts == 0 && !r.tx.heartbeat {
 			// Nothing for the sink (servers before 15 send every
 			// transaction): acknowledge it once nothing is in flight.
@@ -377,6 +407,51 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 	}
 	// Update, delete, truncate, type and origin messages carry nothing for
 	// us: the publication publishes inserts.
+	return nil
+}
+
+// insert handles a pgoutput Insert message: one row of the outbox table
+// (or of another table the publication covers, which is skipped).
+func (r *receiver) insert(ctx context.Context, data []byte) error {
+	if !r.inTx {
+		return errorf(ErrProtocol, "an insert outside a transaction")
+	}
+	relID, cols, err := parseInsert(data, r.cols)
+	r.cols = cols
+	if err != nil {
+		return err
+	}
+	rel, err := r.rels.get(relID)
+	if err != nil {
+		return err
+	}
+	if !rel.ours {
+		return nil // the publication covers more than the outbox table
+	}
+	row, err := rel.rowFromTuple(cols)
+	if err != nil {
+		return err
+	}
+	if r.tx.events == nil {
+		r.tx.events = make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
+	}
+	ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
+	ev.Xid = r.tx.xid
+	r.tx.events = append(r.tx.events, ev)
+	r.tx.bytes += eventBytes(&ev)
+	if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
+		// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
+		// see Batch.EndLSN.
+		b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: r.tx.commitLSN,
+			EndLSN: r.tx.commitLSN + 1, CommitTime: r.tx.commitTime, Partial: true}
+		r.tx.events, r.tx.bytes = nil, 0
+		r.tx.parts++
+		r.s.received(r.tx.commitLSN, r.tx.commitTime)
+		if err := r.flushPending(ctx); err != nil {
+			return err
+		}
+		return r.queue(ctx, b)
+	}
 	return nil
 }
 
@@ -404,6 +479,13 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 		size := batchBytes(&b)
 		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents && r.pendingBytes+size <= r.s.cfg.MaxBatchBytes {
 			r.pendingBytes += size
+			if need := len(p.Events) + len(b.Events); need > cap(p.Events) {
+				// Double (append grows a large slice by a quarter, which
+				// copies a batch of many small transactions many times).
+				grown := make([]outbox.Event, len(p.Events), min(max(2*cap(p.Events), need, 64), r.s.cfg.MaxBatchEvents))
+				copy(grown, p.Events)
+				p.Events = grown
+			}
 			p.Events = append(p.Events, b.Events...)
 			p.CommitLSN, p.EndLSN, p.CommitTime = b.CommitLSN, b.EndLSN, b.CommitTime
 			p.Heartbeat = p.Heartbeat && b.Heartbeat

@@ -105,6 +105,10 @@ type Correlator struct {
 	// next batch. Batches are handled one at a time.
 	routesGen uint64
 	tracer    trace.Tracer // nil: tracing off
+	// guardedLeft is how many more batches start their sagas with ON
+	// CONFLICT DO NOTHING since one met a trigger started before (see
+	// HandleBatch); batches are handled one at a time.
+	guardedLeft int
 
 	eventsSeen, batches, replayed, started, dupStarts, delivered, late, parked atomic.Uint64
 	outStarted, outReply, outIgnored, outFiltered, outParked                   atomic.Uint64
@@ -169,6 +173,12 @@ type outcome struct {
 	delivered, late, parked int
 }
 
+// guardedBatches is how many batches after one that met a trigger started
+// before use the guarded start: such triggers come in runs (the parts of a
+// large transaction replayed after a crash, outbox rows read again after a
+// resync), and each plain attempt among them would cost a transaction.
+const guardedBatches = 100
+
 // HandleBatch commits the batch's effects and its checkpoint in one
 // transaction. A batch whose end LSN is not past the checkpoint was handled
 // before (a replay after a crash): it is skipped.
@@ -176,12 +186,25 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	if g := c.cfg.Registry.Generation(); g != c.routesGen {
 		c.routes, c.routesGen = buildRoutes(c.cfg.Registry), g
 	}
-	p := plan{tr: c.tracer}
+	p := plan{tr: c.tracer, guarded: c.guardedLeft > 0}
+	if c.guardedLeft > 0 {
+		c.guardedLeft--
+	}
 	for i := range b.Events {
 		p.add(c.routes, &b.Events[i])
 	}
 	out, err := c.commit(ctx, b, &p)
 	defer func() { p.endSpans(err) }()
+	if err != nil && !p.guarded && startedBefore(err) {
+		// A trigger of the batch has started its saga before (or comes
+		// twice in it): the unique index refused the plain start, and the
+		// transaction with it. Start the batch again with the guarded
+		// form, which starts nothing for that trigger and the rest as
+		// usual, and keep to it for the next batches.
+		c.guardedLeft = guardedBatches
+		p.guarded = true
+		out, err = c.commit(ctx, b, &p)
+	}
 	if err != nil && isDataError(err) {
 		p.endSpans(err)
 		// A value PostgreSQL refuses got past the checks in plan.add. A
@@ -189,6 +212,7 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		// events that carry one, park them, and commit the rest.
 		var refused int
 		if p, refused = c.replanRefused(ctx, b); refused > 0 {
+			p.guarded = true
 			c.cfg.Logger.Warn("PostgreSQL refused values in a batch: parking the events that carry them",
 				"slot", b.Slot, "lsn", b.EndLSN.String(), "count", refused, "err", err)
 			out, err = c.commit(ctx, b, &p)
@@ -307,13 +331,17 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	}
 	var batch pgx.Batch
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
+	startSQL, keyedSQL := sqlStart, sqlStartKeyed
+	if p.guarded {
+		startSQL, keyedSQL = sqlStartGuarded, sqlStartKeyedGuarded
+	}
 	switch {
 	case p.keyed:
-		startQ = batch.Queue(sqlStartKeyed, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
+		startQ = batch.Queue(keyedSQL, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID,
 			p.startConcKey, p.startConcLimit, p.startConcLSN, p.startConcOrd, p.startTrace)
 	case len(p.startSaga) > 0:
-		startQ = batch.Queue(sqlStart, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
+		startQ = batch.Queue(startSQL, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID, p.startTrace)
 	}
 	if len(p.replyEvent) > 0 {
@@ -327,16 +355,31 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 	}
 	br := tx.SendBatch(ctx, &batch)
 	if startQ != nil {
-		rows, err := br.Query()
-		if err == nil {
-			out.startedBySaga = map[string]int{}
-			var name string
-			var n int
-			_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
-				out.startedBySaga[name] += n
-				out.started += n
-				return nil
-			})
+		var err error
+		out.startedBySaga = map[string]int{}
+		if p.guarded {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				var name string
+				var n int
+				_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error {
+					out.startedBySaga[name] += n
+					out.started += n
+					return nil
+				})
+			}
+		} else {
+			// The plain form starts every instance or fails.
+			var tag pgconn.CommandTag
+			if tag, err = br.Exec(); err == nil && tag.RowsAffected() != int64(len(p.startSaga)) {
+				err = fmt.Errorf("%d instances inserted for %d starts", tag.RowsAffected(), len(p.startSaga))
+			}
+			if err == nil {
+				for _, name := range p.startSaga {
+					out.startedBySaga[name]++
+				}
+				out.started = len(p.startSaga)
+			}
 		}
 		if err != nil {
 			br.Close()
@@ -399,6 +442,13 @@ func (c *Correlator) parkForeignReplies(ctx context.Context, tx pgx.Tx, b cdc.Ba
 	return nil
 }
 
+// startedBefore reports a start refused by saga_instances' unique index:
+// some trigger of the batch has started its saga already.
+func startedBefore(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "saga_instances"
+}
+
 // isDataError reports a statement that failed on a value (SQLSTATE class 22,
 // data exception), not on the database itself.
 func isDataError(err error) bool {
@@ -440,7 +490,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 	for i := range b.Events {
 		ev := b.Events[i]
 		numbered := noID[ev.LSN]
-		p := plan{noID: noID, ordBase: starts}
+		p := plan{noID: noID, ordBase: starts, guarded: true}
 		p.add(c.routes, &ev)
 		starts += int32(len(p.startSaga))
 		if !p.empty() {

@@ -1,9 +1,12 @@
 // Package correlator turns batches of outbox events from the stream into saga
 // work, one database transaction per batch:
 //
-//   - a trigger event starts exactly one instance of each saga it routes to
-//     (INSERT … ON CONFLICT DO NOTHING on the unique index over
-//     (saga_name, saga_version, trigger_event_id), never SELECT-then-INSERT);
+//   - a trigger event starts exactly one instance of each saga it routes to,
+//     whatever the version: the unique index saga_trigger_once_uq over
+//     (trigger_event_id, saga_name) refuses a second one, never
+//     SELECT-then-INSERT. A batch inserts plainly; one the index refuses
+//     starts again with INSERT … ON CONFLICT DO NOTHING, as do the batches
+//     after it for a while;
 //   - an event whose correlation id matches an instance waiting on a step is
 //     delivered to it as a reply, at most once (relay_inbox keyed by
 //     (consumer, event id)); a reply nobody waits for is recorded as late;

@@ -24,3 +24,6 @@ func SkipAggregateClipping() (restore func()) {
 	aggregateLimit = 1 << 30
 	return func() { aggregateLimit = prev }
 }
+
+// GuardedBatches is how many batches stay guarded after a refused start.
+const GuardedBatches = guardedBatches

@@ -53,6 +53,9 @@ type plan struct {
 	startConcOrd   []*int32
 	// keyed: some start has a concurrency key (sqlStartKeyed).
 	keyed bool
+	// guarded: start with ON CONFLICT DO NOTHING (sqlStartGuarded), for a
+	// batch that may hold triggers started before.
+	guarded bool
 	// ordBase is the number of starts planned before this plan's in the
 	// same batch (a batch applied one event at a time), so that startConcOrd
 	// is the position in the batch either way.
