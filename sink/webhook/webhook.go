@@ -19,12 +19,15 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/compensa/compensa/sink"
@@ -49,6 +52,11 @@ type Sink struct {
 	cfg Config
 	key []byte
 	now func() time.Time
+	// u is the parsed URL; conns drives a plain-HTTP endpoint when no
+	// Client was given (nil: every request goes through cfg.Client).
+	u     *url.URL
+	conns *conns
+	macs  sync.Pool // of hash.Hash: HMAC-SHA256 with key
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -68,6 +76,16 @@ func New(cfg Config) (*Sink, error) {
 		s.cfg.Timeout = 10 * time.Second
 	}
 	s.cfg.Concurrency = max(s.cfg.Concurrency, 1)
+	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	// A URL that does not parse fails each request, as through http.Client.
+	if u, err := url.Parse(cfg.URL); err == nil && s.cfg.Client == nil && u.Scheme == "http" && u.Host != "" && u.User == nil {
+		s.u = u
+		port := u.Port()
+		if port == "" {
+			port = "80"
+		}
+		s.conns = newConns(net.JoinHostPort(u.Hostname(), port), s.cfg.Concurrency)
+	}
 	if s.cfg.Client == nil {
 		s.cfg.Client = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: s.cfg.Concurrency, IdleConnTimeout: 90 * time.Second,
@@ -106,6 +124,23 @@ func Sign(key []byte, id, timestamp string, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
+// sign is Sign with a pooled HMAC of the sink's key.
+func (s *Sink) sign(id, timestamp string, body []byte) string {
+	m := s.macs.Get().(hash.Hash)
+	m.Reset()
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write([]byte(timestamp))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	var sum [sha256.Size]byte
+	var out [3 + 44]byte
+	copy(out[:], "v1,")
+	base64.StdEncoding.Encode(out[3:], m.Sum(sum[:0]))
+	s.macs.Put(m)
+	return string(out[:])
+}
+
 // Verify checks a request's signature header (any of its space-separated
 // v1 signatures) against key: what a receiver does.
 func Verify(key []byte, id, timestamp string, body []byte, header string) bool {
@@ -131,22 +166,28 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		}
 		groups[k] = append(groups[k], i)
 	}
-	sem := make(chan struct{}, s.cfg.Concurrency)
+	// Concurrency workers take the aggregates in the order of their first
+	// event, each delivering one aggregate's events in order.
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for _, k := range order {
-		idx := groups[k]
-		sem <- struct{}{}
+	for range min(s.cfg.Concurrency, len(order)) {
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			failed := false
-			for _, i := range idx {
-				if failed {
-					errs[i] = sink.ErrHeldBack
-					continue
+			defer wg.Done()
+			for {
+				g := int(next.Add(1) - 1)
+				if g >= len(order) {
+					return
 				}
-				if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
-					failed = true
+				failed := false
+				for _, i := range groups[order[g]] {
+					if failed {
+						errs[i] = sink.ErrHeldBack
+						continue
+					}
+					if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
+						failed = true
+					}
 				}
 			}
 		}()
@@ -157,29 +198,41 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 
 func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	body := ev.Envelope()
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
 	ts := strconv.FormatInt(s.now().Unix(), 10)
-	h := req.Header
-	h.Set("Content-Type", "application/json")
 	id := HeaderID(ev.ID)
-	h.Set("webhook-id", id)
-	h.Set("webhook-timestamp", ts)
+	msg := ev.MessageHeaders()
+	h := make(http.Header, 4+len(msg))
+	fixed := make([]string, 4)
+	fixed[0], fixed[1], fixed[2] = "application/json", id, ts
+	h["Content-Type"], h["Webhook-Id"], h["Webhook-Timestamp"] = fixed[0:1:1], fixed[1:2:2], fixed[2:3:3]
 	if s.key != nil {
-		h.Set("webhook-signature", Sign(s.key, id, ts, body))
+		fixed[3] = s.sign(id, ts, body)
+		h["Webhook-Signature"] = fixed[3:4:4]
 	}
 	// MessageHeaders leaves out every reserved name of the row's headers
 	// (sink.ReservedHeader), the signature's and the framing's included.
-	for _, kv := range ev.MessageHeaders() {
+	for _, kv := range msg {
 		if validHeaderName(kv.Key) {
 			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
 		}
 	}
-	resp, err := s.cfg.Client.Do(req)
+	var resp *http.Response
+	var err error
+	if s.conns != nil {
+		req := &http.Request{Method: http.MethodPost, URL: s.u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: h, Host: s.u.Host, ContentLength: int64(len(body))}
+		resp, err = s.conns.roundTrip(ctx, req, body, s.cfg.Timeout)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
+		defer cancel()
+		var req *http.Request
+		if req, err = http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body)); err != nil {
+			return err
+		}
+		req.Header = h
+		resp, err = s.cfg.Client.Do(req)
+	}
 	if err != nil {
 		// A *url.Error repeats the whole URL, query string included: keep
 		// only its cause beside the redacted URL.
@@ -189,8 +242,9 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		}
 		return fmt.Errorf("POST %s: %w", redactURL(s.cfg.URL), err)
 	}
-	defer resp.Body.Close()
+	// conns has read the body already.
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
@@ -279,6 +333,9 @@ func redactURL(u string) string {
 
 // Close closes idle connections.
 func (s *Sink) Close() error {
+	if s.conns != nil {
+		s.conns.close()
+	}
 	s.cfg.Client.CloseIdleConnections()
 	return nil
 }
