@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -20,8 +19,7 @@ import (
 // written and its answer read by the goroutine that sends it, with the
 // connection's deadline as the timeout: none of the per-request goroutine
 // hand-offs, contexts and timers of http.Transport, which cost more CPU than
-// a small POST itself. Requests are written with http.Request.Write and
-// answers read with http.ReadResponse. An https endpoint, or a Config.Client
+// a small POST itself. Answers are read with http.ReadResponse. An https endpoint, or a Config.Client
 // given by the caller, goes through http.Client instead.
 type conns struct {
 	addr   string // host:port
@@ -95,10 +93,11 @@ func (p *conns) close() {
 // request reached it: the request is sent again on a new connection.
 var errStale = errors.New("keep-alive connection closed by the endpoint")
 
-// roundTrip sends req and returns the answer with its body read (up to
-// 64 KiB, the rest discarded with the connection). A 3xx is returned, not
-// followed. ctx ends the request early; timeout bounds it as a whole.
-func (p *conns) roundTrip(ctx context.Context, req *http.Request, body []byte, timeout time.Duration) (*http.Response, error) {
+// roundTrip sends the request head (see Sink.appendHead) and body, and
+// returns the answer to req (its method and URL) with its body read (up
+// to 64 KiB, the rest discarded with the connection). A 3xx is returned,
+// not followed. ctx ends the request early; timeout bounds it as a whole.
+func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []byte, timeout time.Duration) (*http.Response, error) {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -117,7 +116,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, body []byte, t
 				return nil, err
 			}
 		}
-		resp, err := p.send(ctx, c, req, body, deadline, reused)
+		resp, err := p.send(ctx, c, req, head, body, deadline, reused)
 		if errors.Is(err, errStale) && attempt == 0 {
 			continue
 		}
@@ -125,7 +124,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, body []byte, t
 	}
 }
 
-func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
+func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
 	keep := false
 	defer func() {
 		if keep {
@@ -150,10 +149,8 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, body []by
 			err = fmt.Errorf("no answer within the timeout: %w", err)
 		}
 	}()
-	req.Body = io.NopCloser(bytes.NewReader(body))
-	if err := req.Write(c.bw); err != nil {
-		return nil, err
-	}
+	c.bw.Write(head)
+	c.bw.Write(body)
 	if err := c.bw.Flush(); err != nil {
 		if reused {
 			return nil, fmt.Errorf("%w: %w", errStale, err)

@@ -52,10 +52,11 @@ type Sink struct {
 	cfg Config
 	key []byte
 	now func() time.Time
-	// u is the parsed URL; conns drives a plain-HTTP endpoint when no
-	// Client was given (nil: every request goes through cfg.Client).
-	u     *url.URL
+	// conns drives a plain-HTTP endpoint when no Client was given (nil:
+	// every request goes through cfg.Client); req is the method and URL
+	// its answers are read for.
 	conns *conns
+	req   *http.Request
 	macs  sync.Pool // of hash.Hash: HMAC-SHA256 with key
 }
 
@@ -78,8 +79,8 @@ func New(cfg Config) (*Sink, error) {
 	s.cfg.Concurrency = max(s.cfg.Concurrency, 1)
 	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
 	// A URL that does not parse fails each request, as through http.Client.
-	if u, err := url.Parse(cfg.URL); err == nil && s.cfg.Client == nil && u.Scheme == "http" && u.Host != "" && u.User == nil {
-		s.u = u
+	if u, err := url.Parse(cfg.URL); err == nil && s.cfg.Client == nil && u.Scheme == "http" && u.User == nil && plainHost(u.Host) {
+		s.req = &http.Request{Method: http.MethodPost, URL: u, Host: u.Host}
 		port := u.Port()
 		if port == "" {
 			port = "80"
@@ -122,6 +123,56 @@ func Sign(key []byte, id, timestamp string, body []byte) string {
 	m.Write([]byte{'.'})
 	m.Write(body)
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// appendHead appends the head of a POST of n bytes with the headers h,
+// as http.Request.Write writes it (headers in no particular order): h's
+// values hold no control characters, and its names no reserved one.
+func (s *Sink) appendHead(b []byte, h http.Header, n int) []byte {
+	b = append(b, "POST "...)
+	b = append(b, s.req.URL.RequestURI()...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, s.req.Host...)
+	ua := "Go-http-client/1.1"
+	if v, ok := h["User-Agent"]; ok {
+		ua = ""
+		if len(v) > 0 {
+			ua = v[0]
+		}
+	}
+	if ua = strings.Trim(ua, " \t"); ua != "" {
+		b = append(b, "\r\nUser-Agent: "...)
+		b = append(b, ua...)
+	}
+	b = append(b, "\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	for k, vs := range h {
+		if k == "User-Agent" {
+			continue
+		}
+		for _, v := range vs {
+			b = append(b, "\r\n"...)
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, strings.Trim(v, " \t")...)
+		}
+	}
+	return append(b, "\r\n\r\n"...)
+}
+
+// plainHost reports whether host is written in the Host header as it is:
+// printable ASCII without a zone (an international name or an IPv6 zone
+// goes through http.Client, which converts them).
+func plainHost(host string) bool {
+	if host == "" || strings.Contains(host, "%") {
+		return false
+	}
+	for i := 0; i < len(host); i++ {
+		if host[i] <= ' ' || host[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // sign is Sign with a pooled HMAC of the sink's key.
@@ -219,9 +270,7 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 	var resp *http.Response
 	var err error
 	if s.conns != nil {
-		req := &http.Request{Method: http.MethodPost, URL: s.u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: h, Host: s.u.Host, ContentLength: int64(len(body))}
-		resp, err = s.conns.roundTrip(ctx, req, body, s.cfg.Timeout)
+		resp, err = s.conns.roundTrip(ctx, s.req, s.appendHead(make([]byte, 0, 512), h, len(body)), body, s.cfg.Timeout)
 	} else {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
