@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,4 +169,47 @@ func TestTimeoutAndCancel(t *testing.T) {
 
 	slow.Store(false)
 	requireNoErrors(t, s.Deliver(t.Context(), sinktest.Events(2, 2)))
+}
+
+// A plain-HTTP endpoint receives from the sink's own connections the same
+// request as through http.Client: method, URI, Host, headers and body.
+func TestPlainHTTPRequestIsHTTPClients(t *testing.T) {
+	type seen struct {
+		method, uri, host, proto string
+		length                   int64
+		header                   http.Header
+		body                     string
+	}
+	var mu sync.Mutex
+	var got []seen
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		h := r.Header.Clone()
+		h.Del("Webhook-Timestamp")
+		h.Del("Webhook-Signature")
+		h.Del("Accept-Encoding") // http.Transport asks for gzip answers
+		mu.Lock()
+		got = append(got, seen{r.Method, r.RequestURI, r.Host, r.Proto, r.ContentLength, h, string(body)})
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	evs := sinktest.Events(1, 1)
+	evs[0].Headers = []byte(`{"user-agent":"  shop/1.0 ","X-Spaced":" a b ","x_under":"v","n":7,"obj":{"k":[1]}}`)
+	for _, client := range []*http.Client{nil, {}} {
+		s, err := webhook.New(webhook.Config{URL: srv.URL + "/in/hook?token=a%20b&x=1", Secret: secret, Timeout: 2 * time.Second, Client: client})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireNoErrors(t, s.Deliver(t.Context(), evs))
+		s.Close()
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d requests, want 2", len(got))
+	}
+	if !reflect.DeepEqual(got[0], got[1]) {
+		t.Fatalf("own connection:\n%+v\nhttp.Client:\n%+v", got[0], got[1])
+	}
+	if got[0].header.Get("User-Agent") != "shop/1.0" || got[0].uri != "/in/hook?token=a%20b&x=1" || got[0].header.Get("Content-Type") != "application/json" {
+		t.Fatalf("request %+v", got[0])
+	}
 }
