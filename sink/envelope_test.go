@@ -52,6 +52,9 @@ func TestEnvelopeIsJSONMarshal(t *testing.T) {
 			ev.RawPayload = []byte(pick(raws))
 		}
 		got := ev.Envelope()
+		if pre := ev.AppendEnvelope([]byte("pre")); string(pre) != "pre"+string(got) {
+			t.Fatalf("AppendEnvelope %q, Envelope %q", pre, got)
+		}
 		want, err := json.Marshal(ev)
 		if err == nil && utf8.Valid(want) {
 			if !bytes.Equal(got, want) {

@@ -117,17 +117,28 @@ func (e *Event) AggregateKey() string {
 // deep, not UTF-8) is sent in base64 (payload_base64, headers_base64) with
 // the reason in poison.
 func (e *Event) Envelope() []byte {
-	b, ok := e.appendEnvelope(make([]byte, 0, 192+len(e.Payload)+len(e.Headers)))
+	return e.AppendEnvelope(nil)
+}
+
+// AppendEnvelope appends the Envelope to b.
+func (e *Event) AppendEnvelope(b []byte) []byte {
+	if b == nil {
+		b = make([]byte, 0, 192+len(e.ID)+len(e.TenantID)+len(e.AggregateType)+len(e.AggregateID)+len(e.EventType)+
+			len(e.Payload)+len(e.Headers)+len(e.CorrelationID)+len(e.CausationID))
+	}
+	n := len(b)
+	out, ok := e.appendEnvelope(b)
 	if !ok {
-		var err error
-		if b, err = json.Marshal(e); err != nil {
-			return e.poisonEnvelope(err)
+		m, err := json.Marshal(e)
+		if err != nil {
+			return append(b[:n], e.poisonEnvelope(err)...)
 		}
+		out = append(b[:n], m...)
 	}
-	if utf8.Valid(b) {
-		return b
+	if utf8.Valid(out[n:]) {
+		return out
 	}
-	return e.poisonEnvelope(nil)
+	return append(out[:n], e.poisonEnvelope(nil)...)
 }
 
 // poisonEnvelope is the envelope of an event that cannot be encoded as

@@ -194,7 +194,7 @@ func TestPlainHTTPRequestIsHTTPClients(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	evs := sinktest.Events(1, 1)
-	evs[0].Headers = []byte(`{"user-agent":"  shop/1.0 ","X-Spaced":" a b ","x_under":"v","n":7,"obj":{"k":[1]}}`)
+	evs[0].Headers = []byte(`{"user-agent":"  shop/1.0 ","X-Spaced":" a b ","x_under":"v","n":7,"obj":{"k":[1]},"x-dup":"1","X-Dup":"2"}`)
 	for _, client := range []*http.Client{nil, {}} {
 		s, err := webhook.New(webhook.Config{URL: srv.URL + "/in/hook?token=a%20b&x=1", Secret: secret, Timeout: 2 * time.Second, Client: client})
 		if err != nil {
@@ -209,7 +209,8 @@ func TestPlainHTTPRequestIsHTTPClients(t *testing.T) {
 	if !reflect.DeepEqual(got[0], got[1]) {
 		t.Fatalf("own connection:\n%+v\nhttp.Client:\n%+v", got[0], got[1])
 	}
-	if got[0].header.Get("User-Agent") != "shop/1.0" || got[0].uri != "/in/hook?token=a%20b&x=1" || got[0].header.Get("Content-Type") != "application/json" {
+	if got[0].header.Get("User-Agent") != "shop/1.0" || got[0].uri != "/in/hook?token=a%20b&x=1" || got[0].header.Get("Content-Type") != "application/json" ||
+		len(got[0].header["X-Dup"]) != 1 || got[0].header.Get("X-Dup") != "1" || got[0].header.Get("X_under") != "v" {
 		t.Fatalf("request %+v", got[0])
 	}
 }

@@ -125,19 +125,18 @@ func Sign(key []byte, id, timestamp string, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
-// appendHead appends the head of a POST of n bytes with the headers h,
-// as http.Request.Write writes it (headers in no particular order): h's
+// appendHead appends the head of a POST of n bytes with the headers hs
+// (canonical names, one value each) as http.Request.Write writes it: hs's
 // values hold no control characters, and its names no reserved one.
-func (s *Sink) appendHead(b []byte, h http.Header, n int) []byte {
+func (s *Sink) appendHead(b []byte, hs []sink.Header, n int) []byte {
 	b = append(b, "POST "...)
 	b = append(b, s.req.URL.RequestURI()...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, s.req.Host...)
 	ua := "Go-http-client/1.1"
-	if v, ok := h["User-Agent"]; ok {
-		ua = ""
-		if len(v) > 0 {
-			ua = v[0]
+	for _, h := range hs {
+		if h.Key == "User-Agent" {
+			ua = h.Value
 		}
 	}
 	if ua = strings.Trim(ua, " \t"); ua != "" {
@@ -146,18 +145,33 @@ func (s *Sink) appendHead(b []byte, h http.Header, n int) []byte {
 	}
 	b = append(b, "\r\nContent-Length: "...)
 	b = strconv.AppendInt(b, int64(n), 10)
-	for k, vs := range h {
-		if k == "User-Agent" {
+	for _, h := range hs {
+		if h.Key == "User-Agent" {
 			continue
 		}
-		for _, v := range vs {
-			b = append(b, "\r\n"...)
-			b = append(b, k...)
-			b = append(b, ": "...)
-			b = append(b, strings.Trim(v, " \t")...)
-		}
+		b = append(b, "\r\n"...)
+		b = append(b, h.Key...)
+		b = append(b, ": "...)
+		b = append(b, strings.Trim(h.Value, " \t")...)
 	}
 	return append(b, "\r\n\r\n"...)
+}
+
+// canonical holds the canonical forms of the header names every event
+// carries (sink.Event.MessageHeaders).
+var canonical = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "causation_id", "poison"} {
+		m[k] = http.CanonicalHeaderKey(k)
+	}
+	return m
+}()
+
+func canonicalKey(k string) string {
+	if c, ok := canonical[k]; ok {
+		return c
+	}
+	return http.CanonicalHeaderKey(k)
 }
 
 // plainHost reports whether host is written in the Host header as it is:
@@ -247,30 +261,60 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	return errs
 }
 
+// bufs holds the buffers of requests to a plain-HTTP endpoint, which are
+// done with once the answer is read.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
 func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
-	body := ev.Envelope()
+	var buf *[]byte
+	var body []byte
+	if s.conns != nil {
+		buf = bufs.Get().(*[]byte)
+		defer func() {
+			if cap(*buf) <= 64<<10 {
+				bufs.Put(buf)
+			}
+		}()
+		// One buffer: the body, then the head, written once the body's
+		// length is known.
+		*buf = ev.AppendEnvelope((*buf)[:0])
+		body = *buf
+	} else {
+		body = ev.Envelope()
+	}
 	ts := strconv.FormatInt(s.now().Unix(), 10)
 	id := HeaderID(ev.ID)
 	msg := ev.MessageHeaders()
-	h := make(http.Header, 4+len(msg))
-	fixed := make([]string, 4)
-	fixed[0], fixed[1], fixed[2] = "application/json", id, ts
-	h["Content-Type"], h["Webhook-Id"], h["Webhook-Timestamp"] = fixed[0:1:1], fixed[1:2:2], fixed[2:3:3]
+	hs := make([]sink.Header, 3, 4+len(msg))
+	hs[0], hs[1], hs[2] = sink.Header{Key: "Content-Type", Value: "application/json"},
+		sink.Header{Key: "Webhook-Id", Value: id}, sink.Header{Key: "Webhook-Timestamp", Value: ts}
 	if s.key != nil {
-		fixed[3] = s.sign(id, ts, body)
-		h["Webhook-Signature"] = fixed[3:4:4]
+		hs = append(hs, sink.Header{Key: "Webhook-Signature", Value: s.sign(id, ts, body)})
 	}
 	// MessageHeaders leaves out every reserved name of the row's headers
 	// (sink.ReservedHeader), the signature's and the framing's included.
+	// Names are sent in canonical form; of two that are one name so, the
+	// later one's value is sent (as http.Header.Set does).
+next:
 	for _, kv := range msg {
-		if validHeaderName(kv.Key) {
-			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
+		if !validHeaderName(kv.Key) {
+			continue
 		}
+		h := sink.Header{Key: canonicalKey(kv.Key), Value: strings.Map(dropControl, kv.Value)}
+		for i := range hs {
+			if hs[i].Key == h.Key {
+				hs[i] = h
+				continue next
+			}
+		}
+		hs = append(hs, h)
 	}
 	var resp *http.Response
 	var err error
 	if s.conns != nil {
-		resp, err = s.conns.roundTrip(ctx, s.req, s.appendHead(make([]byte, 0, 512), h, len(body)), body, s.cfg.Timeout)
+		*buf = s.appendHead(body, hs, len(body))
+		body, head := (*buf)[:len(body)], (*buf)[len(body):]
+		resp, err = s.conns.roundTrip(ctx, s.req, head, body, s.cfg.Timeout)
 	} else {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
@@ -279,7 +323,9 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		if req, err = http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body)); err != nil {
 			return err
 		}
-		req.Header = h
+		for _, h := range hs {
+			req.Header[h.Key] = []string{h.Value}
+		}
 		resp, err = s.cfg.Client.Do(req)
 	}
 	if err != nil {
@@ -291,9 +337,10 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		}
 		return fmt.Errorf("POST %s: %w", redactURL(s.cfg.URL), err)
 	}
-	// conns has read the body already.
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
+	if s.conns == nil { // conns has read the body already
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
