@@ -151,11 +151,18 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 	}()
 	c.bw.Write(head)
 	c.bw.Write(body)
-	if err := c.bw.Flush(); err != nil {
-		if reused {
-			return nil, fmt.Errorf("%w: %w", errStale, err)
+	if werr := c.bw.Flush(); werr != nil {
+		// The endpoint may have answered before it read the whole body
+		// (413) and closed the connection: that answer counts.
+		if _, err := c.br.Peek(1); err == nil {
+			if resp, _, err = readAnswer(c.br, req); err == nil {
+				return resp, nil
+			}
 		}
-		return nil, err
+		if reused {
+			return nil, fmt.Errorf("%w: %w", errStale, werr)
+		}
+		return nil, werr
 	}
 	if _, err := c.br.Peek(1); err != nil {
 		if reused && !errors.Is(err, os.ErrDeadlineExceeded) {
@@ -165,27 +172,36 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 		}
 		return nil, err
 	}
-	for {
-		resp, err = http.ReadResponse(c.br, req)
-		if err != nil {
-			return nil, err
-		}
-		// An interim answer (100 Continue, 103 Early Hints) precedes the
-		// real one.
-		if resp.StatusCode < 100 || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
-		}
-	}
-	n, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp, whole, err := readAnswer(c.br, req)
 	if err != nil {
 		return nil, err
 	}
 	// The connection is reused only when the whole answer was read and the
 	// endpoint keeps it open.
-	keep = !resp.Close && (n < 64<<10 || drained(resp.Body))
-	resp.Body.Close()
-	resp.Body = http.NoBody
+	keep = whole && !resp.Close
 	return resp, nil
+}
+
+// readAnswer reads the answer to req from br, past interim ones (100
+// Continue, 103 Early Hints), and up to 64 KiB of its body; whole is false
+// when the body was not read to its end (too long, or cut off): the
+// connection cannot carry another request then. A body cut off does not
+// undo the status.
+func readAnswer(br *bufio.Reader, req *http.Request) (resp *http.Response, whole bool, err error) {
+	for {
+		resp, err = http.ReadResponse(br, req)
+		if err != nil {
+			return nil, false, err
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue
+		}
+		n, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		whole = err == nil && (n < 64<<10 || drained(resp.Body))
+		resp.Body.Close()
+		resp.Body = http.NoBody
+		return resp, whole, nil
+	}
 }
 
 // drained reports whether body has nothing left to read.

@@ -214,3 +214,32 @@ func TestPlainHTTPRequestIsHTTPClients(t *testing.T) {
 		t.Fatalf("request %+v", got[0])
 	}
 }
+
+// An endpoint that refuses a large event with 413 before reading its body,
+// and closes the connection, gets the event refused (parked), not the sink
+// taken for down; the next event goes through.
+func TestEarlyRefusalOfALargeBody(t *testing.T) {
+	srv, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > 1<<20 {
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			return
+		}
+		noContent(w, r)
+	})
+	s, err := webhook.New(webhook.Config{URL: srv.URL, Secret: secret, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	requireNoErrors(t, s.Deliver(t.Context(), sinktest.Events(1, 1)))
+	evs := sinktest.Events(2, 2)
+	evs[0].Payload = []byte(`{"big":"` + strings.Repeat("x", 16<<20) + `"}`)
+	errs := s.Deliver(t.Context(), evs)
+	if errs[0] == nil || sink.Classify(errs[0]) != "event" || !strings.Contains(errs[0].Error(), "413") {
+		t.Fatalf("large event: %v (%s), want it refused with 413", errs[0], sink.Classify(errs[0]))
+	}
+	if errs[1] != nil {
+		t.Fatalf("small event: %v", errs[1])
+	}
+}
