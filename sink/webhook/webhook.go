@@ -57,7 +57,7 @@ type Sink struct {
 	// its answers are read for.
 	conns *conns
 	req   *http.Request
-	macs  sync.Pool // of hash.Hash: HMAC-SHA256 with key
+	macs  sync.Pool // of *signer
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -77,7 +77,7 @@ func New(cfg Config) (*Sink, error) {
 		s.cfg.Timeout = 10 * time.Second
 	}
 	s.cfg.Concurrency = max(s.cfg.Concurrency, 1)
-	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	s.macs.New = func() any { return &signer{mac: hmac.New(sha256.New, s.key), buf: make([]byte, 0, 128)} }
 	// A URL that does not parse fails each request, as through http.Client.
 	if u, err := url.Parse(cfg.URL); err == nil && s.cfg.Client == nil && u.Scheme == "http" && u.User == nil && plainHost(u.Host) {
 		s.req = &http.Request{Method: http.MethodPost, URL: u, Host: u.Host}
@@ -189,20 +189,25 @@ func plainHost(host string) bool {
 	return true
 }
 
+// signer is a reusable HMAC of the sink's key and its scratch buffer.
+type signer struct {
+	mac hash.Hash
+	buf []byte
+}
+
 // sign is Sign with a pooled HMAC of the sink's key.
 func (s *Sink) sign(id, timestamp string, body []byte) string {
-	m := s.macs.Get().(hash.Hash)
-	m.Reset()
-	m.Write([]byte(id))
-	m.Write([]byte{'.'})
-	m.Write([]byte(timestamp))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	var sum [sha256.Size]byte
-	var out [3 + 44]byte
+	g := s.macs.Get().(*signer)
+	defer s.macs.Put(g)
+	g.mac.Reset()
+	g.buf = append(append(append(append(g.buf[:0], id...), '.'), timestamp...), '.')
+	g.mac.Write(g.buf)
+	g.mac.Write(body)
+	sum := g.mac.Sum(g.buf[:0])
+	var out [3 + 44]byte // "v1," and the base64 of 32 bytes
 	copy(out[:], "v1,")
-	base64.StdEncoding.Encode(out[3:], m.Sum(sum[:0]))
-	s.macs.Put(m)
+	base64.StdEncoding.Encode(out[3:], sum)
+	g.buf = sum[:0]
 	return string(out[:])
 }
 
