@@ -20,6 +20,10 @@ import (
 // DefaultMaxParked is a sink's cap on parked events when max_parked is not set.
 const DefaultMaxParked = 1_000_000
 
+// DefaultWebhookConcurrency is how many aggregates a webhook sink delivers
+// at once when webhook.concurrency is not set.
+const DefaultWebhookConcurrency = 16
+
 // MinDuplicateWindow is the shortest JetStream duplicate window a NATS sink
 // accepts: a replay after a crash must still be recognised by Nats-Msg-Id.
 const MinDuplicateWindow = 2 * time.Minute
@@ -421,7 +425,7 @@ func (p *parser) globs(n *yaml.Node, what string) []string {
 }
 
 func (p *parser) webhook(n *yaml.Node) *WebhookSpec {
-	w := &WebhookSpec{Timeout: 10 * time.Second, Concurrency: 16}
+	w := &WebhookSpec{Timeout: 10 * time.Second, Concurrency: DefaultWebhookConcurrency}
 	f := p.fields(n, webhookSpec, "webhook")
 	if v, ok := f["url"]; ok {
 		if s, ok := p.str(v, "webhook.url"); ok {

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,10 +117,33 @@ func (e *Event) AggregateKey() string {
 // deep, not UTF-8) is sent in base64 (payload_base64, headers_base64) with
 // the reason in poison.
 func (e *Event) Envelope() []byte {
-	b, err := json.Marshal(e)
-	if err == nil && utf8.Valid(b) {
-		return b
+	return e.AppendEnvelope(nil)
+}
+
+// AppendEnvelope appends the Envelope to b.
+func (e *Event) AppendEnvelope(b []byte) []byte {
+	if b == nil {
+		b = make([]byte, 0, 192+len(e.ID)+len(e.TenantID)+len(e.AggregateType)+len(e.AggregateID)+len(e.EventType)+
+			len(e.Payload)+len(e.Headers)+len(e.CorrelationID)+len(e.CausationID))
 	}
+	n := len(b)
+	out, ok := e.appendEnvelope(b)
+	if !ok {
+		m, err := json.Marshal(e)
+		if err != nil {
+			return append(b[:n], e.poisonEnvelope(err)...)
+		}
+		out = append(b[:n], m...)
+	}
+	if utf8.Valid(out[n:]) {
+		return out
+	}
+	return append(out[:n], e.poisonEnvelope(nil)...)
+}
+
+// poisonEnvelope is the envelope of an event that cannot be encoded as
+// JSON as it is (err nil: not valid UTF-8).
+func (e *Event) poisonEnvelope(err error) []byte {
 	if err == nil {
 		err = errors.New("not valid UTF-8")
 	}
@@ -139,8 +163,90 @@ func (e *Event) Envelope() []byte {
 		return b
 	}
 	c.CreatedAt = time.Time{}
-	b, _ = json.Marshal(&c)
+	b, _ := json.Marshal(&c)
 	return b
+}
+
+// appendEnvelope appends the envelope to b exactly as json.Marshal writes
+// it, for the common event: text fields of plain printable ASCII, no
+// poison, a payload and headers that compact to JSON without characters
+// json.Marshal escapes. ok false: encode it with json.Marshal.
+func (e *Event) appendEnvelope(b []byte) (_ []byte, ok bool) {
+	if e.Poison != "" || e.RawPayload != nil || e.RawHeaders != nil {
+		return b, false
+	}
+	field := func(name, v string, omitEmpty bool) {
+		if !ok || (omitEmpty && v == "") {
+			return
+		}
+		b = append(b, name...)
+		b, ok = appendPlainString(b, v)
+	}
+	ok = true
+	b = append(b, '{')
+	field(`"id":`, e.ID, false)
+	field(`,"tenant_id":`, e.TenantID, true)
+	field(`,"aggregate_type":`, e.AggregateType, true)
+	field(`,"aggregate_id":`, e.AggregateID, true)
+	field(`,"event_type":`, e.EventType, false)
+	if !ok {
+		return b, false
+	}
+	b = append(b, `,"payload":`...)
+	if e.Payload == nil {
+		b = append(b, "null"...)
+	} else if b, ok = appendCompactJSON(b, e.Payload); !ok {
+		return b, false
+	}
+	if len(e.Headers) > 0 {
+		b = append(b, `,"headers":`...)
+		if b, ok = appendCompactJSON(b, e.Headers); !ok {
+			return b, false
+		}
+	}
+	field(`,"correlation_id":`, e.CorrelationID, true)
+	field(`,"causation_id":`, e.CausationID, true)
+	if !ok {
+		return b, false
+	}
+	if !e.CreatedAt.IsZero() {
+		b = append(b, `,"created_at":"`...)
+		var err error
+		if b, err = e.CreatedAt.AppendText(b); err != nil {
+			return b, false
+		}
+		b = append(b, '"')
+	}
+	return append(b, '}'), true
+}
+
+// appendPlainString appends s as a JSON string if it is printable ASCII
+// that json.Marshal writes as it is (no quote, backslash, <, > or &).
+func appendPlainString(b []byte, s string) ([]byte, bool) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return b, false
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"'), true
+}
+
+// appendCompactJSON appends raw compacted, as json.Marshal writes a
+// json.RawMessage, unless raw is not JSON or holds a character json.Marshal
+// would escape (<, >, &, U+2028, U+2029).
+func appendCompactJSON(b []byte, raw []byte) ([]byte, bool) {
+	for _, c := range raw {
+		if c == '<' || c == '>' || c == '&' || c == 0xe2 {
+			return b, false
+		}
+	}
+	buf := bytes.NewBuffer(b)
+	if json.Compact(buf, raw) != nil {
+		return b, false
+	}
+	return buf.Bytes(), true
 }
 
 // Header is one message header.

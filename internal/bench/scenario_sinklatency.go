@@ -77,7 +77,7 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 				Subject: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}.{event_type}", i))})
 			spec.NATS = &sink.NATSSpec{}
 		case "webhook":
-			s, err = webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: 16})
+			s, err = webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: sink.DefaultWebhookConcurrency})
 			spec.Webhook = &sink.WebhookSpec{}
 		case "kafka":
 			s, err = kafkasink.New(kafkasink.Config{Brokers: kc.ListenAddrs(), Topic: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}", i))})

@@ -89,7 +89,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 		}
 
 		r.progress("sinks: run %d/%d relay stream to a webhook sink (no-op endpoint)", i+1, len(runs))
-		wh, err := webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: 16})
+		wh, err := webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: sink.DefaultWebhookConcurrency})
 		if err != nil {
 			return err
 		}

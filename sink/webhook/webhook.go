@@ -19,12 +19,15 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/compensa/compensa/sink"
@@ -49,6 +52,12 @@ type Sink struct {
 	cfg Config
 	key []byte
 	now func() time.Time
+	// conns drives a plain-HTTP endpoint when no Client was given (nil:
+	// every request goes through cfg.Client); req is the method and URL
+	// its answers are read for.
+	conns *conns
+	req   *http.Request
+	macs  sync.Pool // of *signer
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -68,6 +77,16 @@ func New(cfg Config) (*Sink, error) {
 		s.cfg.Timeout = 10 * time.Second
 	}
 	s.cfg.Concurrency = max(s.cfg.Concurrency, 1)
+	s.macs.New = func() any { return &signer{mac: hmac.New(sha256.New, s.key), buf: make([]byte, 0, 128)} }
+	// A URL that does not parse fails each request, as through http.Client.
+	if u, err := url.Parse(cfg.URL); err == nil && s.cfg.Client == nil && u.Scheme == "http" && u.User == nil && plainHost(u.Host) {
+		s.req = &http.Request{Method: http.MethodPost, URL: u, Host: u.Host}
+		port := u.Port()
+		if port == "" {
+			port = "80"
+		}
+		s.conns = newConns(net.JoinHostPort(u.Hostname(), port), s.cfg.Concurrency)
+	}
 	if s.cfg.Client == nil {
 		s.cfg.Client = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: s.cfg.Concurrency, IdleConnTimeout: 90 * time.Second,
@@ -106,6 +125,92 @@ func Sign(key []byte, id, timestamp string, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
+// appendHead appends the head of a POST of n bytes with the headers hs
+// (canonical names, one value each) as http.Request.Write writes it: hs's
+// values hold no control characters, and its names no reserved one.
+func (s *Sink) appendHead(b []byte, hs []sink.Header, n int) []byte {
+	b = append(b, "POST "...)
+	b = append(b, s.req.URL.RequestURI()...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, s.req.Host...)
+	ua := "Go-http-client/1.1"
+	for _, h := range hs {
+		if h.Key == "User-Agent" {
+			ua = h.Value
+		}
+	}
+	if ua = strings.Trim(ua, " \t"); ua != "" {
+		b = append(b, "\r\nUser-Agent: "...)
+		b = append(b, ua...)
+	}
+	b = append(b, "\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(n), 10)
+	for _, h := range hs {
+		if h.Key == "User-Agent" {
+			continue
+		}
+		b = append(b, "\r\n"...)
+		b = append(b, h.Key...)
+		b = append(b, ": "...)
+		b = append(b, strings.Trim(h.Value, " \t")...)
+	}
+	return append(b, "\r\n\r\n"...)
+}
+
+// canonical holds the canonical forms of the header names every event
+// carries (sink.Event.MessageHeaders).
+var canonical = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "causation_id", "poison"} {
+		m[k] = http.CanonicalHeaderKey(k)
+	}
+	return m
+}()
+
+func canonicalKey(k string) string {
+	if c, ok := canonical[k]; ok {
+		return c
+	}
+	return http.CanonicalHeaderKey(k)
+}
+
+// plainHost reports whether host is written in the Host header as it is:
+// printable ASCII without a zone (an international name or an IPv6 zone
+// goes through http.Client, which converts them).
+func plainHost(host string) bool {
+	if host == "" || strings.Contains(host, "%") {
+		return false
+	}
+	for i := 0; i < len(host); i++ {
+		if host[i] <= ' ' || host[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// signer is a reusable HMAC of the sink's key and its scratch buffer.
+type signer struct {
+	mac hash.Hash
+	buf []byte
+}
+
+// sign is Sign with a pooled HMAC of the sink's key.
+func (s *Sink) sign(id, timestamp string, body []byte) string {
+	g := s.macs.Get().(*signer)
+	defer s.macs.Put(g)
+	g.mac.Reset()
+	g.buf = append(append(append(append(g.buf[:0], id...), '.'), timestamp...), '.')
+	g.mac.Write(g.buf)
+	g.mac.Write(body)
+	sum := g.mac.Sum(g.buf[:0])
+	var out [3 + 44]byte // "v1," and the base64 of 32 bytes
+	copy(out[:], "v1,")
+	base64.StdEncoding.Encode(out[3:], sum)
+	g.buf = sum[:0]
+	return string(out[:])
+}
+
 // Verify checks a request's signature header (any of its space-separated
 // v1 signatures) against key: what a receiver does.
 func Verify(key []byte, id, timestamp string, body []byte, header string) bool {
@@ -131,22 +236,28 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 		}
 		groups[k] = append(groups[k], i)
 	}
-	sem := make(chan struct{}, s.cfg.Concurrency)
+	// Concurrency workers take the aggregates in the order of their first
+	// event, each delivering one aggregate's events in order.
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for _, k := range order {
-		idx := groups[k]
-		sem <- struct{}{}
+	for range min(s.cfg.Concurrency, len(order)) {
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			failed := false
-			for _, i := range idx {
-				if failed {
-					errs[i] = sink.ErrHeldBack
-					continue
+			defer wg.Done()
+			for {
+				g := int(next.Add(1) - 1)
+				if g >= len(order) {
+					return
 				}
-				if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
-					failed = true
+				failed := false
+				for _, i := range groups[order[g]] {
+					if failed {
+						errs[i] = sink.ErrHeldBack
+						continue
+					}
+					if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
+						failed = true
+					}
 				}
 			}
 		}()
@@ -155,31 +266,73 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	return errs
 }
 
+// bufs holds the buffers of requests to a plain-HTTP endpoint, which are
+// done with once the answer is read.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
 func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
-	body := ev.Envelope()
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body))
-	if err != nil {
-		return err
+	var buf *[]byte
+	var body []byte
+	if s.conns != nil {
+		buf = bufs.Get().(*[]byte)
+		defer func() {
+			if cap(*buf) <= 64<<10 {
+				bufs.Put(buf)
+			}
+		}()
+		// One buffer: the body, then the head, written once the body's
+		// length is known.
+		*buf = ev.AppendEnvelope((*buf)[:0])
+		body = *buf
+	} else {
+		body = ev.Envelope()
 	}
 	ts := strconv.FormatInt(s.now().Unix(), 10)
-	h := req.Header
-	h.Set("Content-Type", "application/json")
 	id := HeaderID(ev.ID)
-	h.Set("webhook-id", id)
-	h.Set("webhook-timestamp", ts)
+	msg := ev.MessageHeaders()
+	hs := make([]sink.Header, 3, 4+len(msg))
+	hs[0], hs[1], hs[2] = sink.Header{Key: "Content-Type", Value: "application/json"},
+		sink.Header{Key: "Webhook-Id", Value: id}, sink.Header{Key: "Webhook-Timestamp", Value: ts}
 	if s.key != nil {
-		h.Set("webhook-signature", Sign(s.key, id, ts, body))
+		hs = append(hs, sink.Header{Key: "Webhook-Signature", Value: s.sign(id, ts, body)})
 	}
 	// MessageHeaders leaves out every reserved name of the row's headers
 	// (sink.ReservedHeader), the signature's and the framing's included.
-	for _, kv := range ev.MessageHeaders() {
-		if validHeaderName(kv.Key) {
-			h.Set(kv.Key, strings.Map(dropControl, kv.Value))
+	// Names are sent in canonical form; of two that are one name so, the
+	// later one's value is sent (as http.Header.Set does).
+next:
+	for _, kv := range msg {
+		if !validHeaderName(kv.Key) {
+			continue
 		}
+		h := sink.Header{Key: canonicalKey(kv.Key), Value: strings.Map(dropControl, kv.Value)}
+		for i := range hs {
+			if hs[i].Key == h.Key {
+				hs[i] = h
+				continue next
+			}
+		}
+		hs = append(hs, h)
 	}
-	resp, err := s.cfg.Client.Do(req)
+	var resp *http.Response
+	var err error
+	if s.conns != nil {
+		*buf = s.appendHead(body, hs, len(body))
+		body, head := (*buf)[:len(body)], (*buf)[len(body):]
+		resp, err = s.conns.roundTrip(ctx, s.req, head, body, s.cfg.Timeout)
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
+		defer cancel()
+		var req *http.Request
+		if req, err = http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.URL, bytes.NewReader(body)); err != nil {
+			return err
+		}
+		for _, h := range hs {
+			req.Header[h.Key] = []string{h.Value}
+		}
+		resp, err = s.cfg.Client.Do(req)
+	}
 	if err != nil {
 		// A *url.Error repeats the whole URL, query string included: keep
 		// only its cause beside the redacted URL.
@@ -189,8 +342,10 @@ func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
 		}
 		return fmt.Errorf("POST %s: %w", redactURL(s.cfg.URL), err)
 	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if s.conns == nil { // conns has read the body already
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
@@ -279,6 +434,9 @@ func redactURL(u string) string {
 
 // Close closes idle connections.
 func (s *Sink) Close() error {
+	if s.conns != nil {
+		s.conns.close()
+	}
 	s.cfg.Client.CloseIdleConnections()
 	return nil
 }
