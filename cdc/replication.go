@@ -135,6 +135,9 @@ type receiver struct {
 	// transaction: the next one's events get room for as many at once,
 	// since transactions of one application tend to be alike.
 	lastTxEvents int
+	// gate holds back what a failover slot confirms until the standbys
+	// have the relay's work for it (nil before PostgreSQL 17).
+	gate *standbyGate
 	// cols is parseInsert's buffer, reused for every insert.
 	cols       []tupleColumn
 	received   pglogrepl.LSN
@@ -156,6 +159,9 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
 		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now(), replayUntil: replayUntil}
 	r.committed.Store(uint64(start))
+	if s.major >= failoverMajor {
+		r.gate = newStandbyGate(ctx, pool, start)
+	}
 	s.sessionInfo("streaming", "from", start.String())
 	s.health.streaming()
 
@@ -194,6 +200,13 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 		defer wg.Done()
 		s.heartbeat(rctx, pool)
 	}()
+	if r.gate != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.gate.run(rctx)
+		}()
+	}
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() {
@@ -561,6 +574,9 @@ func (r *receiver) flushPos() pglogrepl.LSN {
 	f := pglogrepl.LSN(r.committed.Load())
 	if !r.inTx && f >= r.queuedEnd {
 		f = max(f, r.idle)
+	}
+	if r.gate != nil {
+		f = r.gate.pass(f)
 	}
 	return max(f, r.sent)
 }
