@@ -44,7 +44,7 @@ test-pg17 test-pg18:
 demo: postgres build
 	./bin/relay demo
 
-# `make bench` runs the full benchmark of BENCHMARKS.md (about 16 minutes);
+# `make bench` runs the full benchmark of BENCHMARKS.md (about 13 minutes);
 # `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
 .PHONY: bench
 bench: postgres build
