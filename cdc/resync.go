@@ -57,19 +57,9 @@ func (s *Stream) resync(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, m
 	}
 	s.log.Warn("replication slot lost: re-creating it and re-reading the outbox (--on-slot-lost=resync); rows deleted meanwhile cannot be recovered",
 		"checkpoint", ckpt.String(), "has_checkpoint", hasCkpt, "checkpoint_time", ckptTime, "margin", s.cfg.ResyncMargin, "window", window)
-	repl, err := s.connectReplication(ctx)
+	repl, res, at, err := s.newSlot(ctx)
 	if err != nil {
 		return false, err
-	}
-	res, err := s.createSlot(ctx, repl)
-	if err != nil {
-		s.closeConn(repl)
-		return false, fmt.Errorf("cdc: create replication slot %q: %w", s.cfg.Slot, err)
-	}
-	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
-	if err != nil {
-		s.closeConn(repl)
-		return false, errorf(ErrProtocol, "slot %q: consistent point %q: %v", s.cfg.Slot, res.ConsistentPoint, err)
 	}
 	if err := s.readSnapshot(ctx, pool, t, res.SnapshotName, at, since); err != nil {
 		s.closeConn(repl)

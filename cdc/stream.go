@@ -346,22 +346,34 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	return s.replicate(ctx, pool, repl, t, start, replayUntil)
 }
 
-// createAndStream creates the slot with an exported snapshot, hands over the
-// outbox rows visible in it, then streams from the slot's consistent point.
-func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, major int) (bool, error) {
+// newSlot opens a replication connection and creates the slot on it with an
+// exported snapshot; it returns the connection (the snapshot lives until
+// its next command), the result and the slot's consistent point.
+func (s *Stream) newSlot(ctx context.Context) (*pgconn.PgConn, pglogrepl.CreateReplicationSlotResult, pglogrepl.LSN, error) {
+	var res pglogrepl.CreateReplicationSlotResult
 	repl, err := s.connectReplication(ctx)
 	if err != nil {
-		return false, err
+		return nil, res, 0, err
 	}
-	res, err := s.createSlot(ctx, repl)
+	res, err = s.createSlot(ctx, repl)
 	if err != nil {
 		s.closeConn(repl)
-		return false, fmt.Errorf("cdc: create replication slot %q: %w", s.cfg.Slot, err)
+		return nil, res, 0, fmt.Errorf("cdc: create replication slot %q: %w", s.cfg.Slot, err)
 	}
 	at, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
 		s.closeConn(repl)
-		return false, errorf(ErrProtocol, "slot %q: consistent point %q: %v", s.cfg.Slot, res.ConsistentPoint, err)
+		return nil, res, 0, errorf(ErrProtocol, "slot %q: consistent point %q: %v", s.cfg.Slot, res.ConsistentPoint, err)
+	}
+	return repl, res, at, nil
+}
+
+// createAndStream creates the slot with an exported snapshot, hands over the
+// outbox rows visible in it, then streams from the slot's consistent point.
+func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, major int) (bool, error) {
+	repl, res, at, err := s.newSlot(ctx)
+	if err != nil {
+		return false, err
 	}
 	s.log.Info("created replication slot; reading the rows committed before it", "consistent_point", at.String(), "snapshot", res.SnapshotName)
 	// The exported snapshot lives until the next command on repl: read it
