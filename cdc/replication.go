@@ -159,7 +159,7 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	r := &receiver{s: s, conn: repl, rels: newRelations(t), batches: make(chan Batch, 1),
 		queuedEnd: start, idle: start, received: start, sent: start, nextStatus: time.Now(), replayUntil: replayUntil}
 	r.committed.Store(uint64(start))
-	if s.major >= failoverMajor {
+	if serverMajor(repl) >= failoverMajor {
 		r.gate = newStandbyGate(ctx, pool, start)
 	}
 	s.sessionInfo("streaming", "from", start.String())

@@ -31,8 +31,6 @@ type Stream struct {
 	// hardStop makes the next stop behave like a crash (tests): no final
 	// status update, no grace for the batch in flight.
 	hardStop atomic.Bool
-	// major is the server's major version, read at each session's start.
-	major int
 
 	// health is what Health reports; throttle keeps a failure that
 	// repeats (a reconnect loop, a batch that keeps failing) to one log
@@ -247,7 +245,6 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	s.major = major
 	srv, err := inspectServer(ctx, pool)
 	if err != nil {
 		return false, err
