@@ -446,7 +446,7 @@ func (c *Correlator) parkForeignReplies(ctx context.Context, tx pgx.Tx, b cdc.Ba
 // some trigger of the batch has started its saga already.
 func startedBefore(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "saga_instances"
+	return outbox.IsDuplicate(err) && errors.As(err, &pgErr) && pgErr.TableName == "saga_instances"
 }
 
 // isDataError reports a statement that failed on a value (SQLSTATE class 22,
