@@ -116,13 +116,22 @@ func DecodeSecret(secret string) ([]byte, error) {
 
 // Sign returns the webhook-signature value for one request.
 func Sign(key []byte, id, timestamp string, body []byte) string {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte(id))
-	m.Write([]byte{'.'})
-	m.Write([]byte(timestamp))
-	m.Write([]byte{'.'})
+	sig, _ := signWith(hmac.New(sha256.New, key), nil, id, timestamp, body)
+	return sig
+}
+
+// signWith computes Sign's signature with m, an HMAC of the key (reset
+// first), using scratch as working space, which it returns for reuse.
+func signWith(m hash.Hash, scratch []byte, id, timestamp string, body []byte) (string, []byte) {
+	m.Reset()
+	scratch = append(append(append(append(scratch[:0], id...), '.'), timestamp...), '.')
+	m.Write(scratch)
 	m.Write(body)
-	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+	sum := m.Sum(scratch[:0])
+	var out [3 + 44]byte // "v1," and the base64 of 32 bytes
+	copy(out[:], "v1,")
+	base64.StdEncoding.Encode(out[3:], sum)
+	return string(out[:]), sum[:0]
 }
 
 // appendHead appends the head of a POST of n bytes with the headers hs
@@ -199,16 +208,9 @@ type signer struct {
 func (s *Sink) sign(id, timestamp string, body []byte) string {
 	g := s.macs.Get().(*signer)
 	defer s.macs.Put(g)
-	g.mac.Reset()
-	g.buf = append(append(append(append(g.buf[:0], id...), '.'), timestamp...), '.')
-	g.mac.Write(g.buf)
-	g.mac.Write(body)
-	sum := g.mac.Sum(g.buf[:0])
-	var out [3 + 44]byte // "v1," and the base64 of 32 bytes
-	copy(out[:], "v1,")
-	base64.StdEncoding.Encode(out[3:], sum)
-	g.buf = sum[:0]
-	return string(out[:])
+	var sig string
+	sig, g.buf = signWith(g.mac, g.buf, id, timestamp, body)
+	return sig
 }
 
 // Verify checks a request's signature header (any of its space-separated
