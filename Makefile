@@ -26,13 +26,16 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
-# After the race-enabled run of every package, the stream's tests on
-# PostgreSQL 17 and 18 and the short fault suite run side by side (each
-# spends most of its time waiting on PostgreSQL); each one's output is
-# printed whole when it ends.
+# The race-enabled run of every package, the stream's tests on PostgreSQL 17
+# and 18 and the short fault suite run side by side: each spends most of its
+# time waiting on PostgreSQL, so together they keep two cores busy. Each
+# one's output is printed whole when it ends.
 test: postgres chromium vet deploy-check
+	$(MAKE) --no-print-directory --output-sync=target -j4 test-race test-pg17 test-pg18 chaos QUICK=1
+
+.PHONY: test-race
+test-race:
 	$(GO) test -race -count=1 -timeout 20m ./...
-	$(MAKE) --no-print-directory --output-sync=target -j3 test-pg17 test-pg18 chaos QUICK=1
 
 # `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
 # 18 as well, installed by the test harness (npm needed; see README).
