@@ -72,6 +72,26 @@ func testFailoverSlotSurvivesPromotion(t *testing.T, version int) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	// The slot may be synchronized before the standby has replayed the
+	// table: wait for the primary's WAL up to now, so that the write after
+	// the promotion tests the promotion and not the replication's delay.
+	var written string
+	if err := p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var replayed bool
+		if err := s.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", written).Scan(&replayed); err != nil {
+			t.Fatal(err)
+		}
+		if replayed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the standby did not replay the primary's WAL up to %s within 90 s", written)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	s.Close(ctx)
 	primary.Kill()
 	if err := standby.Promote(ctx); err != nil {
