@@ -118,10 +118,11 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	if err != nil {
 		return nil, fmt.Errorf("pgjournal: claim: %w", err)
 	}
+	var ir instanceRow
+	dest := ir.dest(nil)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (saga.Instance, error) {
-		var inst saga.Instance
-		err := r.Scan(instanceDest(&inst)...)
-		return normInstance(inst), err
+		err := r.Scan(dest...)
+		return ir.instance(), err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgjournal: claim: %w", err)
@@ -547,18 +548,18 @@ func (s *session) readLocked(ctx context.Context, b *pgx.Batch) ([]locked, error
 		br.Close()
 		return nil, err
 	}
+	// One set of scan targets for every row: each row is copied out of it.
+	var ir instanceRow
+	var st stepRow
+	var now time.Time
+	dest := make([]any, 0, 36)
+	dest = st.appendDest(ir.dest(dest))
+	dest = append(dest, &now)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (locked, error) {
-		var l locked
-		var st stepRow
-		dest := append(instanceDest(&l.inst), st.dest()...)
-		dest = append(dest, &l.now)
 		if err := r.Scan(dest...); err != nil {
-			return l, err
+			return locked{}, err
 		}
-		l.inst = normInstance(l.inst)
-		l.cur = st.record()
-		l.now = l.now.UTC()
-		return l, nil
+		return locked{inst: ir.instance(), cur: st.record(), now: now.UTC()}, nil
 	})
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -602,34 +603,42 @@ func readWrite(br pgx.BatchResults, trs []saga.Transition) error {
 
 // writeArgs are sqlWrite's parameters for a transition.
 func writeArgs(tr saga.Transition) []any {
-	in := tr.Instance
-	args := []any{
-		in.ID, string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
-		in.LastError, in.LeaseID, in.LeaseExpiresAt, in.Version, in.AwaitingCorrelationID,
-		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
-		in.Version - 1,
-	}
-	if s := tr.Step; s != nil {
-		args = append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,
-			jsonArg(s.Output), s.LastError, s.StartedAt, s.CompletedAt, s.CompensatedAt)
-	} else {
-		args = append(args, 0, false, "", string(saga.StepPending), 0, 0, nil, "", nil, nil, nil)
-	}
-	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
-	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+	args := projectionArgs(make([]any, 0, 31), tr, tr.Instance.Version-1)
+	return eventArgs(stepArgs(args, tr), tr)
 }
 
 // pairArgs are sqlWritePair's parameters: the projection after second, the
 // version before first, first's step record, both events.
 func pairArgs(first, second saga.Transition) []any {
-	args := writeArgs(second)[:28]
-	args[16] = first.Instance.Version - 1
-	copy(args[17:28], writeArgs(first)[17:28])
-	for _, tr := range []saga.Transition{first, second} {
-		payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
-		args = append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+	args := projectionArgs(make([]any, 0, 34), second, first.Instance.Version-1)
+	return eventArgs(eventArgs(stepArgs(args, first), first), second)
+}
+
+// projectionArgs appends parameters $1-$17: the projection after tr, and
+// the version the write expects to find (read).
+func projectionArgs(args []any, tr saga.Transition, read int64) []any {
+	in := tr.Instance
+	return append(args,
+		[16]byte(in.ID), string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
+		in.LastError, uuidArg(in.LeaseID), in.LeaseExpiresAt, in.Version, uuidArg(in.AwaitingCorrelationID),
+		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
+		read,
+	)
+}
+
+// stepArgs appends parameters $18-$28: tr's step record, if any.
+func stepArgs(args []any, tr saga.Transition) []any {
+	if s := tr.Step; s != nil {
+		return append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,
+			jsonArg(s.Output), s.LastError, s.StartedAt, s.CompletedAt, s.CompensatedAt)
 	}
-	return args
+	return append(args, 0, false, "", string(saga.StepPending), 0, 0, nil, "", nil, nil, nil)
+}
+
+// eventArgs appends an event's kind, step and payload.
+func eventArgs(args []any, tr saga.Transition) []any {
+	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
 }
 
 // readPair reads sqlWritePair's result: two events, or none when the
@@ -663,15 +672,15 @@ func jsonArg(raw json.RawMessage) any {
 
 // Get implements saga.Journal.
 func (j *Journal) Get(ctx context.Context, id uuid.UUID) (saga.Instance, error) {
-	var inst saga.Instance
-	err := j.q(ctx).QueryRow(ctx, sqlGet, id).Scan(instanceDest(&inst)...)
+	var ir instanceRow
+	err := j.q(ctx).QueryRow(ctx, sqlGet, id).Scan(ir.dest(nil)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return saga.Instance{}, saga.Errorf(saga.ErrNotFound, "saga instance %s does not exist", id)
 	}
 	if err != nil {
 		return saga.Instance{}, fmt.Errorf("pgjournal: get %s: %w", id, err)
 	}
-	return normInstance(inst), nil
+	return ir.instance(), nil
 }
 
 // Steps implements saga.Journal.

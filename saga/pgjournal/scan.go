@@ -6,19 +6,53 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/compensa/compensa/saga"
 )
 
-// instanceDest returns scan targets for instanceCols.
-func instanceDest(i *saga.Instance) []any {
-	return []any{
-		&i.ID, &i.TenantID, &i.WorkspaceID, &i.SagaName, &i.SagaVersion, &i.Status,
-		&i.CurrentStep, &i.TriggerEventID, &i.CorrelationID, &i.Context, &i.Attempt, &i.NextAttemptAt,
-		&i.TimeoutAt, &i.LastError, &i.LeaseID, &i.LeaseExpiresAt, &i.Version,
-		&i.AwaitingCorrelationID, &i.AwaitingUntil, &i.Reply, &i.CompensationReason,
+// instanceRow scans instanceCols. The uuids scan as [16]byte and
+// pgtype.UUID, the JSON columns as bytes and the status as a string: pgx
+// copies those, where uuid.UUID, json.RawMessage and saga.Status would go
+// through sql.Scanner (the uuid's text parsed back), json.Unmarshal and
+// reflection, for every row of every locking read.
+type instanceRow struct {
+	inst                                    saga.Instance
+	status                                  string
+	workspace, correlation, lease, awaiting pgtype.UUID
+}
+
+// dest appends the scan targets to d.
+func (r *instanceRow) dest(d []any) []any {
+	i := &r.inst
+	return append(d,
+		(*[16]byte)(&i.ID), (*[16]byte)(&i.TenantID), &r.workspace, &i.SagaName, &i.SagaVersion, &r.status,
+		&i.CurrentStep, (*[16]byte)(&i.TriggerEventID), &r.correlation, (*[]byte)(&i.Context), &i.Attempt, &i.NextAttemptAt,
+		&i.TimeoutAt, &i.LastError, &r.lease, &i.LeaseExpiresAt, &i.Version,
+		&r.awaiting, &i.AwaitingUntil, (*[]byte)(&i.Reply), &i.CompensationReason,
 		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent,
-	}
+	)
+}
+
+// instance is the scanned row.
+func (r *instanceRow) instance() saga.Instance {
+	i := r.inst
+	i.Status = saga.Status(r.status)
+	i.WorkspaceID = nullUUID(r.workspace)
+	i.CorrelationID = nullUUID(r.correlation)
+	i.LeaseID = nullUUID(r.lease)
+	i.AwaitingCorrelationID = nullUUID(r.awaiting)
+	return normInstance(i)
+}
+
+func nullUUID(u pgtype.UUID) uuid.NullUUID {
+	return uuid.NullUUID{UUID: u.Bytes, Valid: u.Valid}
+}
+
+// uuidArg passes a nullable uuid as pgx encodes it directly (uuid.NullUUID
+// would go through driver.Valuer and its text).
+func uuidArg(u uuid.NullUUID) pgtype.UUID {
+	return pgtype.UUID{Bytes: u.UUID, Valid: u.Valid}
 }
 
 // normInstance puts every time in UTC, as the memory journal keeps them.
@@ -50,9 +84,12 @@ type stepRow struct {
 	started, completed, compensated *time.Time
 }
 
-func (s *stepRow) dest() []any {
-	return []any{&s.sequence, &s.name, &s.status, &s.attempts, &s.compensationAttempts,
-		&s.output, &s.lastError, &s.started, &s.completed, &s.compensated}
+func (s *stepRow) dest() []any { return s.appendDest(nil) }
+
+// appendDest appends the scan targets to d.
+func (s *stepRow) appendDest(d []any) []any {
+	return append(d, &s.sequence, &s.name, &s.status, &s.attempts, &s.compensationAttempts,
+		(*[]byte)(&s.output), &s.lastError, &s.started, &s.completed, &s.compensated)
 }
 
 func (s *stepRow) record() *saga.StepRecord {
