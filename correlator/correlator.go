@@ -270,7 +270,7 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 	// The checkpoint goes first: it locks the slot's row, so two relays that
 	// both believe they lead cannot interleave batches, and it tells a replay
 	// apart (the row is not past EndLSN when we are behind it).
-	fresh, err := checkpoint(ctx, tx, b)
+	fresh, now, err := checkpoint(ctx, tx, b)
 	if err != nil {
 		return out, err
 	}
@@ -279,7 +279,7 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 		return out, tx.Commit(ctx)
 	}
 	if !p.empty() {
-		if err := c.applyEffects(ctx, tx, b, p, &out); err != nil {
+		if err := c.applyEffects(ctx, tx, b, p, now, &out); err != nil {
 			return out, err
 		}
 	}
@@ -296,38 +296,56 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 
 // checkpoint moves the slot's checkpoint to the batch's end LSN, or, for a
 // partial batch, only checks that the batch is not behind it. It reports
-// false for a batch already handled.
-func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, error) {
+// false for a batch already handled, and the transaction's now() when it
+// read it (zero otherwise).
+func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, time.Time, error) {
+	var now time.Time
 	if b.Partial {
 		// Parts of a large transaction share its end LSN: they are fresh
 		// while the checkpoint is still below it.
 		var behind bool
-		err := tx.QueryRow(ctx, `SELECT lsn >= $2::pg_lsn FROM relay_checkpoints WHERE slot_name = $1 FOR UPDATE`,
-			b.Slot, b.EndLSN.String()).Scan(&behind)
+		err := tx.QueryRow(ctx, `SELECT lsn >= $2::pg_lsn, now() FROM relay_checkpoints WHERE slot_name = $1 FOR UPDATE`,
+			b.Slot, b.EndLSN.String()).Scan(&behind, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return true, nil
+			return true, time.Time{}, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("correlator: read checkpoint: %w", err)
+			return false, now, fmt.Errorf("correlator: read checkpoint: %w", err)
 		}
-		return !behind, nil
+		return !behind, now, nil
 	}
 	var commitTime *time.Time
 	if !b.CommitTime.IsZero() {
 		commitTime = &b.CommitTime
 	}
-	tag, err := tx.Exec(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String(), commitTime)
-	if err != nil {
-		return false, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
+	err := tx.QueryRow(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String(), commitTime).Scan(&now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, now, nil
 	}
-	return tag.RowsAffected() == 1, nil
+	if err != nil {
+		return false, now, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
+	}
+	return true, now, nil
 }
 
-func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, out *outcome) error {
+// applyEffects sends the plan's statements in tx. now is the transaction's
+// now() if known (zero: the starts go as sqlStart whatever their number).
+func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, now time.Time, out *outcome) error {
 	if len(p.startXids) > 0 {
 		if err := waitVisible(ctx, tx, p.startXids, visibleWait); err != nil {
 			return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
 		}
+	}
+	copied := !p.guarded && !p.keyed && !now.IsZero() && len(p.startSaga) >= copyStarts
+	if copied {
+		if err := copyStart(ctx, tx, p, now); err != nil {
+			return fmt.Errorf("correlator: start sagas at %s: %w", b.EndLSN, err)
+		}
+		out.startedBySaga = map[string]int{}
+		for _, name := range p.startSaga {
+			out.startedBySaga[name]++
+		}
+		out.started = len(p.startSaga)
 	}
 	var batch pgx.Batch
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
@@ -336,6 +354,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 		startSQL, keyedSQL = sqlStartGuarded, sqlStartKeyedGuarded
 	}
 	switch {
+	case copied:
 	case p.keyed:
 		startQ = batch.Queue(keyedSQL, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID,
@@ -477,7 +496,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 		return total, out, fmt.Errorf("correlator: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, err := checkpoint(ctx, tx, b)
+	fresh, _, err := checkpoint(ctx, tx, b)
 	if err != nil {
 		return total, out, err
 	}
@@ -499,7 +518,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 			if err != nil {
 				return total, out, fmt.Errorf("correlator: savepoint: %w", err)
 			}
-			err = c.applyEffects(ctx, sp, b, &p, &o)
+			err = c.applyEffects(ctx, sp, b, &p, time.Time{}, &o)
 			if err == nil {
 				err = sp.Commit(ctx)
 			}
@@ -517,7 +536,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 				p = plan{noID: noID}
 				p.add(c.routes, &ev)
 				o = outcome{}
-				if err := c.applyEffects(ctx, tx, b, &p, &o); err != nil {
+				if err := c.applyEffects(ctx, tx, b, &p, time.Time{}, &o); err != nil {
 					return total, out, err
 				}
 			}

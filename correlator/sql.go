@@ -3,16 +3,18 @@ package correlator
 // The correlator's SQL, in one place. Every statement takes column arrays and
 // unnests them, so a batch of any size costs one statement per kind of effect.
 
-// sqlCheckpoint advances the slot's checkpoint only forwards; it affects no
+// sqlCheckpoint advances the slot's checkpoint only forwards; it returns no
 // row when the batch is not past it (a replay). updated_at is the source
 // commit time of the batch's newest transaction (now() for a first-start
 // read): every outbox row created after it is not handled yet, which is
-// what cdc.QueryLag measures.
+// what cdc.QueryLag measures. It returns the transaction's now(), which a
+// start sent as COPY needs (copyRows).
 const sqlCheckpoint = `
 INSERT INTO relay_checkpoints AS c (slot_name, lsn, updated_at)
 VALUES ($1, $2::pg_lsn, coalesce($3::timestamptz, now()))
 ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = EXCLUDED.updated_at
-WHERE c.lsn < EXCLUDED.lsn`
+WHERE c.lsn < EXCLUDED.lsn
+RETURNING now()`
 
 // The start's INSERT comes in two forms. A batch whose triggers are all new
 // (every batch, as long as nothing is read twice) inserts plainly: the unique
