@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/compensa/compensa/cdc"
 )
 
 // copyStarts is the smallest number of plain, unkeyed starts that a batch
@@ -30,26 +34,22 @@ const copyStartColumns = 12
 // pgEpoch is where PostgreSQL's binary timestamps count from.
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// copyRows encodes the plan's starts in COPY's binary format. now is the
-// transaction's now(), which sqlStart would have read on the server:
-// next_attempt_at is now and timeout_at now plus the saga's deadline, so
-// both forms store the same instant.
-func copyRows(p *plan, now time.Time) []byte {
-	n := len(p.startSaga)
-	size := 19 + 2
-	for i := range n {
-		size += 2 + copyStartColumns*4 + 16*5 + 4 + 8 + 8 + 1 + len(p.startSaga[i]) + len(p.startContext[i])
-		if a := p.startAggregate[i]; a != nil {
-			size += len(*a)
-		}
-		if t := p.startTrace[i]; t != nil {
-			size += len(*t)
-		}
-	}
-	b := make([]byte, 0, size)
+// copyHeader is the start of COPY's binary format: signature, flags and
+// an empty header extension.
+func copyHeader(b []byte) []byte {
 	b = append(b, "PGCOPY\n\xff\r\n\x00"...)
-	b = binary.BigEndian.AppendUint32(b, 0) // flags
-	b = binary.BigEndian.AppendUint32(b, 0) // header extension
+	b = binary.BigEndian.AppendUint32(b, 0)
+	return binary.BigEndian.AppendUint32(b, 0)
+}
+
+// copyTrailer ends COPY's binary format.
+func copyTrailer(b []byte) []byte { return binary.BigEndian.AppendUint16(b, 0xFFFF) }
+
+// copyRows encodes the plan's starts from the from-th on in COPY's binary
+// format, appending to b. now is the transaction's now(), which sqlStart
+// would have read on the server: next_attempt_at is now and timeout_at now
+// plus the saga's deadline, so both forms store the same instant.
+func copyRows(b []byte, p *plan, from int, now time.Time) []byte {
 	us := now.Sub(pgEpoch).Microseconds()
 	field := func(v []byte) { b = binary.BigEndian.AppendUint32(b, uint32(len(v))); b = append(b, v...) }
 	null := func() { b = binary.BigEndian.AppendUint32(b, 0xFFFFFFFF) }
@@ -58,7 +58,7 @@ func copyRows(p *plan, now time.Time) []byte {
 		b = binary.BigEndian.AppendUint32(b, 8)
 		b = binary.BigEndian.AppendUint64(b, uint64(v))
 	}
-	for i := range n {
+	for i := from; i < len(p.startSaga); i++ {
 		b = binary.BigEndian.AppendUint16(b, copyStartColumns)
 		field(p.startID[i][:])
 		field(p.startTenant[i][:])
@@ -98,14 +98,15 @@ func copyRows(p *plan, now time.Time) []byte {
 			null()
 		}
 	}
-	return binary.BigEndian.AppendUint16(b, 0xFFFF)
+	return b
 }
 
 // copyStart starts the plan's instances with COPY in tx: every one of them,
 // or an error (a trigger started before fails it on saga_trigger_once_uq,
 // as it fails sqlStart).
 func copyStart(ctx context.Context, tx pgx.Tx, p *plan, now time.Time) error {
-	tag, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(copyRows(p, now)), sqlCopyStart)
+	b := copyTrailer(copyRows(copyHeader(make([]byte, 0, 256*len(p.startSaga))), p, 0, now))
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(b), sqlCopyStart)
 	if err != nil {
 		return err
 	}
@@ -113,4 +114,70 @@ func copyStart(ctx context.Context, tx pgx.Tx, p *plan, now time.Time) error {
 		return fmt.Errorf("%d instances copied for %d starts", tag.RowsAffected(), len(p.startSaga))
 	}
 	return nil
+}
+
+// planChunk is how many events are planned and encoded at a time while a
+// streamed COPY runs: about 50 kB of rows, what pgconn sends in one message.
+const planChunk = 256
+
+// errCopyEnded stops the planner's writes once the COPY has ended early
+// (PostgreSQL refused a row): the planner still plans the rest of the batch,
+// which a retry needs.
+var errCopyEnded = errors.New("correlator: the COPY of starts ended")
+
+// streamStarts plans b's events into p while the COPY of their starts runs:
+// events are planned a chunk at a time and each chunk's start rows are sent
+// while the next chunk is planned, so the relay's planning and encoding
+// overlap PostgreSQL's inserting instead of preceding it. It returns once
+// the COPY has ended and p holds the whole batch's plan, whatever the
+// outcome, so that a retry (the guarded start, the parking of refused
+// values) can use it. Only an unkeyed registry's batches stream: a start
+// with a concurrency key needs sqlStartKeyed's columns (routes.keyed).
+func streamStarts(ctx context.Context, tx pgx.Tx, r routes, b cdc.Batch, p *plan, now time.Time) error {
+	pr, pw := io.Pipe()
+	planned := make(chan struct{})
+	go func() {
+		defer close(planned)
+		buf := copyHeader(nil)
+		var werr error
+		sent := 0
+		for i := range b.Events {
+			p.add(r, &b.Events[i])
+			if (i+1)%planChunk != 0 && i+1 != len(b.Events) {
+				continue
+			}
+			buf = copyRows(buf, p, sent, now)
+			sent = len(p.startSaga)
+			if i+1 == len(b.Events) {
+				buf = copyTrailer(buf)
+			}
+			if werr == nil {
+				_, werr = pw.Write(buf)
+			}
+			buf = buf[:0]
+		}
+		pw.CloseWithError(werr)
+	}()
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, pr, sqlCopyStart)
+	pr.CloseWithError(errCopyEnded)
+	<-planned
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != int64(len(p.startSaga)) {
+		return fmt.Errorf("%d instances copied for %d starts", tag.RowsAffected(), len(p.startSaga))
+	}
+	return nil
+}
+
+// keyed reports whether a saga routed to has a concurrency key.
+func (r routes) keyed() bool {
+	for _, rs := range r {
+		for _, rt := range rs {
+			if c := rt.def.Concurrency; c != nil && c.Key != nil {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -25,6 +25,7 @@ import (
 type copyBundle struct {
 	*testBundle
 	rec  *sqlRecorder
+	pool *pgxpool.Pool
 	corr *correlator.Correlator
 }
 
@@ -53,7 +54,7 @@ func setupCopy(t *testing.T, traced bool) *copyBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &copyBundle{testBundle: &testBundle{db: db, lsn: 0x5000000}, rec: rec, corr: corr}
+	return &copyBundle{testBundle: &testBundle{db: db, lsn: 0x5000000}, rec: rec, pool: pool, corr: corr}
 }
 
 // triggers returns n new triggers; every third carries a workspace id, a
@@ -72,20 +73,26 @@ func triggers(n int) []outbox.Event {
 	return evs
 }
 
-// A batch of at least CopyStarts new triggers starts its instances with
-// COPY, not with the INSERT, and each instance holds what the INSERT would
-// have stored: the event's fields, the payload as context, next_attempt_at
-// at the transaction's now() and the deadline counted from it to the
-// microsecond, the start span's traceparent; the status counts see them. A
-// smaller batch still inserts.
+// A batch of at least CopyStarts starts sends them with COPY, not with the
+// INSERT: streamed while the batch is planned when it holds that many
+// events (here over three chunks), encoded at once when fewer events start
+// that many sagas. Each instance holds what the INSERT would have stored:
+// the event's fields, the payload as context, next_attempt_at at the
+// transaction's now() and the deadline counted from it to the microsecond,
+// the start span's traceparent; the status counts see them. A smaller batch
+// still inserts.
 func TestALargeBatchStartsByCopyWithTheInsertsFields(t *testing.T) {
 	t.Parallel()
-	for _, traced := range []bool{false, true} {
-		t.Run(fmt.Sprintf("traced=%v", traced), func(t *testing.T) {
+	for _, tc := range []struct {
+		events int
+		traced bool
+	}{{2*correlator.CopyStarts + 17, false}, {2*correlator.CopyStarts + 17, true}, {correlator.CopyStarts / 2, false}} {
+		traced := tc.traced
+		t.Run(fmt.Sprintf("events=%d,traced=%v", tc.events, traced), func(t *testing.T) {
 			t.Parallel()
 			b := setupCopy(t, traced)
 			ctx := context.Background()
-			large := triggers(correlator.CopyStarts)
+			large := triggers(tc.events)
 			if err := b.corr.HandleBatch(ctx, b.batch(large...)); err != nil {
 				t.Fatal(err)
 			}
@@ -153,21 +160,23 @@ func TestALargeBatchWithTriggersStartedBeforeStartsThemOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.rec.starts()
-	again := append(triggers(correlator.CopyStarts), first[:10]...)
+	// The triggers started before come first, so that PostgreSQL refuses
+	// the COPY while the rest of the batch is still being planned.
+	again := append(append([]outbox.Event{}, first[:10]...), triggers(2*correlator.CopyStarts)...)
 	if err := b.corr.HandleBatch(ctx, b.batch(again...)); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.rec.starts(); fmt.Sprint(got) != "[true]" {
 		t.Fatalf("after the refused COPY the batch sent starts guarded=%v, want one guarded INSERT", got)
 	}
-	if s := b.corr.Stats(); s.SagasStarted != uint64(2*2*correlator.CopyStarts) || s.DuplicateStarts != 20 {
-		t.Fatalf("stats %+v, want %d started and 20 duplicates", s, 2*2*correlator.CopyStarts)
+	if s := b.corr.Stats(); s.SagasStarted != uint64(2*3*correlator.CopyStarts) || s.DuplicateStarts != 20 || s.EventsSeen != uint64(3*correlator.CopyStarts+10) {
+		t.Fatalf("stats %+v, want %d started, 20 duplicates, %d events seen", s, 2*3*correlator.CopyStarts, 3*correlator.CopyStarts+10)
 	}
 	if n := b.count(t, `SELECT count(*) FROM (SELECT 1 FROM saga_instances GROUP BY trigger_event_id, saga_name HAVING count(*) > 1) d`); n != 0 {
 		t.Fatalf("%d triggers started a saga twice", n)
 	}
-	if n := b.count(t, `SELECT count(*) FROM saga_instances`); n != 2*2*correlator.CopyStarts {
-		t.Fatalf("%d instances, want %d", n, 2*2*correlator.CopyStarts)
+	if n := b.count(t, `SELECT count(*) FROM saga_instances`); n != 2*3*correlator.CopyStarts {
+		t.Fatalf("%d instances, want %d", n, 2*3*correlator.CopyStarts)
 	}
 }
 
@@ -189,5 +198,31 @@ func TestALargeBatchParksTheEventPostgreSQLRefuses(t *testing.T) {
 	}
 	if n := b.count(t, `SELECT count(*) FROM relay_dead_letters WHERE event_id = $1`, bad.RawID); n != 1 {
 		t.Fatal("the refused event is not parked")
+	}
+}
+
+// A registry with a keyed saga keeps the INSERT for large batches too: COPY
+// does not carry the concurrency columns, and every keyed instance keeps
+// its key and its place in the stream.
+func TestALargeBatchOfAKeyedSagaInserts(t *testing.T) {
+	t.Parallel()
+	b := setupCopy(t, false)
+	reg := saga.NewRegistry()
+	keyed := def("brief_audit", 1, 0, "research_brief.created")
+	keyed.Concurrency = &saga.Concurrency{Limit: 1, Key: func(ev outbox.Event) (string, error) { return "k", nil }}
+	reg.MustRegister(keyed)
+	corr, err := correlator.New(b.pool, &correlator.Config{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := triggers(correlator.CopyStarts + 1)
+	if err := corr.HandleBatch(context.Background(), b.batch(evs...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.rec.starts(); fmt.Sprint(got) != "[false]" {
+		t.Fatalf("a large keyed batch sent starts guarded=%v, want one plain INSERT", got)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE concurrency_key = 'k' AND concurrency_lsn IS NOT NULL`); n != len(evs) {
+		t.Fatalf("%d keyed instances with their place, want %d", n, len(evs))
 	}
 }
