@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/outbox"
 )
 
 // copyStarts is the smallest number of plain, unkeyed starts that a batch
@@ -175,6 +176,22 @@ func (r routes) keyed() bool {
 	for _, rs := range r {
 		for _, rt := range rs {
 			if c := rt.def.Concurrency; c != nil && c.Key != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// triggers reports whether at least n of evs have an event type some saga
+// is triggered by (filters aside): a batch worth streaming its starts.
+func (r routes) triggers(evs []outbox.Event, n int) bool {
+	if len(evs) < n {
+		return false
+	}
+	for i := range evs {
+		if _, ok := r[evs[i].EventType]; ok {
+			if n--; n == 0 {
 				return true
 			}
 		}

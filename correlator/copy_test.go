@@ -226,3 +226,40 @@ func TestALargeBatchOfAKeyedSagaInserts(t *testing.T) {
 		t.Fatalf("%d keyed instances with their place, want %d", n, len(evs))
 	}
 }
+
+// A large batch of events that mostly trigger nothing (other services'
+// events) keeps the INSERT for its few starts; one with CopyStarts triggers
+// among other events streams them, and the others are ignored as before.
+func TestALargeBatchStreamsOnlyWithManyTriggers(t *testing.T) {
+	t.Parallel()
+	b := setupCopy(t, false)
+	ctx := context.Background()
+	other := func(n int) []outbox.Event {
+		evs := make([]outbox.Event, n)
+		for i := range evs {
+			evs[i] = outbox.Event{ID: uuid.New(), TenantID: uuid.New(), EventType: "invoice.sent", Payload: json.RawMessage(`{}`)}
+		}
+		return evs
+	}
+	few := append(other(2*correlator.CopyStarts), triggers(10)...)
+	if err := b.corr.HandleBatch(ctx, b.batch(few...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.rec.starts(); fmt.Sprint(got) != "[false]" {
+		t.Fatalf("a large batch with 10 triggers sent starts guarded=%v, want one plain INSERT", got)
+	}
+	many := append(append(other(100), triggers(correlator.CopyStarts)...), other(100)...)
+	if err := b.corr.HandleBatch(ctx, b.batch(many...)); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.rec.starts(); len(got) != 0 {
+		t.Fatalf("a batch with %d triggers sent INSERT starts (guarded=%v), want COPY", correlator.CopyStarts, got)
+	}
+	s := b.corr.Stats()
+	if want := uint64(2 * (10 + correlator.CopyStarts)); s.SagasStarted != want || s.OutcomeIgnored != uint64(2*correlator.CopyStarts+200) {
+		t.Fatalf("stats %+v, want %d started and %d ignored", s, want, 2*correlator.CopyStarts+200)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances`); n != 2*(10+correlator.CopyStarts) {
+		t.Fatalf("%d instances, want %d", n, 2*(10+correlator.CopyStarts))
+	}
+}

@@ -195,9 +195,9 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	if c.guardedLeft > 0 {
 		c.guardedLeft--
 	}
-	// A large batch is planned while its starts stream to PostgreSQL (see
-	// streamStarts); any other is planned first.
-	stream := !p.guarded && !c.routesKeyed && len(b.Events) >= copyStarts
+	// A batch with many triggers is planned while its starts stream to
+	// PostgreSQL (see streamStarts); any other is planned first.
+	stream := !p.guarded && !c.routesKeyed && c.routes.triggers(b.Events, copyStarts)
 	if !stream {
 		for i := range b.Events {
 			p.add(c.routes, &b.Events[i])
