@@ -24,11 +24,6 @@ import (
 // path) keeps the INSERT.
 const copyStarts = 256
 
-// sqlCopyStart is the COPY that the rows of copyRows feed: the columns of
-// sqlStart, in the same order.
-const sqlCopyStart = `COPY saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
-  correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id, traceparent) FROM STDIN (FORMAT binary)`
-
 // copyStartColumns is the number of columns sqlCopyStart names.
 const copyStartColumns = 12
 

@@ -37,6 +37,11 @@ const startColumns = `
   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[])
        AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, traceparent)`
 
+// sqlCopyStart is sqlStart for a batch of many starts (copyStarts): the
+// rows of copyRows, with the columns of sqlStart in the same order.
+const sqlCopyStart = `COPY saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
+  correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id, traceparent) FROM STDIN (FORMAT binary)`
+
 const startCount = `
   RETURNING saga_name)
 SELECT saga_name, count(*)::int FROM ins GROUP BY saga_name`
