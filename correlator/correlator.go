@@ -104,7 +104,10 @@ type Correlator struct {
 	// registry changed since (declared sagas reloaded) rebuilds them at the
 	// next batch. Batches are handled one at a time.
 	routesGen uint64
-	tracer    trace.Tracer // nil: tracing off
+	// routesKeyed: some saga routed to has a concurrency key, so batches do
+	// not stream their starts (streamStarts).
+	routesKeyed bool
+	tracer      trace.Tracer // nil: tracing off
 	// guardedLeft is how many more batches start their sagas with ON
 	// CONFLICT DO NOTHING since one met a trigger started before (see
 	// HandleBatch); batches are handled one at a time.
@@ -126,7 +129,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Correlator, error) {
 		return nil, err
 	}
 	c := cfg.withDefaults()
-	return &Correlator{pool: pool, cfg: c, routes: buildRoutes(c.Registry), routesGen: c.Registry.Generation(),
+	r := buildRoutes(c.Registry)
+	return &Correlator{pool: pool, cfg: c, routes: r, routesGen: c.Registry.Generation(), routesKeyed: r.keyed(),
 		tracer: tracing.Tracer(c.TracerProvider)}, nil
 }
 
@@ -185,15 +189,28 @@ const guardedBatches = 100
 func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	if g := c.cfg.Registry.Generation(); g != c.routesGen {
 		c.routes, c.routesGen = buildRoutes(c.cfg.Registry), g
+		c.routesKeyed = c.routes.keyed()
 	}
 	p := plan{tr: c.tracer, guarded: c.guardedLeft > 0}
 	if c.guardedLeft > 0 {
 		c.guardedLeft--
 	}
-	for i := range b.Events {
-		p.add(c.routes, &b.Events[i])
+	// A batch with many triggers is planned while its starts stream to
+	// PostgreSQL (see streamStarts); any other is planned first.
+	stream := !p.guarded && !c.routesKeyed && c.routes.triggers(b.Events, copyStarts)
+	if !stream {
+		for i := range b.Events {
+			p.add(c.routes, &b.Events[i])
+		}
 	}
-	out, err := c.commit(ctx, b, &p)
+	out, err := c.commit(ctx, b, &p, stream)
+	if p.seen == 0 {
+		// A replay, or a failure before the starts: the retries below need
+		// the plan.
+		for i := range b.Events {
+			p.add(c.routes, &b.Events[i])
+		}
+	}
 	defer func() { p.endSpans(err) }()
 	if err != nil && !p.guarded && startedBefore(err) {
 		// A trigger of the batch has started its saga before (or comes
@@ -203,7 +220,7 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		// usual, and keep to it for the next batches.
 		c.guardedLeft = guardedBatches
 		p.guarded = true
-		out, err = c.commit(ctx, b, &p)
+		out, err = c.commit(ctx, b, &p, false)
 	}
 	if err != nil && isDataError(err) {
 		p.endSpans(err)
@@ -215,7 +232,7 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 			p.guarded = true
 			c.cfg.Logger.Warn("PostgreSQL refused values in a batch: parking the events that carry them",
 				"slot", b.Slot, "lsn", b.EndLSN.String(), "count", refused, "err", err)
-			out, err = c.commit(ctx, b, &p)
+			out, err = c.commit(ctx, b, &p, false)
 		}
 	}
 	if err != nil && isContentError(err) {
@@ -259,7 +276,10 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 	return nil
 }
 
-func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome, error) {
+// commit applies the plan in one transaction with the checkpoint. With
+// stream, p is still empty: it is planned while its starts stream
+// (streamStarts), or first when the transaction's now() is not known.
+func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan, stream bool) (outcome, error) {
 	var out outcome
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
@@ -270,7 +290,7 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 	// The checkpoint goes first: it locks the slot's row, so two relays that
 	// both believe they lead cannot interleave batches, and it tells a replay
 	// apart (the row is not past EndLSN when we are behind it).
-	fresh, err := checkpoint(ctx, tx, b)
+	fresh, now, err := checkpoint(ctx, tx, b)
 	if err != nil {
 		return out, err
 	}
@@ -278,8 +298,27 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 		out.replayed = true
 		return out, tx.Commit(ctx)
 	}
+	startsSent := false
+	if stream && !now.IsZero() {
+		// Every transaction of the batch, not only the triggers' (the plan
+		// is not made yet): each is committed, so the wait is as short.
+		if xids := batchXids(b); len(xids) > 0 {
+			if err := waitVisible(ctx, tx, xids, visibleWait); err != nil {
+				return out, fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
+			}
+		}
+		if err := streamStarts(ctx, tx, c.routes, b, p, now); err != nil {
+			return out, fmt.Errorf("correlator: start sagas at %s: %w", b.EndLSN, err)
+		}
+		startsSent = true
+		countStarts(p, &out)
+	} else if stream {
+		for i := range b.Events {
+			p.add(c.routes, &b.Events[i])
+		}
+	}
 	if !p.empty() {
-		if err := c.applyEffects(ctx, tx, b, p, &out); err != nil {
+		if err := c.applyEffects(ctx, tx, b, p, now, startsSent, &out); err != nil {
 			return out, err
 		}
 	}
@@ -294,40 +333,75 @@ func (c *Correlator) commit(ctx context.Context, b cdc.Batch, p *plan) (outcome,
 	return out, nil
 }
 
+// batchXids returns the source transactions of b's events, each once.
+func batchXids(b cdc.Batch) []int64 {
+	var xids []int64
+	for i := range b.Events {
+		if x := int64(b.Events[i].Xid); x != 0 && (len(xids) == 0 || xids[len(xids)-1] != x) {
+			xids = append(xids, x)
+		}
+	}
+	return xids
+}
+
+// countStarts records in out the starts of a plan that started every one.
+func countStarts(p *plan, out *outcome) {
+	out.startedBySaga = map[string]int{}
+	for _, name := range p.startSaga {
+		out.startedBySaga[name]++
+	}
+	out.started = len(p.startSaga)
+}
+
 // checkpoint moves the slot's checkpoint to the batch's end LSN, or, for a
 // partial batch, only checks that the batch is not behind it. It reports
-// false for a batch already handled.
-func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, error) {
+// false for a batch already handled, and the transaction's now() when it
+// read it (zero otherwise).
+func checkpoint(ctx context.Context, tx pgx.Tx, b cdc.Batch) (bool, time.Time, error) {
+	var now time.Time
 	if b.Partial {
 		// Parts of a large transaction share its end LSN: they are fresh
 		// while the checkpoint is still below it.
 		var behind bool
-		err := tx.QueryRow(ctx, `SELECT lsn >= $2::pg_lsn FROM relay_checkpoints WHERE slot_name = $1 FOR UPDATE`,
-			b.Slot, b.EndLSN.String()).Scan(&behind)
+		err := tx.QueryRow(ctx, `SELECT lsn >= $2::pg_lsn, now() FROM relay_checkpoints WHERE slot_name = $1 FOR UPDATE`,
+			b.Slot, b.EndLSN.String()).Scan(&behind, &now)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return true, nil
+			return true, time.Time{}, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("correlator: read checkpoint: %w", err)
+			return false, now, fmt.Errorf("correlator: read checkpoint: %w", err)
 		}
-		return !behind, nil
+		return !behind, now, nil
 	}
 	var commitTime *time.Time
 	if !b.CommitTime.IsZero() {
 		commitTime = &b.CommitTime
 	}
-	tag, err := tx.Exec(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String(), commitTime)
-	if err != nil {
-		return false, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
+	err := tx.QueryRow(ctx, sqlCheckpoint, b.Slot, b.EndLSN.String(), commitTime).Scan(&now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, now, nil
 	}
-	return tag.RowsAffected() == 1, nil
+	if err != nil {
+		return false, now, fmt.Errorf("correlator: write checkpoint of slot %q at %s: %w", b.Slot, b.EndLSN, err)
+	}
+	return true, now, nil
 }
 
-func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, out *outcome) error {
-	if len(p.startXids) > 0 {
+// applyEffects sends the plan's statements in tx. now is the transaction's
+// now() if known (zero: the starts go as sqlStart whatever their number);
+// startsSent: the starts went already (streamStarts).
+func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p *plan, now time.Time, startsSent bool, out *outcome) error {
+	if len(p.startXids) > 0 && !startsSent {
 		if err := waitVisible(ctx, tx, p.startXids, visibleWait); err != nil {
 			return fmt.Errorf("correlator: batch at %s: %w", b.EndLSN, err)
 		}
+	}
+	copied := startsSent || !p.guarded && !p.keyed && !now.IsZero() && len(p.startSaga) >= copyStarts
+	if copied && !startsSent {
+		if err := copyStart(ctx, tx, p, now); err != nil {
+			return fmt.Errorf("correlator: start sagas at %s: %w", b.EndLSN, err)
+		}
+		countStarts(p, out)
 	}
 	var batch pgx.Batch
 	var startQ, replyQ, deadQ *pgx.QueuedQuery
@@ -336,6 +410,7 @@ func (c *Correlator) applyEffects(ctx context.Context, tx pgx.Tx, b cdc.Batch, p
 		startSQL, keyedSQL = sqlStartGuarded, sqlStartKeyedGuarded
 	}
 	switch {
+	case copied:
 	case p.keyed:
 		startQ = batch.Queue(keyedSQL, p.startTenant, p.startWorkspace, p.startSaga, p.startVersion,
 			p.startTrigger, p.startCorr, p.startContext, p.startDeadline, p.startAggregate, p.startID,
@@ -477,7 +552,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 		return total, out, fmt.Errorf("correlator: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, err := checkpoint(ctx, tx, b)
+	fresh, _, err := checkpoint(ctx, tx, b)
 	if err != nil {
 		return total, out, err
 	}
@@ -499,7 +574,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 			if err != nil {
 				return total, out, fmt.Errorf("correlator: savepoint: %w", err)
 			}
-			err = c.applyEffects(ctx, sp, b, &p, &o)
+			err = c.applyEffects(ctx, sp, b, &p, time.Time{}, false, &o)
 			if err == nil {
 				err = sp.Commit(ctx)
 			}
@@ -517,7 +592,7 @@ func (c *Correlator) commitOneByOne(ctx context.Context, b cdc.Batch) (plan, out
 				p = plan{noID: noID}
 				p.add(c.routes, &ev)
 				o = outcome{}
-				if err := c.applyEffects(ctx, tx, b, &p, &o); err != nil {
+				if err := c.applyEffects(ctx, tx, b, &p, time.Time{}, false, &o); err != nil {
 					return total, out, err
 				}
 			}

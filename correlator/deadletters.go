@@ -140,7 +140,7 @@ func (c *Correlator) retryDeadLetter(ctx context.Context, id int64, read OutboxR
 	}
 	var out outcome
 	if !p.empty() {
-		if err := c.applyEffects(ctx, tx, cdc.Batch{}, &p, &out); err != nil {
+		if err := c.applyEffects(ctx, tx, cdc.Batch{}, &p, time.Time{}, false, &out); err != nil {
 			return d, err
 		}
 	}

@@ -27,3 +27,6 @@ func SkipAggregateClipping() (restore func()) {
 
 // GuardedBatches is how many batches stay guarded after a refused start.
 const GuardedBatches = guardedBatches
+
+// CopyStarts is the smallest number of plain starts a batch sends as COPY.
+const CopyStarts = copyStarts

@@ -3,16 +3,18 @@ package correlator
 // The correlator's SQL, in one place. Every statement takes column arrays and
 // unnests them, so a batch of any size costs one statement per kind of effect.
 
-// sqlCheckpoint advances the slot's checkpoint only forwards; it affects no
+// sqlCheckpoint advances the slot's checkpoint only forwards; it returns no
 // row when the batch is not past it (a replay). updated_at is the source
 // commit time of the batch's newest transaction (now() for a first-start
 // read): every outbox row created after it is not handled yet, which is
-// what cdc.QueryLag measures.
+// what cdc.QueryLag measures. It returns the transaction's now(), which a
+// start sent as COPY needs (copyRows).
 const sqlCheckpoint = `
 INSERT INTO relay_checkpoints AS c (slot_name, lsn, updated_at)
 VALUES ($1, $2::pg_lsn, coalesce($3::timestamptz, now()))
 ON CONFLICT (slot_name) DO UPDATE SET lsn = EXCLUDED.lsn, updated_at = EXCLUDED.updated_at
-WHERE c.lsn < EXCLUDED.lsn`
+WHERE c.lsn < EXCLUDED.lsn
+RETURNING now()`
 
 // The start's INSERT comes in two forms. A batch whose triggers are all new
 // (every batch, as long as nothing is read twice) inserts plainly: the unique
@@ -34,6 +36,11 @@ const startColumns = `
          now(), t.aggregate, t.traceparent
   FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::int[], $5::uuid[], $6::uuid[], $7::text[], $8::bigint[], $9::text[], $10::uuid[], $11::text[])
        AS t(tenant, workspace, saga, version, trigger, corr, ctx, deadline_us, aggregate, id, traceparent)`
+
+// sqlCopyStart is sqlStart for a batch of many starts (copyStarts): the
+// rows of copyRows, with the columns of sqlStart in the same order.
+const sqlCopyStart = `COPY saga_instances (id, tenant_id, workspace_id, saga_name, saga_version, trigger_event_id,
+  correlation_id, context, timeout_at, next_attempt_at, trigger_aggregate_id, traceparent) FROM STDIN (FORMAT binary)`
 
 const startCount = `
   RETURNING saga_name)

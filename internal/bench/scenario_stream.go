@@ -3,6 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -64,11 +69,13 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 	for i, sl := range runs {
 		e.checkpoint(ctx)
 		r.progress("stream: run %d/%d (a) pg_recvlogical to %s", i+1, len(runs), end)
+		cpuA := e.startCPUMeter()
 		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout)
 		if err != nil {
 			return c, err
 		}
 		ra := rate(n, took)
+		r.progress("stream: run %d/%d (a) CPU per event: %s", i+1, len(runs), cpuA.stop(n))
 
 		r.progress("stream: run %d/%d (b) relay stream, checkpoint commits only", i+1, len(runs))
 		rb, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.stream,
@@ -84,11 +91,13 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 		}
 		e.checkpoint(ctx)
 		r.progress("stream: run %d/%d (c) relay stream + correlator, one saga per event", i+1, len(runs))
+		cpuC := e.startCPUMeter()
 		rc, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.corr,
 			Registry: benchRegistry(nil), Want: n, Timeout: r.sz.timeout, Logger: r.log})
 		if err != nil {
 			return c, err
 		}
+		r.progress("stream: run %d/%d (c) CPU per event: %s", i+1, len(runs), cpuC.stop(n))
 		var started int
 		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances`).Scan(&started); err != nil {
 			return c, err
@@ -150,4 +159,103 @@ func (r *run) correlatorAlone(ctx context.Context) error {
 		r.progress("stream: correlator alone, %d events/batch: %.0f events/s, %.0f batches/s", size, cc.EventsPerSec, cc.BatchesPerSec)
 	}
 	return nil
+}
+
+// cpuMeter reads, around one consumer's pass, the CPU time of the bench's
+// process (the relay's stream and correlator run in it), of its reaped
+// children (pg_recvlogical) and of the throwaway cluster's processes (the
+// walsender and the correlator's backend; on a server the bench did not
+// start, that part is not known). Wall times depend on what else the machine
+// runs; CPU time per event much less, so it tells where the time goes and
+// why one machine's ratio differs from another's.
+type cpuMeter struct {
+	e                    *env
+	self, childU, childS time.Duration
+	server               time.Duration
+	serverKnown          bool
+}
+
+func (e *env) startCPUMeter() cpuMeter {
+	m := cpuMeter{e: e, self: selfCPU()}
+	m.childU, m.childS = childrenCPU()
+	m.server, m.serverKnown = e.serverCPU()
+	return m
+}
+
+// stop returns the pass's CPU per event, for n events, as text.
+func (m cpuMeter) stop(n int) string {
+	// A walsender's time counts once it has exited and been reaped.
+	time.Sleep(200 * time.Millisecond)
+	u, s := childrenCPU()
+	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+	out := fmt.Sprintf("bench process %.2f µs, its children (pg_recvlogical) %.2f µs user + %.2f µs system",
+		per(selfCPU()-m.self), per(u-m.childU), per(s-m.childS))
+	if srv, ok := m.e.serverCPU(); ok && m.serverKnown {
+		out += fmt.Sprintf(", PostgreSQL %.2f µs", per(srv-m.server))
+	}
+	return out
+}
+
+// childrenCPU is the user and system time of the bench's reaped children.
+func childrenCPU() (user, sys time.Duration) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		return 0, 0
+	}
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
+}
+
+// serverCPU is the CPU time of the throwaway cluster: its postmaster's live
+// children and those that have exited. It reports false on a server the
+// bench did not start.
+func (e *env) serverCPU() (time.Duration, bool) {
+	if e.cluster == nil {
+		return 0, false
+	}
+	b, err := os.ReadFile(filepath.Join(e.cluster.DataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, false
+	}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil {
+		return 0, false
+	}
+	_, reaped, ok := procTimes(pm)
+	if !ok {
+		return 0, false
+	}
+	total := reaped
+	kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pm, pm))
+	for _, f := range strings.Fields(string(kids)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			if own, _, ok := procTimes(pid); ok {
+				total += own
+			}
+		}
+	}
+	return total, true
+}
+
+// procTimes reads a process's own CPU time and that of its reaped children
+// from /proc.
+func procTimes(pid int) (own, reaped time.Duration, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 > len(s) {
+		return 0, 0, false
+	}
+	f := strings.Fields(s[i+2:])
+	if len(f) < 15 {
+		return 0, 0, false
+	}
+	var t [4]int64
+	for j := range t {
+		t[j], _ = strconv.ParseInt(f[11+j], 10, 64)
+	}
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
+	return time.Duration(t[0]+t[1]) * tick, time.Duration(t[2]+t[3]) * tick, true
 }
