@@ -1,0 +1,4 @@
+package pgjournal
+
+// SQLClaim is the claim statement, for tests that look at its plan.
+const SQLClaim = sqlClaim
