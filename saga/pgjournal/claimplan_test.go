@@ -102,12 +102,47 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	if read > 100 {
 		t.Fatalf("the claim of 10 read %d entries of saga_claim_idx with %d due: it read the backlog instead of its batch", read, backlog)
 	}
-	// The claim's setting ended with its transaction.
-	var sortOn string
-	if err := pool.QueryRow(ctx, `SHOW enable_sort`).Scan(&sortOn); err != nil {
+	// The settings ended with the claim's transaction.
+	for _, name := range []string{"enable_sort", "jit"} {
+		var v string
+		if err := pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		var boot string
+		if err := pool.QueryRow(ctx, `SELECT reset_val FROM pg_settings WHERE name = $1`, name).Scan(&boot); err != nil {
+			t.Fatal(err)
+		}
+		if v != boot {
+			t.Fatalf("%s is %q on the pool's connection after a claim, want the session's %q", name, v, boot)
+		}
+	}
+	// Under the claim's settings the statement is neither sorted below
+	// the batch nor compiled (the penalty on the batch's own sort would
+	// pass the JIT thresholds: 300 ms a claim).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if sortOn != "on" {
-		t.Fatalf("enable_sort is %q on the pool's connection after a claim, want on", sortOn)
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, pgjournal.SQLClaimPlan); err != nil {
+		t.Fatal(err)
+	}
+	plan.Reset()
+	rows, err = tx.Query(ctx, `EXPLAIN (ANALYZE) `+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if strings.Count(plan.String(), "Sort Key:") != 1 || strings.Contains(plan.String(), "JIT") {
+		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan.String())
 	}
 }

@@ -2,3 +2,6 @@ package pgjournal
 
 // SQLClaim is the claim statement, for tests that look at its plan.
 const SQLClaim = sqlClaim
+
+// SQLClaimPlan is what the claim's transaction runs before it.
+const SQLClaimPlan = sqlClaimPlan

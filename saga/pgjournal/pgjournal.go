@@ -116,7 +116,7 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	}
 	// The claim walks saga_claim_idx in order (sqlClaimPlan), in a
 	// transaction of its own sent as one pipeline: one round trip. Inside a
-	// caller's transaction the setting would outlive the claim, so the
+	// caller's transaction the settings would outlive the claim, so the
 	// statement runs there as the planner chooses.
 	_, inTx := saga.TxFromContext(ctx)
 	var br pgx.BatchResults
