@@ -114,9 +114,32 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	if d < time.Microsecond {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: lease duration must be at least 1µs, got %s", d)
 	}
-	rows, err := j.q(ctx).Query(ctx, sqlClaim, j.clock(), batchSize, d.Microseconds())
-	if err != nil {
-		return nil, fmt.Errorf("pgjournal: claim: %w", err)
+	// The claim walks saga_claim_idx in order (sqlClaimPlan), in a
+	// transaction of its own sent as one pipeline: one round trip. Inside a
+	// caller's transaction the settings would outlive the claim, so the
+	// statement runs there as the planner chooses.
+	_, inTx := saga.TxFromContext(ctx)
+	var br pgx.BatchResults
+	var rows pgx.Rows
+	if inTx {
+		var err error
+		if rows, err = j.q(ctx).Query(ctx, sqlClaim, j.clock(), batchSize, d.Microseconds()); err != nil {
+			return nil, fmt.Errorf("pgjournal: claim: %w", err)
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(sqlClaimPlan)
+		b.Queue(sqlClaim, j.clock(), batchSize, d.Microseconds())
+		b.Queue("COMMIT")
+		br = j.pool.SendBatch(ctx, b)
+		defer br.Close()
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				return nil, fmt.Errorf("pgjournal: claim: %w", err)
+			}
+		}
+		rows, _ = br.Query()
 	}
 	var ir instanceRow
 	dest := ir.dest(nil)
@@ -126,6 +149,14 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgjournal: claim: %w", err)
+	}
+	if br != nil {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("pgjournal: claim: commit: %w", err)
+		}
+		if err := br.Close(); err != nil {
+			return nil, fmt.Errorf("pgjournal: claim: %w", err)
+		}
 	}
 	if out == nil {
 		out = []saga.Instance{}

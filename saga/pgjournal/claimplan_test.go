@@ -1,0 +1,148 @@
+package pgjournal_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+// TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed: a backlog of due
+// instances arrives before the table's statistics have seen it (here: never
+// analyzed, as after the first start or a TRUNCATE, before autovacuum's
+// visit; on a live table, the statistics of a relay that kept up). The
+// planner then expects a handful of due rows and, left to itself, reads and
+// sorts every one of them (the control below checks that the situation is
+// reproduced). A claim must still read saga_claim_idx in order and stop
+// after its batch: it reads a few index entries, not the backlog.
+func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // one backend: its statistics are flushed on demand below
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const backlog = 20000
+	for _, q := range []string{
+		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
+		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
+		 SELECT gen_random_uuid(), 'plan', 1, gen_random_uuid(), now() - random() * interval '1 hour'
+		 FROM generate_series(1, 20000)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	// Control: the planner's own choice reads the whole due set.
+	var plan strings.Builder
+	rows, err := pool.Query(ctx, `EXPLAIN `+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	// One sort is the claimed batch's, at the top; a second is the due
+	// set's.
+	if strings.Count(plan.String(), "Sort Key:") < 2 {
+		t.Fatalf("the statistics did not mislead the planner (no sort of the due set), so this test shows nothing; plan:\n%s", plan.String())
+	}
+
+	indexReads := func() int64 {
+		t.Helper()
+		// The claim ran on this pool's one backend: flush its counters.
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'saga_claim_idx'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := indexReads()
+	got, err := j.ClaimPending(ctx, 10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := indexReads() - before
+	if len(got) != 10 {
+		t.Fatalf("claimed %d instances, want 10", len(got))
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].NextAttemptAt.Before(got[i-1].NextAttemptAt) {
+			t.Fatalf("claim not in next_attempt_at order at %d", i)
+		}
+	}
+	if read > 100 {
+		t.Fatalf("the claim of 10 read %d entries of saga_claim_idx with %d due: it read the backlog instead of its batch", read, backlog)
+	}
+	// The settings ended with the claim's transaction.
+	for _, name := range []string{"enable_sort", "jit"} {
+		var v string
+		if err := pool.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		var boot string
+		if err := pool.QueryRow(ctx, `SELECT reset_val FROM pg_settings WHERE name = $1`, name).Scan(&boot); err != nil {
+			t.Fatal(err)
+		}
+		if v != boot {
+			t.Fatalf("%s is %q on the pool's connection after a claim, want the session's %q", name, v, boot)
+		}
+	}
+	// Under the claim's settings the statement is neither sorted below
+	// the batch nor compiled (the penalty on the batch's own sort would
+	// pass the JIT thresholds: 300 ms a claim).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, pgjournal.SQLClaimPlan); err != nil {
+		t.Fatal(err)
+	}
+	plan.Reset()
+	rows, err = tx.Query(ctx, `EXPLAIN (ANALYZE) `+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if strings.Count(plan.String(), "Sort Key:") != 1 || strings.Contains(plan.String(), "JIT") {
+		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan.String())
+	}
+}
