@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"time"
 
@@ -31,6 +29,15 @@ type SinkLatencyCase struct {
 	AchievedRate float64        `json:"achieved_rate"`
 	Seconds      float64        `json:"seconds"`
 	Latency      LatencySummary `json:"latency"`
+	// Where the latency goes: from created_at to the start of the Deliver
+	// call that carried the event (the stream, the batch before and its
+	// commit), the Deliver calls' durations, the gaps between one call's
+	// end and the next one's start (the correlator's commit, the stream's
+	// next batch), and the largest batch.
+	BeforeDeliver LatencySummary `json:"before_deliver"`
+	Deliver       LatencySummary `json:"deliver"`
+	Between       LatencySummary `json:"between_deliveries"`
+	MaxBatch      int            `json:"max_batch_events"`
 }
 
 // sinkLatencyRuns are the cases of the scenario, in the order they run.
@@ -58,7 +65,10 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 		return err
 	}
 	defer ns.Shutdown()
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	hook, err := startHookEndpoint()
+	if err != nil {
+		return err
+	}
 	defer hook.Close()
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 	if err != nil {
@@ -93,7 +103,9 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 			return fmt.Errorf("%s sink at %d events/s: %w", c.sink, c.rate, err)
 		}
 		lc.Sink = c.sink
-		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", c.sink, c.rate, lc.Latency.P50, lc.Latency.P99, lc.Latency.Max)
+		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms; before Deliver p50 %.1f p99 %.1f ms; %d Deliver calls p50 %.1f p99 %.1f max %.1f ms, largest %d events; between calls p99 %.1f max %.1f ms",
+			c.sink, c.rate, lc.Latency.P50, lc.Latency.P95, lc.Latency.P99, lc.Latency.Max, lc.BeforeDeliver.P50, lc.BeforeDeliver.P99,
+			lc.Deliver.Count, lc.Deliver.P50, lc.Deliver.P99, lc.Deliver.Max, lc.MaxBatch, lc.Between.P99, lc.Between.Max)
 		r.report.SinkLatency = append(r.report.SinkLatency, lc)
 	}
 	return nil
@@ -158,12 +170,22 @@ func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, 
 		return lc, fmt.Errorf("%d events were parked instead of delivered", parked)
 	}
 	ts.mu.Lock()
-	lat := ts.lat
+	lat, before, calls := ts.lat, ts.before, ts.calls
 	ts.mu.Unlock()
 	if len(lat) != count {
 		return lc, fmt.Errorf("%d of %d events acknowledged", len(lat), count)
 	}
 	lc.Rate, lc.Seconds, lc.AchievedRate, lc.Latency = perSec, produced.Seconds(), rate(count, produced), summarize(lat)
+	lc.BeforeDeliver = summarize(before)
+	var took, between []time.Duration
+	for i, c := range calls {
+		took = append(took, c.end.Sub(c.start))
+		if i > 0 {
+			between = append(between, c.start.Sub(calls[i-1].end))
+		}
+		lc.MaxBatch = max(lc.MaxBatch, c.events)
+	}
+	lc.Deliver, lc.Between = summarize(took), summarize(between)
 	return lc, nil
 }
 
@@ -176,17 +198,27 @@ type timedSink struct {
 	firstOnce sync.Once
 	mu        sync.Mutex
 	lat       []time.Duration
+	before    []time.Duration // created_at to the start of the event's Deliver call
+	calls     []deliverCall
+}
+
+type deliverCall struct {
+	start, end time.Time
+	events     int
 }
 
 func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
+	start := time.Now()
 	errs := t.Sink.Deliver(ctx, evs)
 	now := time.Now()
 	t.mu.Lock()
 	for i, ev := range evs {
 		if errs[i] == nil && !ev.CreatedAt.IsZero() {
 			t.lat = append(t.lat, now.Sub(ev.CreatedAt))
+			t.before = append(t.before, start.Sub(ev.CreatedAt))
 		}
 	}
+	t.calls = append(t.calls, deliverCall{start: start, end: now, events: len(evs)})
 	t.mu.Unlock()
 	t.firstOnce.Do(func() { close(t.first) })
 	return errs
@@ -194,6 +226,6 @@ func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 
 func (t *timedSink) reset() {
 	t.mu.Lock()
-	t.lat = nil
+	t.lat, t.before, t.calls = nil, nil, nil
 	t.mu.Unlock()
 }
