@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -188,6 +189,9 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 // connection cannot carry another request then. A body cut off does not
 // undo the status.
 func readAnswer(br *bufio.Reader, req *http.Request) (resp *http.Response, whole bool, err error) {
+	if resp, whole, ok := readPlain2xx(br); ok {
+		return resp, whole, nil
+	}
 	for {
 		resp, err = http.ReadResponse(br, req)
 		if err != nil {
@@ -210,3 +214,65 @@ func drained(body io.Reader) bool {
 	n, err := body.Read(b[:])
 	return n == 0 && err == io.EOF
 }
+
+// readPlain2xx reads the most common answer without http.ReadResponse's
+// allocations: an HTTP/1.1 2xx whose head br already holds whole, with a
+// body of a Content-Length up to 64 KiB (or none, for 204), and no
+// Connection, Transfer-Encoding or folded header field. ok is false, with
+// nothing read, for any other answer: http.ReadResponse reads it then.
+// whole is as for readAnswer.
+func readPlain2xx(br *bufio.Reader) (resp *http.Response, whole, ok bool) {
+	buf, _ := br.Peek(br.Buffered())
+	end := bytes.Index(buf, []byte("\r\n\r\n"))
+	if end < 0 {
+		return nil, false, false
+	}
+	head := buf[:end+2] // each line ends in CRLF
+	first, rest, _ := bytes.Cut(head, []byte("\r\n"))
+	if len(first) < 12 || string(first[:10]) != "HTTP/1.1 2" || !isDigit(first[10]) || !isDigit(first[11]) ||
+		(len(first) > 12 && first[12] != ' ') || bytes.ContainsAny(first, "\r\n\x00") {
+		return nil, false, false
+	}
+	code := 200 + int(first[10]-'0')*10 + int(first[11]-'0')
+	length := int64(-1)
+	for len(rest) > 0 {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		name, value, found := bytes.Cut(line, []byte(":"))
+		if !found || len(name) == 0 || bytes.ContainsAny(line, "\r\n\x00") || bytes.ContainsAny(name, " \t") {
+			return nil, false, false
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			value = bytes.Trim(value, " \t")
+			if length >= 0 || len(value) == 0 || len(value) > 5 {
+				return nil, false, false
+			}
+			length = 0
+			for _, c := range value {
+				if !isDigit(c) {
+					return nil, false, false
+				}
+				length = length*10 + int64(c-'0')
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")), bytes.EqualFold(name, []byte("Connection")):
+			return nil, false, false
+		}
+	}
+	if code == http.StatusNoContent {
+		length = 0 // a 204 has no body, whatever its head says
+	}
+	if length < 0 || length > 64<<10 {
+		return nil, false, false
+	}
+	status := string(first[9:])
+	if len(first) == 12 {
+		status += " " + http.StatusText(code)
+	}
+	br.Discard(end + 4)
+	n, _ := br.Discard(int(length))
+	return &http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Body: http.NoBody, ContentLength: length}, int64(n) == length, true
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }

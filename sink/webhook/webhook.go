@@ -307,7 +307,7 @@ next:
 		if !validHeaderName(kv.Key) {
 			continue
 		}
-		h := sink.Header{Key: canonicalKey(kv.Key), Value: strings.Map(dropControl, kv.Value)}
+		h := sink.Header{Key: canonicalKey(kv.Key), Value: withoutControl(kv.Value)}
 		for i := range hs {
 			if hs[i].Key == h.Key {
 				hs[i] = h
@@ -417,6 +417,17 @@ func validHeaderName(k string) bool {
 		}
 	}
 	return true
+}
+
+// withoutControl is strings.Map(dropControl, v), without a copy when v is
+// printable ASCII.
+func withoutControl(v string) string {
+	for i := 0; i < len(v); i++ {
+		if v[i] < ' ' || v[i] >= 0x7f {
+			return strings.Map(dropControl, v)
+		}
+	}
+	return v
 }
 
 func dropControl(r rune) rune {
