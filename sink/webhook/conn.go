@@ -90,6 +90,42 @@ func (p *conns) close() {
 	}
 }
 
+// interrupter ends the request in progress on a worker's connection when
+// the worker's context ends: one context.AfterFunc (see Sink.Deliver) for
+// all the requests of a worker, not one each.
+type interrupter struct {
+	mu    sync.Mutex
+	c     net.Conn // the connection of the request in progress, if any
+	ended bool     // the context has ended
+}
+
+// interrupt is called once the context ends.
+func (in *interrupter) interrupt() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.ended = true
+	if in.c != nil {
+		in.c.SetDeadline(longAgo)
+	}
+}
+
+// begin makes c the connection of the request in progress; false when the
+// context has ended already.
+func (in *interrupter) begin(c net.Conn) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.c = c
+	return !in.ended
+}
+
+// end ends the request in progress; true when the context ended meanwhile.
+func (in *interrupter) end() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.c = nil
+	return in.ended
+}
+
 // errStale is a reused connection that the endpoint had closed before the
 // request reached it: the request is sent again on a new connection.
 var errStale = errors.New("keep-alive connection closed by the endpoint")
@@ -98,7 +134,8 @@ var errStale = errors.New("keep-alive connection closed by the endpoint")
 // returns the answer to req (its method and URL) with its body read (up
 // to 64 KiB, the rest discarded with the connection). A 3xx is returned,
 // not followed. ctx ends the request early; timeout bounds it as a whole.
-func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []byte, timeout time.Duration) (*http.Response, error) {
+// in is the calling worker's interrupter, which ctx ends.
+func (p *conns) roundTrip(ctx context.Context, in *interrupter, req *http.Request, head, body []byte, timeout time.Duration) (*http.Response, error) {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -117,7 +154,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []b
 				return nil, err
 			}
 		}
-		resp, err := p.send(ctx, c, req, head, body, deadline, reused)
+		resp, err := p.send(ctx, in, c, req, head, body, deadline, reused)
 		if errors.Is(err, errStale) && attempt == 0 {
 			continue
 		}
@@ -125,7 +162,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []b
 	}
 }
 
-func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
+func (p *conns) send(ctx context.Context, in *interrupter, c *hconn, req *http.Request, head, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
 	keep := false
 	defer func() {
 		if keep {
@@ -135,11 +172,13 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 		}
 	}()
 	c.c.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(longAgo) })
+	if !in.begin(c.c) {
+		return nil, context.Cause(ctx)
+	}
 	defer func() {
-		if !stop() {
-			// ctx ended during the request and moved the deadline into
-			// the past: the connection is not reused.
+		if in.end() {
+			// ctx ended during the request and may have moved the
+			// deadline into the past: the connection is not reused.
 			keep = false
 		}
 		switch {
