@@ -20,7 +20,9 @@ import (
 // answers 204 No Content, keeping the connection open for the next request
 // (HTTP/1.0 and "Connection: close" close it after the answer). A malformed
 // request is answered 400 (431 for a head line over 8 KiB, 501 for a
-// transfer coding other than chunked) and its connection closed. It does
+// transfer coding other than chunked, 505 for a protocol other than HTTP/1.0
+// and 1.1, 417 for an expectation other than 100-continue) and its
+// connection closed. It does
 // what a receiver on another machine does for the sink, at a fraction of
 // net/http's CPU per request: one goroutine per connection reading with one
 // buffer, no per-request allocations, an answer of one write.

@@ -138,6 +138,8 @@ func TestHookEndpointConnectionHandling(t *testing.T) {
 		{"gzip coding", "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", []int{501}, true},
 		{"folded header", "POST /a HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", []int{400}, true},
 		{"no version", "POST /a\r\n\r\n", []int{400}, true},
+		{"HTTP/2.0", "POST /a HTTP/2.0\r\n\r\n", []int{505}, true},
+		{"expectation", "POST /a HTTP/1.1\r\nHost: x\r\nExpect: something\r\n\r\n", []int{417}, true},
 		{"long line", "POST /" + strings.Repeat("a", 9000) + " HTTP/1.1\r\n\r\n", []int{431}, true},
 	}
 	for _, tc := range cases {
