@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/natssink"
@@ -34,10 +35,16 @@ type SinkLatencyCase struct {
 	// commit), the Deliver calls' durations, the gaps between one call's
 	// end and the next one's start (the correlator's commit, the stream's
 	// next batch), and the largest batch.
-	BeforeDeliver LatencySummary `json:"before_deliver"`
-	Deliver       LatencySummary `json:"deliver"`
-	Between       LatencySummary `json:"between_deliveries"`
-	MaxBatch      int            `json:"max_batch_events"`
+	// The upstream part of BeforeDeliver, per stream batch: from the
+	// newest event's created_at to its transaction's commit timestamp, and
+	// from that commit timestamp to the stream handing the batch over (the
+	// WAL flush, decoding, the stream's queue behind earlier batches).
+	InsertToCommit LatencySummary `json:"insert_to_commit"`
+	CommitToRelay  LatencySummary `json:"commit_to_relay"`
+	BeforeDeliver  LatencySummary `json:"before_deliver"`
+	Deliver        LatencySummary `json:"deliver"`
+	Between        LatencySummary `json:"between_deliveries"`
+	MaxBatch       int            `json:"max_batch_events"`
 }
 
 // sinkLatencyRuns are the cases of the scenario, in the order they run.
@@ -103,8 +110,9 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 			return fmt.Errorf("%s sink at %d events/s: %w", c.sink, c.rate, err)
 		}
 		lc.Sink = c.sink
-		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms; before Deliver p50 %.1f p99 %.1f ms; %d Deliver calls p50 %.1f p99 %.1f max %.1f ms, largest %d events; between calls p99 %.1f max %.1f ms",
-			c.sink, c.rate, lc.Latency.P50, lc.Latency.P95, lc.Latency.P99, lc.Latency.Max, lc.BeforeDeliver.P50, lc.BeforeDeliver.P99,
+		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms; per batch insert→commit p99 %.1f max %.1f ms, commit→relay p50 %.1f p99 %.1f max %.1f ms; before Deliver p50 %.1f p99 %.1f ms; %d Deliver calls p50 %.1f p99 %.1f max %.1f ms, largest %d events; between calls p99 %.1f max %.1f ms",
+			c.sink, c.rate, lc.Latency.P50, lc.Latency.P95, lc.Latency.P99, lc.Latency.Max,
+			lc.InsertToCommit.P99, lc.InsertToCommit.Max, lc.CommitToRelay.P50, lc.CommitToRelay.P99, lc.CommitToRelay.Max, lc.BeforeDeliver.P50, lc.BeforeDeliver.P99,
 			lc.Deliver.Count, lc.Deliver.P50, lc.Deliver.P99, lc.Deliver.Max, lc.MaxBatch, lc.Between.P99, lc.Between.Max)
 		r.report.SinkLatency = append(r.report.SinkLatency, lc)
 	}
@@ -140,7 +148,7 @@ func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, 
 	go func() {
 		_, err := consume(cctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: slot, Registry: benchRegistry(nil),
 			Want: count + 1, Timeout: r.sz.timeout, Logger: r.log,
-			Destinations: []sink.Destination{{Spec: spec, Sink: ts}}})
+			Destinations: []sink.Destination{{Spec: spec, Sink: ts}}, OnBatch: ts.batchIn})
 		done <- err
 	}()
 	if err := prod.produce(ctx, 0, 1, 1); err != nil {
@@ -171,6 +179,7 @@ func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, 
 	}
 	ts.mu.Lock()
 	lat, before, calls := ts.lat, ts.before, ts.calls
+	lc.InsertToCommit, lc.CommitToRelay = summarize(ts.insertToCommit), summarize(ts.commitToRelay)
 	ts.mu.Unlock()
 	if len(lat) != count {
 		return lc, fmt.Errorf("%d of %d events acknowledged", len(lat), count)
@@ -200,6 +209,27 @@ type timedSink struct {
 	lat       []time.Duration
 	before    []time.Duration // created_at to the start of the event's Deliver call
 	calls     []deliverCall
+	// per stream batch (see SinkLatencyCase)
+	insertToCommit, commitToRelay []time.Duration
+}
+
+// batchIn records, for a batch the stream hands over, how long its newest
+// event took to commit and the commit to reach the relay's sinks.
+func (t *timedSink) batchIn(b *cdc.Batch) {
+	now := time.Now()
+	var newest time.Time
+	for i := range b.Events {
+		if c := b.Events[i].CreatedAt; c.After(newest) {
+			newest = c
+		}
+	}
+	if newest.IsZero() || b.CommitTime.IsZero() {
+		return
+	}
+	t.mu.Lock()
+	t.insertToCommit = append(t.insertToCommit, b.CommitTime.Sub(newest))
+	t.commitToRelay = append(t.commitToRelay, now.Sub(b.CommitTime))
+	t.mu.Unlock()
 }
 
 type deliverCall struct {
@@ -226,6 +256,6 @@ func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 
 func (t *timedSink) reset() {
 	t.mu.Lock()
-	t.lat, t.before, t.calls = nil, nil, nil
+	t.lat, t.before, t.calls, t.insertToCommit, t.commitToRelay = nil, nil, nil, nil, nil
 	t.mu.Unlock()
 }
