@@ -274,7 +274,7 @@ func (e *Event) MessageHeaders() []Header {
 	add("causation_id", e.CausationID)
 	add("poison", e.Poison)
 	var hs map[string]json.RawMessage
-	if len(e.Headers) > 0 && json.Unmarshal(e.Headers, &hs) == nil {
+	if len(e.Headers) > 0 && !emptyObject(e.Headers) && json.Unmarshal(e.Headers, &hs) == nil {
 		keys := make([]string, 0, len(hs))
 		for k := range hs {
 			keys = append(keys, k)
@@ -293,6 +293,13 @@ func (e *Event) MessageHeaders() []Header {
 		}
 	}
 	return out
+}
+
+// emptyObject reports whether b is the JSON text {} (spaces allowed), a row's
+// usual headers: it has no key to send.
+func emptyObject(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) >= 2 && b[0] == '{' && len(bytes.TrimSpace(b[1:len(b)-1])) == 0 && b[len(b)-1] == '}'
 }
 
 // ErrHeldBack is the result of an event not sent because an earlier event

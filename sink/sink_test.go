@@ -47,6 +47,14 @@ func TestMessageHeaders(t *testing.T) {
 	if _, ok := got["aggregate_id"]; ok {
 		t.Error("an empty field is sent as a header")
 	}
+	// Row headers that are an empty object, or a one-key object in a
+	// shape close to it, give exactly their keys.
+	for headers, want := range map[string]int{`{}`: 3, ` { } `: 3, "{\n}": 3, `{"k":""}`: 4, ` {"a":{}} `: 4, `[]`: 3, `{`: 3} {
+		ev.Headers = json.RawMessage(headers)
+		if n := len(ev.MessageHeaders()); n != want {
+			t.Errorf("row headers %q: %d headers %v, want %d", headers, n, ev.MessageHeaders(), want)
+		}
+	}
 }
 
 func TestHoldBackAndClassify(t *testing.T) {

@@ -51,6 +51,7 @@ type countingSink struct {
 	inner   cdc.Sink
 	want    int
 	onBatch func(b *cdc.Batch) // after a successful commit (optional)
+	onStart func(b *cdc.Batch) // as the batch comes in (optional)
 
 	events, batches atomic.Int64
 	// busy is the time spent inside the correlator (nanoseconds): compared
@@ -66,6 +67,9 @@ func newCountingSink(inner cdc.Sink, want int) *countingSink {
 }
 
 func (s *countingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
+	if s.onStart != nil {
+		s.onStart(&b)
+	}
 	began := time.Now()
 	err := s.inner.HandleBatch(ctx, b)
 	s.busy.Add(int64(time.Since(began)))
@@ -108,6 +112,9 @@ type consumeOptions struct {
 	// Destinations, when set, put the sinks' fan-out in front of the
 	// correlator, as `relay run --sinks` does.
 	Destinations []sink.Destination
+	// OnBatch, when set, is called with each batch as the stream hands it
+	// over, before the sinks and the correlator see it.
+	OnBatch func(b *cdc.Batch)
 }
 
 // consume runs the relay's stream with the correlator as its sink, as
@@ -144,6 +151,7 @@ func consume(ctx context.Context, o consumeOptions) (consumeResult, error) {
 		inner = fanout.Sink(corr)
 	}
 	counting := newCountingSink(inner, o.Want)
+	counting.onStart = o.OnBatch
 	stream, err := cdc.NewStream(cdc.Config{
 		DatabaseURL: o.URL, Slot: o.Slot, Publication: o.Publication,
 		LoadCheckpoint: func(ctx context.Context) (pglogrepl.LSN, bool, error) {

@@ -3,13 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/natssink"
@@ -31,6 +30,21 @@ type SinkLatencyCase struct {
 	AchievedRate float64        `json:"achieved_rate"`
 	Seconds      float64        `json:"seconds"`
 	Latency      LatencySummary `json:"latency"`
+	// Where the latency goes: from created_at to the start of the Deliver
+	// call that carried the event (the stream, the batch before and its
+	// commit), the Deliver calls' durations, the gaps between one call's
+	// end and the next one's start (the correlator's commit, the stream's
+	// next batch), and the largest batch.
+	// The upstream part of BeforeDeliver, per stream batch: from the
+	// newest event's created_at to its transaction's commit timestamp, and
+	// from that commit timestamp to the stream handing the batch over (the
+	// WAL flush, decoding, the stream's queue behind earlier batches).
+	InsertToCommit LatencySummary `json:"insert_to_commit"`
+	CommitToRelay  LatencySummary `json:"commit_to_relay"`
+	BeforeDeliver  LatencySummary `json:"before_deliver"`
+	Deliver        LatencySummary `json:"deliver"`
+	Between        LatencySummary `json:"between_deliveries"`
+	MaxBatch       int            `json:"max_batch_events"`
 }
 
 // sinkLatencyRuns are the cases of the scenario, in the order they run.
@@ -58,7 +72,10 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 		return err
 	}
 	defer ns.Shutdown()
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	hook, err := startHookEndpoint()
+	if err != nil {
+		return err
+	}
 	defer hook.Close()
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 	if err != nil {
@@ -93,7 +110,10 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 			return fmt.Errorf("%s sink at %d events/s: %w", c.sink, c.rate, err)
 		}
 		lc.Sink = c.sink
-		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms", c.sink, c.rate, lc.Latency.P50, lc.Latency.P99, lc.Latency.Max)
+		r.progress("sinklatency: %s sink at %d events/s: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms; per batch insert→commit p99 %.1f max %.1f ms, commit→relay p50 %.1f p99 %.1f max %.1f ms; before Deliver p50 %.1f p99 %.1f ms; %d Deliver calls p50 %.1f p99 %.1f max %.1f ms, largest %d events; between calls p99 %.1f max %.1f ms",
+			c.sink, c.rate, lc.Latency.P50, lc.Latency.P95, lc.Latency.P99, lc.Latency.Max,
+			lc.InsertToCommit.P99, lc.InsertToCommit.Max, lc.CommitToRelay.P50, lc.CommitToRelay.P99, lc.CommitToRelay.Max, lc.BeforeDeliver.P50, lc.BeforeDeliver.P99,
+			lc.Deliver.Count, lc.Deliver.P50, lc.Deliver.P99, lc.Deliver.Max, lc.MaxBatch, lc.Between.P99, lc.Between.Max)
 		r.report.SinkLatency = append(r.report.SinkLatency, lc)
 	}
 	return nil
@@ -128,7 +148,7 @@ func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, 
 	go func() {
 		_, err := consume(cctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: slot, Registry: benchRegistry(nil),
 			Want: count + 1, Timeout: r.sz.timeout, Logger: r.log,
-			Destinations: []sink.Destination{{Spec: spec, Sink: ts}}})
+			Destinations: []sink.Destination{{Spec: spec, Sink: ts}}, OnBatch: ts.batchIn})
 		done <- err
 	}()
 	if err := prod.produce(ctx, 0, 1, 1); err != nil {
@@ -158,12 +178,23 @@ func (r *run) sinkLatencyCase(ctx context.Context, spec sink.Spec, s sink.Sink, 
 		return lc, fmt.Errorf("%d events were parked instead of delivered", parked)
 	}
 	ts.mu.Lock()
-	lat := ts.lat
+	lat, before, calls := ts.lat, ts.before, ts.calls
+	lc.InsertToCommit, lc.CommitToRelay = summarize(ts.insertToCommit), summarize(ts.commitToRelay)
 	ts.mu.Unlock()
 	if len(lat) != count {
 		return lc, fmt.Errorf("%d of %d events acknowledged", len(lat), count)
 	}
 	lc.Rate, lc.Seconds, lc.AchievedRate, lc.Latency = perSec, produced.Seconds(), rate(count, produced), summarize(lat)
+	lc.BeforeDeliver = summarize(before)
+	var took, between []time.Duration
+	for i, c := range calls {
+		took = append(took, c.end.Sub(c.start))
+		if i > 0 {
+			between = append(between, c.start.Sub(calls[i-1].end))
+		}
+		lc.MaxBatch = max(lc.MaxBatch, c.events)
+	}
+	lc.Deliver, lc.Between = summarize(took), summarize(between)
 	return lc, nil
 }
 
@@ -176,17 +207,48 @@ type timedSink struct {
 	firstOnce sync.Once
 	mu        sync.Mutex
 	lat       []time.Duration
+	before    []time.Duration // created_at to the start of the event's Deliver call
+	calls     []deliverCall
+	// per stream batch (see SinkLatencyCase)
+	insertToCommit, commitToRelay []time.Duration
+}
+
+// batchIn records, for a batch the stream hands over, how long its newest
+// event took to commit and the commit to reach the relay's sinks.
+func (t *timedSink) batchIn(b *cdc.Batch) {
+	now := time.Now()
+	var newest time.Time
+	for i := range b.Events {
+		if c := b.Events[i].CreatedAt; c.After(newest) {
+			newest = c
+		}
+	}
+	if newest.IsZero() || b.CommitTime.IsZero() {
+		return
+	}
+	t.mu.Lock()
+	t.insertToCommit = append(t.insertToCommit, b.CommitTime.Sub(newest))
+	t.commitToRelay = append(t.commitToRelay, now.Sub(b.CommitTime))
+	t.mu.Unlock()
+}
+
+type deliverCall struct {
+	start, end time.Time
+	events     int
 }
 
 func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
+	start := time.Now()
 	errs := t.Sink.Deliver(ctx, evs)
 	now := time.Now()
 	t.mu.Lock()
 	for i, ev := range evs {
 		if errs[i] == nil && !ev.CreatedAt.IsZero() {
 			t.lat = append(t.lat, now.Sub(ev.CreatedAt))
+			t.before = append(t.before, start.Sub(ev.CreatedAt))
 		}
 	}
+	t.calls = append(t.calls, deliverCall{start: start, end: now, events: len(evs)})
 	t.mu.Unlock()
 	t.firstOnce.Do(func() { close(t.first) })
 	return errs
@@ -194,6 +256,6 @@ func (t *timedSink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 
 func (t *timedSink) reset() {
 	t.mu.Lock()
-	t.lat = nil
+	t.lat, t.before, t.calls, t.insertToCommit, t.commitToRelay = nil, nil, nil, nil, nil
 	t.mu.Unlock()
 }

@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink"
@@ -16,7 +14,7 @@ import (
 // pg_recvlogical and by the relay's stream delivering every event to a sink
 // (checkpoint commits only, no sagas): a NATS JetStream stream on a
 // nats-server process of its own, and a webhook on a local endpoint
-// that does nothing.
+// that reads each request whole and answers 204 (hookEndpoint).
 type SinkCase struct {
 	Events            int     `json:"events"`
 	RecvlogicalPerSec float64 `json:"recvlogical_events_per_sec"`
@@ -40,7 +38,10 @@ func (r *run) sinksScenario(ctx context.Context) error {
 		return err
 	}
 	defer ns.Shutdown()
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	hook, err := startHookEndpoint()
+	if err != nil {
+		return err
+	}
 	defer hook.Close()
 
 	type slots struct{ recv, nats, hook string }
@@ -88,7 +89,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 			return err
 		}
 
-		r.progress("sinks: run %d/%d relay stream to a webhook sink (no-op endpoint)", i+1, len(runs))
+		r.progress("sinks: run %d/%d relay stream to a webhook sink (local endpoint answering 204)", i+1, len(runs))
 		wh, err := webhook.New(webhook.Config{URL: hook.URL, Secret: "whsec_YmVuY2gtYmVuY2gtYmVuY2gtYmVuY2g=", Concurrency: sink.DefaultWebhookConcurrency})
 		if err != nil {
 			return err

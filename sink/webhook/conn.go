@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -89,6 +90,42 @@ func (p *conns) close() {
 	}
 }
 
+// interrupter ends the request in progress on a worker's connection when
+// the worker's context ends: one context.AfterFunc (see Sink.Deliver) for
+// all the requests of a worker, not one each.
+type interrupter struct {
+	mu    sync.Mutex
+	c     net.Conn // the connection of the request in progress, if any
+	ended bool     // the context has ended
+}
+
+// interrupt is called once the context ends.
+func (in *interrupter) interrupt() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.ended = true
+	if in.c != nil {
+		in.c.SetDeadline(longAgo)
+	}
+}
+
+// begin makes c the connection of the request in progress; false when the
+// context has ended already.
+func (in *interrupter) begin(c net.Conn) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.c = c
+	return !in.ended
+}
+
+// end ends the request in progress; true when the context ended meanwhile.
+func (in *interrupter) end() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.c = nil
+	return in.ended
+}
+
 // errStale is a reused connection that the endpoint had closed before the
 // request reached it: the request is sent again on a new connection.
 var errStale = errors.New("keep-alive connection closed by the endpoint")
@@ -97,7 +134,8 @@ var errStale = errors.New("keep-alive connection closed by the endpoint")
 // returns the answer to req (its method and URL) with its body read (up
 // to 64 KiB, the rest discarded with the connection). A 3xx is returned,
 // not followed. ctx ends the request early; timeout bounds it as a whole.
-func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []byte, timeout time.Duration) (*http.Response, error) {
+// in is the calling worker's interrupter, which ctx ends.
+func (p *conns) roundTrip(ctx context.Context, in *interrupter, req *http.Request, head, body []byte, timeout time.Duration) (*http.Response, error) {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -116,7 +154,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []b
 				return nil, err
 			}
 		}
-		resp, err := p.send(ctx, c, req, head, body, deadline, reused)
+		resp, err := p.send(ctx, in, c, req, head, body, deadline, reused)
 		if errors.Is(err, errStale) && attempt == 0 {
 			continue
 		}
@@ -124,7 +162,7 @@ func (p *conns) roundTrip(ctx context.Context, req *http.Request, head, body []b
 	}
 }
 
-func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
+func (p *conns) send(ctx context.Context, in *interrupter, c *hconn, req *http.Request, head, body []byte, deadline time.Time, reused bool) (resp *http.Response, err error) {
 	keep := false
 	defer func() {
 		if keep {
@@ -134,11 +172,13 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 		}
 	}()
 	c.c.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { c.c.SetDeadline(longAgo) })
+	if !in.begin(c.c) {
+		return nil, context.Cause(ctx)
+	}
 	defer func() {
-		if !stop() {
-			// ctx ended during the request and moved the deadline into
-			// the past: the connection is not reused.
+		if in.end() {
+			// ctx ended during the request and may have moved the
+			// deadline into the past: the connection is not reused.
 			keep = false
 		}
 		switch {
@@ -188,6 +228,9 @@ func (p *conns) send(ctx context.Context, c *hconn, req *http.Request, head, bod
 // connection cannot carry another request then. A body cut off does not
 // undo the status.
 func readAnswer(br *bufio.Reader, req *http.Request) (resp *http.Response, whole bool, err error) {
+	if resp, whole, ok := readPlain2xx(br); ok {
+		return resp, whole, nil
+	}
 	for {
 		resp, err = http.ReadResponse(br, req)
 		if err != nil {
@@ -210,3 +253,65 @@ func drained(body io.Reader) bool {
 	n, err := body.Read(b[:])
 	return n == 0 && err == io.EOF
 }
+
+// readPlain2xx reads the most common answer without http.ReadResponse's
+// allocations: an HTTP/1.1 2xx whose head br already holds whole, with a
+// body of a Content-Length up to 64 KiB (or none, for 204), and no
+// Connection, Transfer-Encoding or folded header field. ok is false, with
+// nothing read, for any other answer: http.ReadResponse reads it then.
+// whole is as for readAnswer.
+func readPlain2xx(br *bufio.Reader) (resp *http.Response, whole, ok bool) {
+	buf, _ := br.Peek(br.Buffered())
+	end := bytes.Index(buf, []byte("\r\n\r\n"))
+	if end < 0 {
+		return nil, false, false
+	}
+	head := buf[:end+2] // each line ends in CRLF
+	first, rest, _ := bytes.Cut(head, []byte("\r\n"))
+	if len(first) < 12 || string(first[:10]) != "HTTP/1.1 2" || !isDigit(first[10]) || !isDigit(first[11]) ||
+		(len(first) > 12 && first[12] != ' ') || bytes.ContainsAny(first, "\r\n\x00") {
+		return nil, false, false
+	}
+	code := 200 + int(first[10]-'0')*10 + int(first[11]-'0')
+	length := int64(-1)
+	for len(rest) > 0 {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte("\r\n"))
+		name, value, found := bytes.Cut(line, []byte(":"))
+		if !found || len(name) == 0 || bytes.ContainsAny(line, "\r\n\x00") || bytes.ContainsAny(name, " \t") {
+			return nil, false, false
+		}
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			value = bytes.Trim(value, " \t")
+			if length >= 0 || len(value) == 0 || len(value) > 5 {
+				return nil, false, false
+			}
+			length = 0
+			for _, c := range value {
+				if !isDigit(c) {
+					return nil, false, false
+				}
+				length = length*10 + int64(c-'0')
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")), bytes.EqualFold(name, []byte("Connection")):
+			return nil, false, false
+		}
+	}
+	if code == http.StatusNoContent {
+		length = 0 // a 204 has no body, whatever its head says
+	}
+	if length < 0 || length > 64<<10 {
+		return nil, false, false
+	}
+	status := string(first[9:])
+	if len(first) == 12 {
+		status += " " + http.StatusText(code)
+	}
+	br.Discard(end + 4)
+	n, _ := br.Discard(int(length))
+	return &http.Response{Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Body: http.NoBody, ContentLength: length}, int64(n) == length, true
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }

@@ -1,6 +1,7 @@
 package webhook_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -241,5 +242,107 @@ func TestEarlyRefusalOfALargeBody(t *testing.T) {
 	}
 	if errs[1] != nil {
 		t.Fatalf("small event: %v", errs[1])
+	}
+}
+
+// scriptedEndpoint is an HTTP/1.1 endpoint that reads each request whole
+// and writes answer as it is, in parts with a pause between them, closing
+// the connection after it when closeAfter; it counts connections.
+func scriptedEndpoint(t *testing.T, closeAfter bool, answer ...string) (string, *atomic.Int32) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int32
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					for i, part := range answer {
+						if i > 0 {
+							time.Sleep(30 * time.Millisecond)
+						}
+						if _, err := io.WriteString(c, part); err != nil {
+							return
+						}
+					}
+					if closeAfter {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/hook", &conns
+}
+
+// Answers are read as http.ReadResponse reads them, whatever their framing:
+// every event is delivered (or refused) as the status says, and a
+// connection is reused exactly when its answer was read to its end and the
+// endpoint keeps it.
+func TestAnswersAreReadWhateverTheirFraming(t *testing.T) {
+	big := strings.Repeat("x", 100_000)
+	cases := []struct {
+		name       string
+		answer     []string
+		closeAfter bool
+		conns      int32
+		down       bool
+	}{
+		{"204 with a Date", []string{"HTTP/1.1 204 No Content\r\nDate: Tue, 01 Dec 2026 19:00:00 GMT\r\n\r\n"}, false, 1, false},
+		{"200 with a body", []string{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello"}, false, 1, false},
+		{"201 without a reason", []string{"HTTP/1.1 201\r\nContent-Length: 0\r\n\r\n"}, false, 1, false},
+		{"204 with a length", []string{"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"}, false, 1, false},
+		{"body until close", []string{"HTTP/1.1 200 OK\r\n\r\nuntil the end"}, true, 3, false},
+		{"Connection: close", []string{"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"}, true, 3, false},
+		{"chunked", []string{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"}, false, 1, false},
+		{"interim answer", []string{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"}, false, 1, false},
+		{"HTTP/1.0 keep-alive", []string{"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"}, false, 1, false},
+		{"body over 64 KiB", []string{"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + big}, false, 3, false},
+		{"head in two parts", []string{"HTTP/1.1 204 No", " Content\r\n\r\n"}, false, 1, false},
+		{"body after the head", []string{"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "hello"}, false, 1, false},
+		{"LF line ends", []string{"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"}, false, 1, false},
+		{"503", []string{"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"}, false, 1, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			url, conns := scriptedEndpoint(t, tc.closeAfter, tc.answer...)
+			s, err := webhook.New(webhook.Config{URL: url, Secret: secret, Timeout: 5 * time.Second, Concurrency: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if tc.down {
+				errs := s.Deliver(t.Context(), sinktest.Events(1, 1))
+				if errs[0] == nil || sink.Classify(errs[0]) != "down" || !strings.Contains(errs[0].Error(), "503 Service Unavailable") {
+					t.Fatalf("got %v (%s), want down with 503 Service Unavailable", errs[0], sink.Classify(errs[0]))
+				}
+				return
+			}
+			for range 3 {
+				requireNoErrors(t, s.Deliver(t.Context(), sinktest.Events(1, 1)))
+			}
+			if n := conns.Load(); n != tc.conns {
+				t.Fatalf("3 requests on %d connections, want %d", n, tc.conns)
+			}
+		})
 	}
 }

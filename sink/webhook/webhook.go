@@ -229,36 +229,48 @@ func Verify(key []byte, id, timestamp string, body []byte, header string) bool {
 // at once.
 func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	errs := make([]error, len(evs))
-	groups := map[string][]int{}
-	var order []string
+	// The aggregates in the order of their first event (heads), and each
+	// event's successor within its aggregate (0: none; events are numbered
+	// from 1 in next).
+	type aggregate struct{ typ, id string }
+	index := make(map[aggregate]int, len(evs))
+	var heads, tails []int
+	next := make([]int, len(evs))
 	for i, ev := range evs {
-		k := ev.AggregateKey()
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
+		k := aggregate{ev.AggregateType, ev.AggregateID}
+		g, ok := index[k]
+		if !ok {
+			index[k] = len(heads)
+			heads, tails = append(heads, i), append(tails, i)
+			continue
 		}
-		groups[k] = append(groups[k], i)
+		next[tails[g]] = i + 1
+		tails[g] = i
 	}
 	// Concurrency workers take the aggregates in the order of their first
 	// event, each delivering one aggregate's events in order.
-	var next atomic.Int64
+	var taken atomic.Int64
 	var wg sync.WaitGroup
-	for range min(s.cfg.Concurrency, len(order)) {
+	for range min(s.cfg.Concurrency, len(heads)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			in := &interrupter{}
+			defer context.AfterFunc(ctx, in.interrupt)()
 			for {
-				g := int(next.Add(1) - 1)
-				if g >= len(order) {
+				g := int(taken.Add(1) - 1)
+				if g >= len(heads) {
 					return
 				}
 				failed := false
-				for _, i := range groups[order[g]] {
+				for i := heads[g]; ; i = next[i] - 1 {
 					if failed {
 						errs[i] = sink.ErrHeldBack
-						continue
-					}
-					if errs[i] = s.post(ctx, evs[i]); errs[i] != nil {
+					} else if errs[i] = s.post(ctx, in, evs[i]); errs[i] != nil {
 						failed = true
+					}
+					if next[i] == 0 {
+						break
 					}
 				}
 			}
@@ -272,7 +284,7 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 // done with once the answer is read.
 var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
 
-func (s *Sink) post(ctx context.Context, ev *sink.Event) error {
+func (s *Sink) post(ctx context.Context, in *interrupter, ev *sink.Event) error {
 	var buf *[]byte
 	var body []byte
 	if s.conns != nil {
@@ -307,7 +319,7 @@ next:
 		if !validHeaderName(kv.Key) {
 			continue
 		}
-		h := sink.Header{Key: canonicalKey(kv.Key), Value: strings.Map(dropControl, kv.Value)}
+		h := sink.Header{Key: canonicalKey(kv.Key), Value: withoutControl(kv.Value)}
 		for i := range hs {
 			if hs[i].Key == h.Key {
 				hs[i] = h
@@ -321,7 +333,7 @@ next:
 	if s.conns != nil {
 		*buf = s.appendHead(body, hs, len(body))
 		body, head := (*buf)[:len(body)], (*buf)[len(body):]
-		resp, err = s.conns.roundTrip(ctx, s.req, head, body, s.cfg.Timeout)
+		resp, err = s.conns.roundTrip(ctx, in, s.req, head, body, s.cfg.Timeout)
 	} else {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.Timeout)
@@ -417,6 +429,17 @@ func validHeaderName(k string) bool {
 		}
 	}
 	return true
+}
+
+// withoutControl is strings.Map(dropControl, v), without a copy when v is
+// printable ASCII.
+func withoutControl(v string) string {
+	for i := 0; i < len(v); i++ {
+		if v[i] < ' ' || v[i] >= 0x7f {
+			return strings.Map(dropControl, v)
+		}
+	}
+	return v
 }
 
 func dropControl(r rune) rune {
