@@ -41,9 +41,9 @@
 //
 // # Group commit
 //
-// While a backlog exists (a claim came back full), a worker takes up to
-// RunnerConfig.GroupCommit claimed instances (default 8) and advances them in
-// rounds: one step of each per transaction, so that one commit and one WAL
+// When a claim returns more instances than there are idle workers, the idle
+// workers share them: each takes up to RunnerConfig.GroupCommit of them
+// (default 8) and advances them in rounds: one step of each per transaction, so that one commit and one WAL
 // flush serve the round. Every promise of a single step holds per instance:
 // a step that used the database runs inside a savepoint of its own (created
 // on its first statement) with its journal entry, and rolls back to it alone
@@ -53,8 +53,9 @@
 // fenced by its own lease, a refused one writing nothing of its instance. A
 // failure is recorded after the round's commit, in a transaction of its own,
 // as a single step's is. Waits, replies, deadlines and compensations run one
-// per transaction; an idle runner runs every step in its own, so that it
-// keeps the latency of one step per transaction. saga/grouptest kills a
+// per transaction; a runner with an idle worker for each claimed instance runs
+// every step in its own, so that it keeps the latency of one step per
+// transaction. saga/grouptest kills a
 // grouping runner with SIGKILL mid-round and checks that nothing is lost or
 // doubled.
 //
