@@ -280,20 +280,18 @@ func (r *Runner) dispatch() {
 }
 
 // split divides got claimed instances into the units of work handed to the
-// workers, as evenly as it can: one instance per unit while there are idle
-// workers enough for them, so that a runner that keeps up keeps the latency
-// of one step per transaction; else as few units as groups of at most group
-// instances allow (and no fewer than the idle workers), so that the workers
-// share the claim and each of its instances takes its first step in the
-// first round of a group commit instead of queueing behind whole instances
-// run one per transaction.
+// workers: one instance per unit while there is an idle worker for each, so
+// that a runner that keeps up keeps the latency of one step per
+// transaction; else groups of at most group instances, as few and as even
+// as that allows, so that each instance takes its first step in the first
+// round of a group commit instead of queueing behind whole instances run one
+// per transaction, and the workers left idle take the next starts at once.
 func (r *Runner) split(got, group int) []int {
 	if got == 0 {
 		return nil
 	}
-	slots := max(1, r.cfg.Workers-int(r.units.Load()))
-	u := min(got, slots)
-	if got > u*group {
+	u := got
+	if got > max(1, r.cfg.Workers-int(r.units.Load())) {
 		u = (got + group - 1) / group
 	}
 	sizes := make([]int, u)
