@@ -36,11 +36,12 @@ type RunnerConfig struct {
 	ClaimBatch int
 	// GroupCommit is how many claimed instances a worker advances in one
 	// transaction when a claim returns more instances than there are idle
-	// workers (the idle workers share them): one step of each, so that one
-	// commit (one WAL flush) serves several steps (default 8; 1 turns it
-	// off). Each step's writes, outbox rows and journal entry still commit
-	// together, fenced by its own lease: a step that fails or loses its
-	// lease takes nothing of its batch-mates with it (see the package doc).
+	// workers (they go out in as few groups as that allows): one step of
+	// each, so that one commit (one WAL flush) serves several steps
+	// (default 8; 1 turns it off). Each step's writes, outbox rows and
+	// journal entry still commit together, fenced by its own lease: a step
+	// that fails or loses its lease takes nothing of its batch-mates with it
+	// (see the package doc).
 	// Waits, replies, deadlines and compensations run one per transaction,
 	// and so does every instance of a claim that finds an idle worker for
 	// each, so that a runner that keeps up keeps the latency of one step per
