@@ -41,22 +41,23 @@
 //
 // # Group commit
 //
-// While a backlog exists (a claim came back full), a worker takes up to
-// RunnerConfig.GroupCommit claimed instances (default 8) and advances them in
-// rounds: one step of each per transaction, so that one commit and one WAL
-// flush serve the round. Every promise of a single step holds per instance:
-// a step that used the database runs inside a savepoint of its own (created
-// on its first statement) with its journal entry, and rolls back to it alone
+// When a claim returns more instances than there are idle workers, they go
+// out in groups of up to RunnerConfig.GroupCommit (default 8), as few and as
+// even as that allows, and a worker advances a group in rounds: one step of
+// each per transaction, so that one commit and one WAL flush serve the
+// round. Every promise of a single step holds per instance: a step that
+// used the database runs inside a savepoint of its own (created on its
+// first statement) with its journal entry, and rolls back to it alone
 // when it fails or its lease is gone; the entries of the steps that wrote
 // nothing go to the journal together (GroupAppender: pgjournal locks the
 // round's instances in id order and writes them in two round trips), each
 // fenced by its own lease, a refused one writing nothing of its instance. A
 // failure is recorded after the round's commit, in a transaction of its own,
 // as a single step's is. Waits, replies, deadlines and compensations run one
-// per transaction; an idle runner runs every step in its own, so that it
-// keeps the latency of one step per transaction. saga/grouptest kills a
-// grouping runner with SIGKILL mid-round and checks that nothing is lost or
-// doubled.
+// per transaction; a runner with an idle worker for each claimed instance
+// runs every step in its own, so that it keeps the latency of one step per
+// transaction. saga/grouptest kills a grouping runner with SIGKILL mid-round
+// and checks that nothing is lost or doubled.
 //
 // An error from Do rolls the step back and counts as a failed attempt: the
 // next one comes after the policy's backoff (step_failed, in a transaction of

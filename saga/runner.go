@@ -51,7 +51,11 @@ type Runner struct {
 	wake  chan struct{}
 	freed chan struct{}
 	work  chan []claim
+	// busy counts the claimed instances handed to the workers (or waiting
+	// for one) and not yet done; units counts them by unit of work (an
+	// instance, or a group run by one worker).
 	busy  atomic.Int64
+	units atomic.Int64
 	wg    sync.WaitGroup
 
 	stuckMu   sync.Mutex
@@ -209,26 +213,24 @@ func (r *Runner) dispatch() {
 	defer r.wg.Done()
 	defer close(r.work)
 	idle := r.cfg.PollInterval
+	group := max(1, r.cfg.GroupCommit)
 	backlog := false
 	for {
 		if r.isStopping() {
 			return
 		}
-		// While a backlog exists (the last claim came back full), claim up
-		// to ClaimBatch ahead of the workers: claims one instance at a time,
-		// as workers free up, would cost a claim query per instance. The
-		// extra claims wait for a worker briefly; their leases run meanwhile,
-		// which costs nothing unless steps outlast the lease.
-		capacity := r.cfg.Workers
+		// Without a backlog, claim for the idle workers only, up to a group
+		// each. While a backlog exists (the last claim came back full), claim
+		// up to ClaimBatch ahead of the workers: claims one group at a time,
+		// as workers free up, would cost a claim query per group. The extra
+		// claims wait for a worker briefly; their leases run meanwhile, which
+		// costs nothing unless steps outlast the lease.
+		n := (r.cfg.Workers - int(r.units.Load())) * group
 		if backlog {
-			capacity += r.cfg.ClaimBatch
-			if r.cfg.GroupCommit > 1 {
-				// A worker holds a whole group.
-				capacity = r.cfg.Workers*r.cfg.GroupCommit + r.cfg.ClaimBatch
-			}
+			n = r.cfg.Workers*group + r.cfg.ClaimBatch - int(r.busy.Load())
 		}
-		free := capacity - int(r.busy.Load())
-		if free <= 0 {
+		n = min(n, r.cfg.ClaimBatch)
+		if n <= 0 {
 			select {
 			case <-r.stopping:
 				return
@@ -236,11 +238,9 @@ func (r *Runner) dispatch() {
 				continue
 			}
 		}
-		n := min(r.cfg.ClaimBatch, free)
 		began := time.Now()
 		ctx, cancel := context.WithTimeout(r.hardCtx, r.cfg.LeaseDuration)
 		claimed, err := r.journal.ClaimPending(ctx, n, r.cfg.LeaseDuration)
-		insts := claimed
 		cancel()
 		at := time.Now()
 		if err != nil {
@@ -249,26 +249,21 @@ func (r *Runner) dispatch() {
 			continue
 		}
 		r.throttle.Recovered("claim", "saga claims work again")
-		if len(insts) > 0 && r.cfg.Hooks.OnClaim != nil {
-			r.cfg.Hooks.OnClaim(len(insts), at.Sub(began))
+		got := len(claimed)
+		if got > 0 && r.cfg.Hooks.OnClaim != nil {
+			r.cfg.Hooks.OnClaim(got, at.Sub(began))
 		}
-		group := 1
-		if r.cfg.GroupCommit > 1 && len(claimed) == n && n > 1 {
-			// Only while a backlog exists (this claim came back full): an
-			// idle relay keeps the latency of one step per transaction.
-			group = r.cfg.GroupCommit
-		}
-		for len(insts) > 0 {
-			k := min(group, len(insts))
+		units := r.split(got, group)
+		for _, k := range units {
 			g := make([]claim, k)
-			for i, inst := range insts[:k] {
+			for i, inst := range claimed[:k] {
 				g[i] = claim{inst: inst, at: at}
 			}
-			insts = insts[k:]
+			claimed = claimed[k:]
+			r.units.Add(1)
 			r.busy.Add(int64(k))
 			r.work <- g
 		}
-		got := len(claimed)
 		backlog = got == n
 		switch {
 		case got == n:
@@ -282,6 +277,31 @@ func (r *Runner) dispatch() {
 			idle = r.waitIdle(r.untilDue(idle))
 		}
 	}
+}
+
+// split divides got claimed instances into the units of work handed to the
+// workers: one instance per unit while there is an idle worker for each, so
+// that a runner that keeps up keeps the latency of one step per
+// transaction; else groups of at most group instances, as few and as even
+// as that allows, so that each instance takes its first step in the first
+// round of a group commit instead of queueing behind whole instances run one
+// per transaction, and the workers left idle take the next starts at once.
+func (r *Runner) split(got, group int) []int {
+	if got == 0 {
+		return nil
+	}
+	u := got
+	if got > max(1, r.cfg.Workers-int(r.units.Load())) {
+		u = (got + group - 1) / group
+	}
+	sizes := make([]int, u)
+	for i := range sizes {
+		sizes[i] = got / u
+		if i < got%u {
+			sizes[i]++
+		}
+	}
+	return sizes
 }
 
 // untilDue shortens an idle wait to the next instance that falls due, when
@@ -324,6 +344,7 @@ func (r *Runner) worker() {
 			r.processGroup(g)
 		}
 		r.busy.Add(-int64(len(g)))
+		r.units.Add(-1)
 		select {
 		case r.freed <- struct{}{}:
 		default:

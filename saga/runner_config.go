@@ -28,20 +28,24 @@ type RunnerConfig struct {
 	Workers int
 	// ClaimBatch caps the instances one claim query leases (default
 	// Workers × GroupCommit: while a backlog exists, one claim serves a
-	// group for every worker). An idle runner claims no more than its idle
-	// workers; while a backlog exists it claims up to ClaimBatch ahead of
+	// group for every worker). Without a backlog a runner claims no more
+	// than a group for each idle worker; while a backlog exists (the last
+	// claim came back full) it claims up to ClaimBatch ahead of
 	// them, so that a claim query (a transaction and a commit of its own,
 	// one at a time) serves a batch rather than one instance or one group.
 	ClaimBatch int
 	// GroupCommit is how many claimed instances a worker advances in one
-	// transaction while a backlog exists (the last claim came back full):
-	// one step of each, so that one commit (one WAL flush) serves several
-	// steps (default 8; 1 turns it off). Each step's writes, outbox rows and
+	// transaction when a claim returns more instances than there are idle
+	// workers (they go out in as few groups as that allows): one step of
+	// each, so that one commit (one WAL flush) serves several steps
+	// (default 8; 1 turns it off). Each step's writes, outbox rows and
 	// journal entry still commit together, fenced by its own lease: a step
 	// that fails or loses its lease takes nothing of its batch-mates with it
-	// (see the package doc). Waits, replies, deadlines and compensations run
-	// one per transaction, and an idle runner (no backlog) always does, so
-	// that it keeps the latency of one step per transaction.
+	// (see the package doc).
+	// Waits, replies, deadlines and compensations run one per transaction,
+	// and so does every instance of a claim that finds an idle worker for
+	// each, so that a runner that keeps up keeps the latency of one step per
+	// transaction.
 	GroupCommit int
 	// LeaseDuration is how long a claim holds an instance (default 30s). A
 	// worker heartbeats every third of it while it still works on the

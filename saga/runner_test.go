@@ -808,6 +808,70 @@ func TestRunnerWakesWithinMilliseconds(t *testing.T) {
 	}
 }
 
+// TestRunnerWakeWhileWorkersAreBusy: a start woken while a step runs is
+// claimed by an idle worker at once, and, when every worker is busy, as soon
+// as one is free: never at the next poll.
+func TestRunnerWakeWhileWorkersAreBusy(t *testing.T) {
+	t.Parallel()
+	for _, workers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t)
+			release := make(chan struct{})
+			entered := make(chan uuid.UUID, 4)
+			var holder sync.Once
+			var held uuid.UUID
+			first := saga.TypedStep[trail]{Name: "first", Do: func(_ context.Context, _ *trail, x *saga.StepTx) error {
+				holder.Do(func() { held = x.Instance.ID })
+				entered <- x.Instance.ID
+				if x.Instance.ID == held {
+					<-release
+				}
+				return nil
+			}}
+			def := typedDef("busy", first, effectStep("second"))
+			r.reg.MustRegister(def)
+			// Polls far apart: only a wake-up can explain a quick claim.
+			run := r.run(nil, nil, &saga.RunnerConfig{Workers: workers, PollInterval: 30 * time.Second,
+				MaxPollInterval: 30 * time.Second, DisableListen: true})
+			a := r.start(def, trail{}, 0)
+			run.Wake()
+			if got := <-entered; got != a {
+				t.Fatalf("first step of %s, want %s", got, a)
+			}
+			b := r.start(def, trail{}, 0)
+			run.Wake()
+			if workers > 1 {
+				// An idle worker takes it while a's step still runs.
+				select {
+				case got := <-entered:
+					if got != b {
+						t.Fatalf("first step of %s, want %s", got, b)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatal("a start woken while a step runs waited for the poll")
+				}
+				close(release)
+			} else {
+				time.Sleep(50 * time.Millisecond) // the wake-up meets a busy runner
+				freed := time.Now()
+				close(release)
+				select {
+				case got := <-entered:
+					if got != b {
+						t.Fatalf("first step of %s, want %s", got, b)
+					}
+					t.Logf("worker free → next start's first step: %s", time.Since(freed).Round(100*time.Microsecond))
+				case <-time.After(5 * time.Second):
+					t.Fatal("a start woken while every worker was busy waited for the poll once a worker was free")
+				}
+			}
+			r.wait(a, saga.StatusCompleted, 10*time.Second)
+			r.wait(b, saga.StatusCompleted, 10*time.Second)
+		})
+	}
+}
+
 func TestRunnerConfigValidation(t *testing.T) {
 	t.Parallel()
 	reg := saga.NewRegistry()

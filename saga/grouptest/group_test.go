@@ -438,3 +438,27 @@ func runChild(url string) int {
 	}
 	select {} // until SIGKILL
 }
+
+// TestClaimMoreThanIdleWorkersIsSharedInGroups: a claim that returns more
+// instances than there are idle workers, though fewer than it asked for (no
+// backlog), hands them out in groups, one per idle worker, so that each
+// instance takes its first step in the first round of a group commit
+// instead of waiting for whole instances run one per transaction.
+func TestClaimMoreThanIdleWorkersIsSharedInGroups(t *testing.T) {
+	db := pgtest.NewDB(t)
+	if _, err := db.Pool.Exec(context.Background(), sqlEffects); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	startMany(t, db.Pool, n) // due before the runner's first claim
+	runner(t, db.Pool, definition(nil), saga.RunnerConfig{Workers: 2, ClaimBatch: 64, GroupCommit: 8})
+	waitCompleted(t, db.Pool, n, time.Minute)
+	exactlyOnce(t, db.Pool, n)
+	// Two idle workers, ten instances: two groups of five.
+	if got := count(t, db.Pool, `SELECT count(DISTINCT xid) FROM saga_events WHERE kind = 'step_completed' AND step = 0`); got != 2 {
+		t.Fatalf("the first steps of %d instances committed in %d transactions, want 2 (one group per idle worker)", n, got)
+	}
+	if got := count(t, db.Pool, `SELECT max(c) FROM (SELECT count(*) AS c FROM saga_events WHERE kind = 'step_completed' AND step = 0 GROUP BY xid) g`); got != 5 {
+		t.Fatalf("the largest group had %d instances, want 5 (the claim split evenly)", got)
+	}
+}
