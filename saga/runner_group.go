@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Group commit: while a backlog exists, a worker that holds several claimed
-// instances runs one step of each in ONE transaction, each step inside its
-// own SAVEPOINT, so that one commit (one WAL flush, one BEGIN and COMMIT)
-// serves several steps. Every promise of a single step holds per instance:
+// Group commit: when a claim brings more instances than there are idle
+// workers, a worker that holds several claimed instances runs one step of
+// each in ONE transaction, each step inside its own SAVEPOINT, so that one
+// commit (one WAL flush, one BEGIN and COMMIT) serves several steps. Every promise of a single step holds per instance:
 // its step's writes, its outbox rows and its journal entry are released into
 // the transaction together or rolled back together (ROLLBACK TO SAVEPOINT),
 // and its journal write is fenced by its own lease. A step that fails, or
