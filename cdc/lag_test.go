@@ -67,6 +67,9 @@ func TestQueryLagReportsTheSlot(t *testing.T) {
 		t.Fatalf("human line %q", line)
 	}
 
+	// The slot is active from START_REPLICATION on; the stream reports its
+	// flush position once its session has begun, a moment later.
+	waitFor(t, 10*time.Second, "the stream's flush position", func() bool { return r.s.Lag().FlushLSN != 0 })
 	lag := r.s.Lag()
 	if !lag.Leader || lag.Slot != db.Slot || lag.FlushLSN == 0 || lag.LastCommit.IsZero() || lag.Seconds > 30 {
 		t.Fatalf("Stream.Lag() = %+v", lag)
