@@ -26,12 +26,14 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
-# The race-enabled run of every package, the stream's tests on PostgreSQL 17
-# and 18 and the short fault suite run side by side: each spends most of its
-# time waiting on PostgreSQL, so together they keep two cores busy. Each
-# one's output is printed whole when it ends.
+# After the race-enabled run of every package, the stream's tests on
+# PostgreSQL 17 and 18 and the short fault suite run side by side (each
+# spends most of its time waiting on PostgreSQL); each one's output is
+# printed whole when it ends. Run all four side by side, the timing-bound
+# tests fail now and then under the load.
 test: postgres chromium vet deploy-check
-	$(MAKE) --no-print-directory --output-sync=target -j4 test-race test-pg17 test-pg18 chaos QUICK=1
+	$(MAKE) --no-print-directory test-race
+	$(MAKE) --no-print-directory --output-sync=target -j3 test-pg17 test-pg18 chaos QUICK=1
 
 .PHONY: test-race
 test-race:
