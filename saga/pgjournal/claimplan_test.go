@@ -1,10 +1,12 @@
 package pgjournal_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -45,25 +47,10 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	}
 
 	// Control: the planner's own choice reads the whole due set.
-	var plan strings.Builder
-	rows, err := pool.Query(ctx, `EXPLAIN `+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
 	// One sort is the claimed batch's, at the top; a second is the due
 	// set's.
-	if strings.Count(plan.String(), "Sort Key:") < 2 {
-		t.Fatalf("the statistics did not mislead the planner (no sort of the due set), so this test shows nothing; plan:\n%s", plan.String())
+	if plan := explainClaim(t, pool, "EXPLAIN "); strings.Count(plan, "Sort Key:") < 2 {
+		t.Fatalf("the statistics did not mislead the planner (no sort of the due set), so this test shows nothing; plan:\n%s", plan)
 	}
 
 	indexReads := func() int64 {
@@ -127,22 +114,25 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	if _, err := tx.Exec(ctx, pgjournal.SQLClaimPlan); err != nil {
 		t.Fatal(err)
 	}
-	plan.Reset()
-	rows, err = tx.Query(ctx, `EXPLAIN (ANALYZE) `+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
+	plan := explainClaim(t, tx, "EXPLAIN (ANALYZE) ")
+	if strings.Count(plan, "Sort Key:") != 1 || strings.Contains(plan, "JIT") {
+		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan)
+	}
+}
+
+// explainClaim returns the plan of a claim of 10 as prefix, EXPLAIN with
+// its options, prints it.
+func explainClaim(t *testing.T, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, prefix string) string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), prefix+pgjournal.SQLClaim, nil, 10, time.Minute.Microseconds())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
 	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	if strings.Count(plan.String(), "Sort Key:") != 1 || strings.Contains(plan.String(), "JIT") {
-		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan.String())
-	}
+	return strings.Join(lines, "\n") + "\n"
 }
