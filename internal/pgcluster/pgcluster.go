@@ -369,11 +369,18 @@ func (c *Cluster) waitReady(ctx context.Context, limit time.Duration) error {
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		conn, err := pgx.Connect(cctx, c.URL)
+		var dataDir string
 		if err == nil {
-			err = conn.Ping(cctx)
+			err = conn.QueryRow(cctx, "SELECT current_setting('data_directory')").Scan(&dataDir)
 			conn.Close(cctx)
 		}
 		cancel()
+		if err == nil && c.DataDir != "" && !sameDir(dataDir, c.DataDir) {
+			// Another test's server took the port between freePort and the
+			// launch (or while this one was down for a restart): ours could
+			// not bind it and is gone or about to be.
+			return fmt.Errorf("port %d answers for another server (data directory %s, not %s)", c.Port, dataDir, c.DataDir)
+		}
 		if err == nil {
 			return nil
 		}
@@ -384,6 +391,17 @@ func (c *Cluster) waitReady(ctx context.Context, limit time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("not ready after %s: %w", limit, lastErr)
+}
+
+// sameDir reports whether two paths name the same folder, whatever links
+// or spelling either goes through.
+func sameDir(a, b string) bool {
+	if filepath.Clean(a) == filepath.Clean(b) {
+		return true
+	}
+	ra, errA := filepath.EvalSymlinks(a)
+	rb, errB := filepath.EvalSymlinks(b)
+	return errA == nil && errB == nil && ra == rb
 }
 
 func postgresCredential() (*syscall.Credential, error) {

@@ -15,7 +15,10 @@ import (
 // promotes the standby: the slot is there on the new primary.
 func TestFailoverSlotSurvivesPromotion(t *testing.T) {
 	for _, v := range InstallableVersions() {
-		t.Run(fmt.Sprintf("pg%d", v), func(t *testing.T) { testFailoverSlotSurvivesPromotion(t, v) })
+		t.Run(fmt.Sprintf("pg%d", v), func(t *testing.T) {
+			t.Parallel()
+			testFailoverSlotSurvivesPromotion(t, v)
+		})
 	}
 }
 

@@ -52,7 +52,7 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	var down durations
 	ctx := context.Background()
 	for _, f := range faults {
-		time.Sleep(between(rnd, 2*time.Second, 4*time.Second))
+		time.Sleep(between(rnd, pick(2*time.Second, time.Second), pick(4*time.Second, 2*time.Second)))
 		var fault time.Time
 		switch f {
 		case "restart":

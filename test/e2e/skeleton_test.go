@@ -99,16 +99,18 @@ func checkpointLSN(t *testing.T, db *pgtest.DB) pglogrepl.LSN {
 	return lsn
 }
 
+// The limits below are generous: a relay built with -race on a busy
+// two-core machine takes many seconds to start and run its first saga.
 func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	// Warm up: the slot exists and has acknowledged everything so far.
 	p := relaytest.Start(t, nil, relayArgs(db)...)
 	warm := createBrief(t, db, "warm-up", true)
-	waitFor(t, 30*time.Second, "warm-up saga", func() bool { return instancesFor(t, db, warm) == 1 })
+	waitFor(t, 90*time.Second, "warm-up saga", func() bool { return instancesFor(t, db, warm) == 1 })
 	// Let the warm-up saga finish and its emitted outbox rows be streamed and
 	// acknowledged, so that the next batch with events is the crash victim's.
-	waitFor(t, 30*time.Second, "warm-up saga to complete", func() bool {
+	waitFor(t, 90*time.Second, "warm-up saga to complete", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1 AND status = 'COMPLETED'`, warm) == 1
 	})
 	var walNow string
@@ -116,7 +118,7 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 		t.Fatal(err)
 	}
 	target, _ := pglogrepl.ParseLSN(walNow)
-	waitFor(t, 30*time.Second, "the slot to acknowledge the warm-up", func() bool { return slotFlushed(t, db) >= target })
+	waitFor(t, 90*time.Second, "the slot to acknowledge the warm-up", func() bool { return slotFlushed(t, db) >= target })
 	p.Stop(30 * time.Second)
 
 	// The failpoint SIGKILLs the relay right after the correlator commits
@@ -124,7 +126,7 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 	crashing := relaytest.Start(t, []string{"RELAY_FAILPOINT=crash-after-batch:1"},
 		relayArgs(db, "--status-interval", "1h", "--log-level", "debug")...)
 	event := createBrief(t, db, "crash victim", true)
-	code, exited := crashing.Wait(30 * time.Second)
+	code, exited := crashing.Wait(90 * time.Second)
 	if !exited {
 		t.Fatalf("relay with the failpoint did not die\n%s", crashing.Output())
 	}
@@ -144,17 +146,17 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 	// Restart: PostgreSQL replays the transaction; the relay recognises it.
 	p = relaytest.Start(t, nil, relayArgs(db, "--log-level", "debug")...)
 	after := createBrief(t, db, "after restart", true)
-	waitFor(t, 30*time.Second, "the post-restart saga", func() bool { return instancesFor(t, db, after) == 1 })
+	waitFor(t, 90*time.Second, "the post-restart saga", func() bool { return instancesFor(t, db, after) == 1 })
 	if n := instancesFor(t, db, event); n != 1 {
 		t.Fatalf("the replayed event has %d sagas, want 1", n)
 	}
 	if total := count(t, db, `SELECT count(*) FROM saga_instances`); total != 3 {
 		t.Fatalf("instances = %d, want 3", total)
 	}
-	waitFor(t, 10*time.Second, "the replay to be logged as recognised", func() bool {
+	waitFor(t, 60*time.Second, "the replay to be logged as recognised", func() bool {
 		return strings.Contains(p.Output(), "replayed batch skipped")
 	})
-	waitFor(t, 10*time.Second, "the slot to acknowledge past the checkpoint", func() bool {
+	waitFor(t, 60*time.Second, "the slot to acknowledge past the checkpoint", func() bool {
 		return slotFlushed(t, db) >= checkpointLSN(t, db)
 	})
 	p.Stop(30 * time.Second)

@@ -78,6 +78,7 @@ func testVersions() []int {
 // saga, which finished; every outbox row is in the NATS stream (dedupe id =
 // row id).
 func TestRelayFollowsPromotion(t *testing.T) {
+	t.Parallel()
 	for _, v := range testVersions() {
 		t.Run(fmt.Sprintf("pg%d", v), func(t *testing.T) { testRelayFollowsPromotion(t, v) })
 	}
@@ -522,6 +523,7 @@ func tail(s string) string {
 // TestExistingSlotGetsFailover: a slot created without failover (by an
 // earlier release) on PostgreSQL 17 has failover on after the relay starts.
 func TestExistingSlotGetsFailover(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
@@ -572,6 +574,7 @@ func TestExistingSlotGetsFailover(t *testing.T) {
 // standby does not stream from it and does not exit: it waits, and once the
 // standby is promoted it starts and streams.
 func TestStartOnStandbyWaits(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	primary, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
@@ -663,6 +666,7 @@ func waitReadyz(t *testing.T, p *relaytest.Process, reason string) {
 // standby of the new one, and then the same back. The relay follows both
 // switches with no operator action, and nothing is lost or started twice.
 func TestPlannedSwitchover(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	a, err := pgcluster.Start(ctx, pgcluster.Options{Version: 17})
