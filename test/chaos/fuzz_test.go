@@ -36,7 +36,7 @@ var fuzzStats = regexp.MustCompile(`execs: (\d+) .*new interesting: (\d+) \(tota
 func scenarioFuzz(t *testing.T, r *report) {
 	d := *fuzzTime
 	if d == 0 {
-		d = pick(20*time.Second, time.Second)
+		d = pick(20*time.Second, 3*time.Second)
 	}
 	root := repoRoot()
 	failed := 0

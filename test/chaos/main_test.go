@@ -19,7 +19,7 @@ import (
 var (
 	quick     = flag.Bool("chaos.quick", false, "the short run for CI: fewer faults, lower rates, seconds of fuzzing")
 	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (selftest, kill, pause, dbfaults, slot, badinput, monitorload, fuzz, hygiene); empty runs all")
-	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s, 1s with -chaos.quick)")
+	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s, 3s with -chaos.quick)")
 	outDir    = flag.String("chaos.out", "", "folder for relay logs and fuzz crashers of failed checks (default a temporary folder)")
 	backlogTx = flag.Int("chaos.backlog", 0, "transactions per backlog of the bad-input throughput measure (default 3000, 1000 with -chaos.quick)")
 	seedFlag  = flag.Int64("chaos.seed", 0, "seed of the fault schedule (default: the clock); printed so that a run can be repeated")
