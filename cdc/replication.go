@@ -303,6 +303,9 @@ type readDeadline struct {
 	mu          sync.Mutex
 	conn        net.Conn
 	interrupted bool
+	// last is the deadline set last: the loop sets the same one for many
+	// messages in a row, and setting it again would cost a timer update.
+	last time.Time
 }
 
 func newReadDeadline(conn net.Conn) *readDeadline { return &readDeadline{conn: conn} }
@@ -314,7 +317,10 @@ func (d *readDeadline) set(t time.Time) bool {
 	if d.interrupted {
 		return false
 	}
-	_ = d.conn.SetReadDeadline(t)
+	if !t.Equal(d.last) {
+		_ = d.conn.SetReadDeadline(t)
+		d.last = t
+	}
 	return true
 }
 

@@ -1,11 +1,14 @@
 package correlator
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -110,9 +113,13 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		}
 		return
 	}
-	if err := usableJSON(ev.Payload); err != nil {
-		p.park(ev, "payload: "+err.Error())
-		return
+	// A payload that was a jsonb value needs no check: jsonb takes its own
+	// text back.
+	if !ev.PayloadJSONB {
+		if err := usableJSON(ev.Payload); err != nil {
+			p.park(ev, "payload: "+err.Error())
+			return
+		}
 	}
 	if len(defs) == 0 {
 		p.outReply++
@@ -215,10 +222,20 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 }
 
+// idRandom buffers the random bits of instance ids: one read of the
+// system's generator serves 256 ids instead of one each.
+var idRandom = struct {
+	sync.Mutex
+	r *bufio.Reader
+}{r: bufio.NewReaderSize(rand.Reader, 16*256)}
+
 // newInstanceID returns a UUIDv7 (time-ordered), or a random UUID in the
 // unlikely case that the clock-ordered one cannot be made.
 func newInstanceID() [16]byte {
-	if id, err := uuid.NewV7(); err == nil {
+	idRandom.Lock()
+	id, err := uuid.NewV7FromReader(idRandom.r)
+	idRandom.Unlock()
+	if err == nil {
 		return id
 	}
 	return uuid.New()
