@@ -89,6 +89,21 @@ type plan struct {
 	noID map[uint64]int
 }
 
+// reserve makes room in an empty plan's start columns for n starts, so
+// that planning a batch of many triggers does not grow them step by step.
+func (p *plan) reserve(n int) {
+	if len(p.startSaga) > 0 || cap(p.startSaga) >= n {
+		return
+	}
+	p.startID, p.startTenant, p.startTrigger = make([][16]byte, 0, n), make([][16]byte, 0, n), make([][16]byte, 0, n)
+	p.startWorkspace, p.startCorr = make([]*[16]byte, 0, n), make([]*[16]byte, 0, n)
+	p.startSaga, p.startContext = make([]string, 0, n), make([]string, 0, n)
+	p.startVersion = make([]int32, 0, n)
+	p.startDeadline = make([]int64, 0, n)
+	p.startAggregate, p.startConcKey, p.startConcLSN, p.startTrace = make([]*string, 0, n), make([]*string, 0, n), make([]*string, 0, n), make([]*string, 0, n)
+	p.startConcLimit, p.startConcOrd = make([]*int32, 0, n), make([]*int32, 0, n)
+}
+
 func (p *plan) empty() bool {
 	return len(p.startSaga) == 0 && len(p.replyEvent) == 0 && len(p.deadReason) == 0
 }
