@@ -239,6 +239,7 @@ func buildEvent(row *[nFields]value, typ *[nFields]uint32, gone *[nFields]bool, 
 		bad = append(bad, "payload is null")
 	default:
 		ev.Payload = p
+		ev.PayloadJSONB = typ[fPayload] == oidJSONB
 	}
 	if h, reason := jsonField(row, typ, gone, fHeaders); reason != "" {
 		bad = append(bad, reason)
@@ -361,6 +362,9 @@ var timestampLayouts = []string{
 // stream sets it on its connections); a timestamp without zone is UTC. What
 // it cannot read (infinity, BC dates) is the zero time.
 func parseTimestamp(s string) time.Time {
+	if t, ok := parseUTCTimestamp(s); ok {
+		return t
+	}
 	for _, l := range timestampLayouts {
 		if t, err := time.Parse(l, s); err == nil {
 			return t.UTC()
@@ -390,4 +394,54 @@ func clip(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// parseUTCTimestamp reads the form a timestamptz takes under TimeZone UTC,
+// "2006-01-02 15:04:05[.fraction]+00", without time.Parse's layout
+// matching: the stream reads one per outbox row. It reports false for any
+// other form.
+func parseUTCTimestamp(s string) (time.Time, bool) {
+	if len(s) < 22 || s[4] != '-' || s[7] != '-' || s[10] != ' ' || s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	num := func(from, to int) int {
+		n := 0
+		for i := from; i < to; i++ {
+			c := s[i]
+			if c < '0' || c > '9' {
+				return -1
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n
+	}
+	year, month, day := num(0, 4), num(5, 7), num(8, 10)
+	hour, minute, sec := num(11, 13), num(14, 16), num(17, 19)
+	if year < 0 || month < 1 || month > 12 || day < 1 || hour < 0 || hour > 23 || minute < 0 || minute > 59 || sec < 0 || sec > 59 {
+		return time.Time{}, false
+	}
+	i, nsec := 19, 0
+	if s[i] == '.' {
+		i++
+		start := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			nsec = nsec*10 + int(s[i]-'0')
+			i++
+		}
+		digits := i - start
+		if digits == 0 || digits > 9 {
+			return time.Time{}, false
+		}
+		for ; digits < 9; digits++ {
+			nsec *= 10
+		}
+	}
+	if s[i:] != "+00" {
+		return time.Time{}, false
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC)
+	if t.Day() != day {
+		return time.Time{}, false // a day the month does not have
+	}
+	return t, true
 }

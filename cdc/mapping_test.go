@@ -47,7 +47,8 @@ func TestDebeziumStyleOutboxTable(t *testing.T) {
 	evs := sink.kept()
 	if e := evs[0]; e.RawID != "order-1" || e.ID != outbox.EventIDFromText("order-1") || e.EventType != "OrderCreated" ||
 		e.AggregateType != "Order" || e.AggregateID != "42" || string(e.Payload) != `{"total": 10}` || e.Poison != "" ||
-		e.TenantID != outbox.NilTenant || e.Headers != nil || e.CorrelationID.Valid || !e.CreatedAt.IsZero() || e.LSN == 0 {
+		e.TenantID != outbox.NilTenant || e.Headers != nil || e.CorrelationID.Valid || !e.CreatedAt.IsZero() || e.LSN == 0 ||
+		e.PayloadJSONB {
 		t.Fatalf("event 1: %+v", e)
 	}
 	if e := evs[1]; !strings.Contains(e.Poison, "payload is not valid JSON") || e.RawID != "order-2" || e.Raw["payload"] != "not json {" {
@@ -85,11 +86,33 @@ func TestByteaPayloadAndOtherColumnTypes(t *testing.T) {
 	evs := sink.kept()
 	want := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	if e := evs[0]; e.ID != id1 || e.TenantID != tenant || string(e.Payload) != `{"a": "é"}` || string(e.Headers) != `{"h": 1}` ||
-		e.CorrelationID.UUID != corr || !e.CreatedAt.Equal(want) || e.Poison != "" {
+		e.CorrelationID.UUID != corr || !e.CreatedAt.Equal(want) || e.Poison != "" || e.PayloadJSONB {
 		t.Fatalf("event 1: %+v (payload %s)", e, e.Payload)
 	}
 	if e := evs[1]; e.ID != id2 || !strings.Contains(e.Poison, "tenant_id") || !strings.Contains(e.Poison, "payload (bytea) is not JSON") {
 		t.Fatalf("event 2 should be poison for its tenant and payload: %+v", e)
+	}
+}
+
+// A payload from a jsonb column is marked as such (writers need not check
+// it again for jsonb); the default outbox table's payload is jsonb.
+func TestJSONBPayloadIsMarked(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	sink := newSink(t, db.Pool)
+	sink.keep = true
+	startStream(t, baseConfig(t, db), sink)
+	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	id := uuid.New()
+	exec(t, db.Pool, `INSERT INTO outbox (id, event_type, payload, created_at) VALUES ($1, 'k', '{"a": [1, 2.50, "\u00e9"]}', '2026-12-01 22:25:18.123456+00')`, id)
+	waitFor(t, 20*time.Second, "the event", func() bool { return len(sink.kept()) == 1 })
+	e := sink.kept()[0]
+	if e.ID != id || !e.PayloadJSONB || string(e.Payload) != `{"a": [1, 2.50, "é"]}` || e.Poison != "" ||
+		!e.CreatedAt.Equal(time.Date(2026, 12, 1, 22, 25, 18, 123456000, time.UTC)) {
+		t.Fatalf("event: %+v (payload %s)", e, e.Payload)
+	}
+	if err := outbox.CheckJSONB(e.Payload); err != nil {
+		t.Fatalf("a jsonb value's text fails CheckJSONB: %v", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package cdc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -128,6 +129,9 @@ type receiver struct {
 	// sink can take it.
 	pending      *Batch
 	pendingBytes int
+	// lastHandedOver is the number of events of the pending batch handed
+	// over last: the next one that grows gets room for as many at once.
+	lastHandedOver int
 	// replayUntil: transactions ending at or before it are replays of work
 	// the sink already committed; they are never merged (see hold).
 	replayUntil pglogrepl.LSN
@@ -303,6 +307,9 @@ type readDeadline struct {
 	mu          sync.Mutex
 	conn        net.Conn
 	interrupted bool
+	// last is the deadline set last: the loop sets the same one for many
+	// messages in a row, and setting it again would cost a timer update.
+	last time.Time
 }
 
 func newReadDeadline(conn net.Conn) *readDeadline { return &readDeadline{conn: conn} }
@@ -314,7 +321,10 @@ func (d *readDeadline) set(t time.Time) bool {
 	if d.interrupted {
 		return false
 	}
-	_ = d.conn.SetReadDeadline(t)
+	if !t.Equal(d.last) {
+		_ = d.conn.SetReadDeadline(t)
+		d.last = t
+	}
 	return true
 }
 
@@ -373,8 +383,25 @@ func (r *receiver) copyData(ctx context.Context, data []byte) error {
 // message handles one pgoutput message. Its bytes belong to the connection's
 // buffer: everything kept is copied (buildEvent does).
 func (r *receiver) message(ctx context.Context, data []byte) error {
-	if len(data) > 0 && data[0] == byte(pglogrepl.MessageTypeInsert) {
-		return r.insert(ctx, data)
+	// Inserts, and the BEGIN and COMMIT around them, are read here without
+	// pglogrepl's parser, which allocates a message each: with one row per
+	// transaction they are most of the stream.
+	if len(data) > 0 {
+		switch data[0] {
+		case byte(pglogrepl.MessageTypeInsert):
+			return r.insert(ctx, data)
+		case byte(pglogrepl.MessageTypeBegin):
+			if len(data) < 21 {
+				return errorf(ErrProtocol, "a BEGIN message of %d bytes", len(data))
+			}
+			return r.begin(pglogrepl.LSN(binary.BigEndian.Uint64(data[1:9])), pgTime(data[9:17]), binary.BigEndian.Uint32(data[17:21]))
+		case byte(pglogrepl.MessageTypeCommit):
+			if len(data) < 26 {
+				return errorf(ErrProtocol, "a COMMIT message of %d bytes", len(data))
+			}
+			return r.commit(ctx, pglogrepl.LSN(binary.BigEndian.Uint64(data[2:10])),
+				pglogrepl.LSN(binary.BigEndian.Uint64(data[10:18])), pgTime(data[18:26]))
+		}
 	}
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
@@ -383,44 +410,56 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
 		r.rels.add(m)
-	case *pglogrepl.BeginMessage:
-		if r.inTx {
-			return errorf(ErrProtocol, "BEGIN of transaction %d inside another transaction", m.Xid)
-		}
-		r.inTx = true
-		r.tx.commitLSN, r.tx.commitTime, r.tx.xid = m.FinalLSN, m.CommitTime, m.Xid
-		r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
 	case *pglogrepl.LogicalDecodingMessage:
 		if m.Transactional && r.inTx && m.Prefix == HeartbeatPrefix {
 			r.tx.heartbeat = true
 		}
-	case *pglogrepl.CommitMessage:
-		if !r.inTx {
-			return errorf(ErrProtocol, "COMMIT at %s without BEGIN", m.CommitLSN)
-		}
-		r.inTx = false
-		end := m.TransactionEndLSN
-		r.lastTxEvents = len(r.tx.events)
-		if len(r.tx.events) == 0 && r.tx.parts == 0 && !r.tx.heartbeat {
-			// Nothing for the sink (servers before 15 send every
-			// transaction): acknowledge it once nothing is in flight.
-			r.idle = max(r.idle, end)
-			return nil
-		}
-		b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: m.CommitLSN, EndLSN: end,
-			CommitTime: m.CommitTime, Heartbeat: r.tx.heartbeat && len(r.tx.events) == 0 && r.tx.parts == 0,
-			Transactions: 1}
-		r.tx.events = nil
-		r.queuedEnd = end
-		r.s.received(m.CommitLSN, m.CommitTime)
-		if r.tx.parts > 0 {
-			return r.queue(ctx, b)
-		}
-		return r.hold(ctx, b)
 	}
 	// Update, delete, truncate, type and origin messages carry nothing for
 	// us: the publication publishes inserts.
 	return nil
+}
+
+// pgTime reads a pgoutput timestamp: microseconds since 2000-01-01 UTC.
+func pgTime(b []byte) time.Time {
+	const y2k = 946684800 * 1000000 // microseconds from the Unix epoch to 2000-01-01
+	return time.Unix(0, (int64(binary.BigEndian.Uint64(b))+y2k)*1000)
+}
+
+// begin opens a source transaction.
+func (r *receiver) begin(finalLSN pglogrepl.LSN, commitTime time.Time, xid uint32) error {
+	if r.inTx {
+		return errorf(ErrProtocol, "BEGIN of transaction %d inside another transaction", xid)
+	}
+	r.inTx = true
+	r.tx.commitLSN, r.tx.commitTime, r.tx.xid = finalLSN, commitTime, xid
+	r.tx.events, r.tx.bytes, r.tx.parts, r.tx.heartbeat = nil, 0, 0, false
+	return nil
+}
+
+// commit ends a source transaction: its events go towards the sink.
+func (r *receiver) commit(ctx context.Context, commitLSN, end pglogrepl.LSN, commitTime time.Time) error {
+	if !r.inTx {
+		return errorf(ErrProtocol, "COMMIT at %s without BEGIN", commitLSN)
+	}
+	r.inTx = false
+	r.lastTxEvents = len(r.tx.events)
+	if len(r.tx.events) == 0 && r.tx.parts == 0 && !r.tx.heartbeat {
+		// Nothing for the sink (servers before 15 send every
+		// transaction): acknowledge it once nothing is in flight.
+		r.idle = max(r.idle, end)
+		return nil
+	}
+	b := Batch{Slot: r.s.cfg.Slot, Events: r.tx.events, CommitLSN: commitLSN, EndLSN: end,
+		CommitTime: commitTime, Heartbeat: r.tx.heartbeat && len(r.tx.events) == 0 && r.tx.parts == 0,
+		Transactions: 1}
+	r.tx.events = nil
+	r.queuedEnd = end
+	r.s.received(commitLSN, commitTime)
+	if r.tx.parts > 0 {
+		return r.queue(ctx, b)
+	}
+	return r.hold(ctx, b)
 }
 
 // insert handles a pgoutput Insert message: one row of the outbox table
@@ -446,7 +485,7 @@ func (r *receiver) insert(ctx context.Context, data []byte) error {
 		return err
 	}
 	if r.tx.events == nil {
-		r.tx.events = make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
+		r.tx.events = r.room()
 	}
 	ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
 	ev.Xid = r.tx.xid
@@ -492,14 +531,21 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 		size := batchBytes(&b)
 		if len(p.Events)+len(b.Events) <= r.s.cfg.MaxBatchEvents && r.pendingBytes+size <= r.s.cfg.MaxBatchBytes {
 			r.pendingBytes += size
-			if need := len(p.Events) + len(b.Events); need > cap(p.Events) {
-				// Double (append grows a large slice by a quarter, which
-				// copies a batch of many small transactions many times).
-				grown := make([]outbox.Event, len(p.Events), min(max(2*cap(p.Events), need, 64), r.s.cfg.MaxBatchEvents))
-				copy(grown, p.Events)
-				p.Events = grown
+			if n := len(p.Events); len(b.Events) > 0 && n < cap(p.Events) && &p.Events[:n+1][n] == &b.Events[0] {
+				// The transaction's events were read into the pending
+				// batch's room (see room): they are in place already.
+				p.Events = p.Events[:n+len(b.Events)]
+			} else {
+				if need := n + len(b.Events); need > cap(p.Events) {
+					// Double (append grows a large slice by a quarter,
+					// which copies a batch of many small transactions
+					// many times).
+					grown := make([]outbox.Event, n, min(max(2*cap(p.Events), need, 64, r.lastHandedOver), r.s.cfg.MaxBatchEvents))
+					copy(grown, p.Events)
+					p.Events = grown
+				}
+				p.Events = append(p.Events, b.Events...)
 			}
-			p.Events = append(p.Events, b.Events...)
 			p.CommitLSN, p.EndLSN, p.CommitTime = b.CommitLSN, b.EndLSN, b.CommitTime
 			p.Heartbeat = p.Heartbeat && b.Heartbeat
 			p.Transactions += b.Transactions
@@ -515,11 +561,31 @@ func (r *receiver) hold(ctx context.Context, b Batch) error {
 	return nil
 }
 
+// room returns an empty slice for the events of a transaction that begins:
+// the unused end of the pending batch's events when it has some, so that
+// hold merges the transaction without copying its events, else a slice of
+// its own sized like the previous transaction's.
+func (r *receiver) room() []outbox.Event {
+	if p := r.pending; p != nil && len(p.Events) < cap(p.Events) {
+		return p.Events[len(p.Events):len(p.Events)]
+	}
+	return make([]outbox.Event, 0, min(max(r.lastTxEvents, 1), r.s.cfg.MaxBatchEvents))
+}
+
+// handOver is the pending batch as the sink gets it: without the unused end
+// of its events, into which the receiver may go on reading (see room), so
+// that the sink never sees, nor appends into, what is read after it.
+func (r *receiver) handOver() Batch {
+	b := *r.pending
+	b.Events = b.Events[:len(b.Events):len(b.Events)]
+	return b
+}
+
 // offer hands the pending batch to the sink if it can take it now.
 func (r *receiver) offer() bool {
 	select {
-	case r.batches <- *r.pending:
-		r.pending = nil
+	case r.batches <- r.handOver():
+		r.lastHandedOver, r.pending = len(r.pending.Events), nil
 		return true
 	default:
 		return false
@@ -531,8 +597,8 @@ func (r *receiver) flushPending(ctx context.Context) error {
 	if r.pending == nil {
 		return nil
 	}
-	b := *r.pending
-	r.pending = nil
+	b := r.handOver()
+	r.lastHandedOver, r.pending = len(b.Events), nil
 	return r.queue(ctx, b)
 }
 

@@ -132,6 +132,7 @@ var errCopyEnded = errors.New("correlator: the COPY of starts ended")
 func streamStarts(ctx context.Context, tx pgx.Tx, r routes, b cdc.Batch, p *plan, now time.Time) error {
 	pr, pw := io.Pipe()
 	planned := make(chan struct{})
+	p.reserve(len(b.Events))
 	go func() {
 		defer close(planned)
 		buf := copyHeader(nil)

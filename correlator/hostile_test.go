@@ -38,6 +38,33 @@ func TestPayloadsJSONBRefusesAreParked(t *testing.T) {
 	}
 }
 
+// A payload the stream read from a jsonb column is not checked again: jsonb
+// takes its own text back. Were one marked so wrongly, PostgreSQL's refusal
+// still parks only that event.
+func TestAPayloadFromJSONBIsNotCheckedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	good := trigger(uuid.New())
+	good.PayloadJSONB = true
+	bad := trigger(uuid.New())
+	bad.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"note":"\ud800"}`, uuid.New()))
+	bad.PayloadJSONB = true
+	if err := b.corr.HandleBatch(ctx, b.batch(good, bad)); err != nil {
+		t.Fatalf("the batch failed instead of parking the refused event: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, good.ID); n != 1 {
+		t.Fatal("the good trigger did not start")
+	}
+	var reason string
+	if err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, bad.RawID).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "refused by PostgreSQL") {
+		t.Fatalf("reason %q: the correlator's own check ran on a payload marked as jsonb's", reason)
+	}
+}
+
 // Should a refused value get past the checks, the batch does not fail for
 // ever: the events carrying one are found and parked, the rest commit.
 func TestRefusedValueThatSlipsThroughIsParkedNotFatal(t *testing.T) {

@@ -1,11 +1,14 @@
 package correlator
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -86,6 +89,21 @@ type plan struct {
 	noID map[uint64]int
 }
 
+// reserve makes room in an empty plan's start columns for n starts, so
+// that planning a batch of many triggers does not grow them step by step.
+func (p *plan) reserve(n int) {
+	if len(p.startSaga) > 0 || cap(p.startSaga) >= n {
+		return
+	}
+	p.startID, p.startTenant, p.startTrigger = make([][16]byte, 0, n), make([][16]byte, 0, n), make([][16]byte, 0, n)
+	p.startWorkspace, p.startCorr = make([]*[16]byte, 0, n), make([]*[16]byte, 0, n)
+	p.startSaga, p.startContext = make([]string, 0, n), make([]string, 0, n)
+	p.startVersion = make([]int32, 0, n)
+	p.startDeadline = make([]int64, 0, n)
+	p.startAggregate, p.startConcKey, p.startConcLSN, p.startTrace = make([]*string, 0, n), make([]*string, 0, n), make([]*string, 0, n), make([]*string, 0, n)
+	p.startConcLimit, p.startConcOrd = make([]*int32, 0, n), make([]*int32, 0, n)
+}
+
 func (p *plan) empty() bool {
 	return len(p.startSaga) == 0 && len(p.replyEvent) == 0 && len(p.deadReason) == 0
 }
@@ -110,9 +128,13 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 		}
 		return
 	}
-	if err := usableJSON(ev.Payload); err != nil {
-		p.park(ev, "payload: "+err.Error())
-		return
+	// A payload that was a jsonb value needs no check: jsonb takes its own
+	// text back.
+	if !ev.PayloadJSONB {
+		if err := usableJSON(ev.Payload); err != nil {
+			p.park(ev, "payload: "+err.Error())
+			return
+		}
 	}
 	if len(defs) == 0 {
 		p.outReply++
@@ -215,10 +237,20 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 	}
 }
 
+// idRandom buffers the random bits of instance ids: one read of the
+// system's generator serves 256 ids instead of one each.
+var idRandom = struct {
+	sync.Mutex
+	r *bufio.Reader
+}{r: bufio.NewReaderSize(rand.Reader, 16*256)}
+
 // newInstanceID returns a UUIDv7 (time-ordered), or a random UUID in the
 // unlikely case that the clock-ordered one cannot be made.
 func newInstanceID() [16]byte {
-	if id, err := uuid.NewV7(); err == nil {
+	idRandom.Lock()
+	id, err := uuid.NewV7FromReader(idRandom.r)
+	idRandom.Unlock()
+	if err == nil {
 		return id
 	}
 	return uuid.New()

@@ -183,6 +183,10 @@ type Event struct {
 	AggregateID   string
 	EventType     string
 	Payload       json.RawMessage
+	// PayloadJSONB reports that Payload is a jsonb value's text as
+	// PostgreSQL sent it (and CheckEncodable accepted it): jsonb takes it
+	// back as it is, so a writer need not run CheckJSONB on it again.
+	PayloadJSONB  bool
 	Headers       json.RawMessage
 	CorrelationID uuid.NullUUID
 	CausationID   uuid.NullUUID
