@@ -3,8 +3,12 @@ package pgjournal_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,4 +157,100 @@ func durableDB(b *testing.B) string {
 		b.Fatal(err)
 	}
 	return url
+}
+
+// BenchmarkGroupStepsCPU measures the CPU a step costs on both sides, which
+// does not depend on how busy the machine is: b.N three-step sagas claimed
+// 64 at a time and advanced in groups of 8 (AppendGroup, the last step with
+// its ending), as the runner does with its defaults, on one connection.
+// "server-µs/step" is the backend's CPU time (from /proc/PID/schedstat: its
+// statements' planning and execution, the protocol, WAL inserts; not the
+// WAL writer's flushes), "client-µs/step" this process's.
+//
+//	go test -run '^$' -bench GroupStepsCPU -benchtime 4000x ./saga/pgjournal/
+func BenchmarkGroupStepsCPU(b *testing.B) {
+	const claim, group, steps = 64, 8, 3
+	db := pgtest.NewDB(b)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	j, _ := pgjournal.New(pool, nil)
+	for range b.N {
+		inst := saga.Instance{ID: uuid.New(), TenantID: uuid.New(), SagaName: "bench", SagaVersion: 1, TriggerEventID: uuid.New(),
+			Context: []byte(`{"currency": "EUR", "amount_cents": 4200}`)}
+		if err := j.Enqueue(ctx, inst); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE saga_instances`); err != nil { // as the steps scenario does
+		b.Fatal(err)
+	}
+	var pid int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	server := func() time.Duration {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+		if err != nil {
+			b.Skipf("the backend's CPU time is not readable here: %v", err)
+		}
+		ns, err := strconv.ParseInt(strings.Fields(string(raw))[0], 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ns)
+	}
+	client := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	out := saga.Event{Output: []byte(`{"ok": true}`)}
+	s0, c0 := server(), client()
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		got, err := j.ClaimPending(ctx, claim, time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) == 0 {
+			b.Fatalf("%d of %d sagas done and none left to claim", done, b.N)
+		}
+		for lo := 0; lo < len(got); lo += group {
+			g := got[lo:min(lo+group, len(got))]
+			for step := range steps {
+				entries := make([]saga.GroupEntry, len(g))
+				for i, in := range g {
+					ev := out
+					ev.Kind, ev.Step = saga.EventStepCompleted, step
+					entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: ev}
+					if step == steps-1 {
+						entries[i].Final = saga.StatusCompleted
+					}
+				}
+				if err := j.AppendGroup(ctx, entries); err != nil {
+					b.Fatal(err)
+				}
+				for _, e := range entries {
+					if e.Err != nil {
+						b.Fatal(e.Err)
+					}
+				}
+			}
+		}
+		done += len(got)
+	}
+	b.StopTimer()
+	n := float64(b.N * steps)
+	b.ReportMetric(float64((server()-s0).Microseconds())/n, "server-µs/step")
+	b.ReportMetric(float64((client()-c0).Microseconds())/n, "client-µs/step")
 }

@@ -494,6 +494,7 @@ func (s *session) lockRead(ctx context.Context, lockSQL string, key, clock any) 
 	read := &pgx.Batch{}
 	if s.own() {
 		read.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+		read.Queue(sqlLockPlan)
 	}
 	read.Queue(lockSQL, key, clock)
 	return s.readLocked(ctx, read)
@@ -569,9 +570,11 @@ func (s *session) close() {
 func (s *session) readLocked(ctx context.Context, b *pgx.Batch) ([]locked, error) {
 	br := s.q.SendBatch(ctx, b)
 	if s.own() {
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return nil, err
+		for range 2 { // BEGIN and sqlLockPlan
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return nil, err
+			}
 		}
 	}
 	rows, err := br.Query()

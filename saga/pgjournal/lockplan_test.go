@@ -1,0 +1,152 @@
+package pgjournal_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/pgtest"
+)
+
+// TestLockingReadIsPlannedOnceAndReadsByIndex: the group's locking read is
+// planned once per connection, not for every call, and the plan made while
+// saga_steps was empty (its statistics saying so) still reads the step
+// records through saga_step_uq after the table has grown: no sequential
+// scan of saga_steps or saga_instances, however many records there are.
+// The control checks that the planner, left to itself, would scan the
+// empty table, so that the test shows something.
+func TestLockingReadIsPlannedOnceAndReadsByIndex(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // one backend: its prepared statements and counters are read below
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`ALTER TABLE saga_steps SET (autovacuum_enabled = off)`,
+		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
+		`ANALYZE saga_steps`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	b := bundle{db: db, j: j}
+	insts := make([]saga.Instance, 4)
+	for i := range insts {
+		insts[i] = b.claimed(t, time.Minute)
+	}
+
+	// Control: a plan made now, as the planner chooses, scans saga_steps.
+	func() {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `PREPARE control_read (uuid[], timestamptz) AS `+pgjournal.SQLLockByIDs); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, `EXPLAIN EXECUTE control_read('{}', NULL)`, pgx.QueryExecModeSimpleProtocol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if plan := strings.Join(lines, "\n"); !strings.Contains(plan, "Seq Scan on saga_steps") {
+			t.Fatalf("the planner would not scan the empty saga_steps, so this test shows nothing; plan:\n%s", plan)
+		}
+		if _, err := tx.Exec(ctx, `DEALLOCATE control_read`); err != nil {
+			t.Fatal(err)
+		}
+	}()
+
+	group := func(step int) {
+		t.Helper()
+		entries := make([]saga.GroupEntry, len(insts))
+		for i, in := range insts {
+			entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: stepDone(step)}
+		}
+		if err := j.AppendGroup(ctx, entries); err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range entries {
+			if e.Err != nil {
+				t.Fatalf("step %d, entry %d: %v", step, i, e.Err)
+			}
+		}
+	}
+	group(0) // the plan is made here, with saga_steps empty
+
+	if _, err := pool.Exec(ctx, `INSERT INTO saga_steps (saga_instance_id, sequence, step_name, status)
+		SELECT gen_random_uuid(), 0, 'other', 'COMPLETED' FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	scans := func() (steps, instances int64) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		err := pool.QueryRow(ctx, `SELECT
+			(SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'saga_steps'),
+			(SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'saga_instances')`).Scan(&steps, &instances)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return steps, instances
+	}
+	steps0, inst0 := scans()
+	const rounds = 10
+	for s := 1; s <= rounds; s++ {
+		group(s)
+	}
+	steps1, inst1 := scans()
+	if steps1 != steps0 || inst1 != inst0 {
+		t.Fatalf("%d locking reads scanned saga_steps %d times and saga_instances %d times, want index reads only",
+			rounds, steps1-steps0, inst1-inst0)
+	}
+
+	var generic, custom int64
+	err = pool.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
+		pgjournal.SQLLockByIDs).Scan(&generic, &custom)
+	if err != nil {
+		t.Fatalf("the group's locking read is not a prepared statement of the connection: %v", err)
+	}
+	if custom != 0 || generic < rounds+1 {
+		t.Fatalf("the group's locking read ran %d times with a plan made for the call and %d with the one plan, want 0 and %d or more", custom, generic, rounds+1)
+	}
+
+	// The settings ended with the journal's transactions.
+	for _, name := range []string{"plan_cache_mode", "enable_seqscan"} {
+		var v, boot string
+		if err := pool.QueryRow(ctx, `SELECT current_setting($1), reset_val FROM pg_settings WHERE name = $1`, name).Scan(&v, &boot); err != nil {
+			t.Fatal(err)
+		}
+		if v != boot {
+			t.Fatalf("%s is %q on the pool's connection after the journal's writes, want the session's %q", name, v, boot)
+		}
+	}
+}
