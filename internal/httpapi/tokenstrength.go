@@ -27,6 +27,13 @@ const MakeTokenHint = "make one with: openssl rand -hex 32"
 // uses more with a probability above 1 - 1e-9). what names the token in
 // the message, e.g. "--api-token" or "tokens.yaml:3:10: token". Every place
 // that accepts a token (the flag, a token file) calls it.
+//
+// A random token of the least accepted length holds, by chance, a repeated
+// 4-character part or a short run about once in 150 tokens, which the
+// estimate charges as if it were made by hand. So the token's length must
+// carry MinTokenBits in its alphabet, and the estimate may fall short of
+// them by coincidenceSlack: a random token is refused less than once in a
+// hundred million, a made-up one still is.
 func CheckTokenStrength(what, token string) error {
 	if token == "" {
 		return fmt.Errorf("%s is empty; %s", what, MakeTokenHint)
@@ -43,11 +50,16 @@ func CheckTokenStrength(what, token string) error {
 	for _, r := range token {
 		distinct[r] = true
 	}
-	if estimateBits(token) < MinTokenBits || len(distinct) < 9 {
+	nominal := float64(len([]rune(token))) * bitsPerChar(token)
+	if nominal < MinTokenBits || estimateBits(token) < MinTokenBits-coincidenceSlack || len(distinct) < 9 {
 		return fmt.Errorf("%s is too weak: it must carry at least %d random bits (32 random hex or 22 random base64 characters, without repeated parts or runs such as 0123456789); %s", what, MinTokenBits, MakeTokenHint)
 	}
 	return nil
 }
+
+// coincidenceSlack is how far a token's estimate may fall short of
+// MinTokenBits (see CheckTokenStrength).
+const coincidenceSlack = 24
 
 // minRepeat is the shortest earlier part whose repetition is charged as a
 // back-reference rather than as new characters.
