@@ -26,14 +26,14 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 
-# After the race-enabled run of every package but the failover suite, the
-# stream's tests on PostgreSQL 17 and 18, the short failover suite and the
-# short fault suite run side by side (each spends most of its time waiting on
-# PostgreSQL); each one's output is printed whole when it ends. The two
-# suites run the relay as a process built without -race, as users run it.
+# The race-enabled run of every package but the failover suite, the stream's
+# tests on PostgreSQL 17 and 18, the short failover suite and the short fault
+# suite run side by side: each spends most of its time waiting on PostgreSQL
+# or on the faults it makes, so together they keep two cores busy. Each one's
+# output is printed whole when it ends. The two suites run the relay as a
+# process built without -race, as users run it.
 test: postgres chromium vet deploy-check
-	$(MAKE) --no-print-directory test-race
-	$(MAKE) --no-print-directory --output-sync=target -j4 test-pg17 test-pg18 test-failover chaos QUICK=1
+	$(MAKE) --no-print-directory --output-sync=target -j5 test-race test-pg17 test-pg18 test-failover chaos QUICK=1
 
 # The longest packages go first: go test starts packages in the order given,
 # and one started last would run alone at the end.
