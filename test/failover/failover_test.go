@@ -591,23 +591,28 @@ func TestStartOnStandbyWaits(t *testing.T) {
 	ev := writeBrief(t, ctx, primary.DSN("app"))
 	waitReplayed(t, ctx, standby, ev)
 	primary.Kill()
-	promoted := make(chan error, 1)
-	go func() {
-		time.Sleep(8 * time.Second)
-		promoted <- standby.Promote(ctx)
-	}()
-	began := time.Now()
-	p := relaytest.Start(t, nil, "--database-url", standby.DSN("app"), "--slot", "relay_wait", "--publication", "relay_wait_pub",
+	p := relaytest.Launch(t, nil, "--database-url", standby.DSN("app"), "--slot", "relay_wait", "--publication", "relay_wait_pub",
 		"--status-interval", "200ms", "--heartbeat-interval", "500ms")
-	if err := <-promoted; err != nil {
-		t.Fatal(err)
+	waiting := regexp.MustCompile(`level=WARN msg="connected to a standby \(read-only\): waiting for a primary`)
+	for deadline := time.Now().Add(90 * time.Second); !waiting.MatchString(p.Output()); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning that the relay waits for a primary within 90 s:\n%s", tail(p.Output()))
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("the relay exited on a standby: %v\n%s", p.ExitErr(), tail(p.Output()))
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if time.Since(began) < 7*time.Second {
+	// It keeps waiting, and says it is not healthy yet, until a promotion.
+	time.Sleep(2 * time.Second)
+	if p.Healthy() {
 		t.Fatalf("the relay served /healthz before the standby was promoted\n%s", tail(p.Output()))
 	}
-	if !regexp.MustCompile(`level=WARN msg="connected to a standby \(read-only\): waiting for a primary`).MatchString(p.Output()) {
-		t.Errorf("no warning that the relay waits for a primary:\n%s", tail(p.Output()))
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatal(err)
 	}
+	p.WaitHealthy(90 * time.Second)
 	deadline := time.Now().Add(90 * time.Second)
 	for !sagaStarted(ctx, standby.DSN("app"), ev) {
 		if time.Now().After(deadline) {

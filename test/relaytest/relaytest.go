@@ -110,6 +110,15 @@ func cleanEnv() []string {
 // and waits until /healthz answers.
 func Start(t testing.TB, env []string, args ...string) *Process {
 	t.Helper()
+	p := Launch(t, env, args...)
+	p.WaitHealthy(60 * time.Second)
+	return p
+}
+
+// Launch starts `relay run` with the given extra args on a free HTTP port
+// and returns at once, for a test that acts while the relay starts up.
+func Launch(t testing.TB, env []string, args ...string) *Process {
+	t.Helper()
 	addr := freeAddr(t)
 	full := append([]string{"run", "--http-addr", addr}, args...)
 	p := &Process{t: t, Addr: addr, out: &syncBuffer{}, done: make(chan struct{})}
@@ -128,24 +137,36 @@ func Start(t testing.TB, env []string, args ...string) *Process {
 		close(p.done)
 	}()
 	t.Cleanup(func() { p.Kill() })
-	deadline := time.Now().Add(60 * time.Second)
+	return p
+}
+
+// Healthy reports whether /healthz answers 200 now.
+func (p *Process) Healthy() bool {
+	resp, err := http.Get("http://" + p.Addr + "/healthz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+// WaitHealthy waits until /healthz answers, failing the test if the relay
+// exits first or limit passes.
+func (p *Process) WaitHealthy(limit time.Duration) {
+	p.t.Helper()
+	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
-			t.Fatalf("relay exited during start-up: %v\n%s", p.ExitErr(), p.Output())
+			p.t.Fatalf("relay exited during start-up: %v\n%s", p.ExitErr(), p.Output())
 		default:
 		}
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return p
-			}
+		if p.Healthy() {
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("relay did not serve /healthz within 60s\n%s", p.Output())
-	return nil
+	p.t.Fatalf("relay did not serve /healthz within %s\n%s", limit, p.Output())
 }
 
 // Output returns what the process printed so far.
