@@ -414,6 +414,20 @@ func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
+// waitHandled waits until the sink has handled every one of ids.
+func waitHandled(t testing.TB, pool *pgxpool.Pool, what string, ids []uuid.UUID) {
+	t.Helper()
+	waitFor(t, 20*time.Second, what, func() bool {
+		got := handledCounts(t, pool)
+		for _, id := range ids {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func assertExactlyOnce(t testing.TB, pool *pgxpool.Pool, want []uuid.UUID) {
 	t.Helper()
 	got := handledCounts(t, pool)

@@ -68,15 +68,7 @@ func TestRetentionDeletesOnlyHandledRows(t *testing.T) {
 	waitFor(t, 20*time.Second, "old handled rows deleted", func() bool { return stillInOutbox(t, db, old) == 0 })
 	// The young rows commit in a transaction of their own, which can reach
 	// the sink after the old rows are already deleted.
-	waitFor(t, 20*time.Second, "the young rows handled", func() bool {
-		got := handledCounts(t, db.Pool)
-		for _, id := range young {
-			if got[id] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitHandled(t, db.Pool, "the young rows handled", young)
 	assertExactlyOnce(t, db.Pool, append(append([]uuid.UUID(nil), old...), young...))
 
 	// A row that claims to be two days old but is not handled yet.

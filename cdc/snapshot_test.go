@@ -67,15 +67,7 @@ func TestSetupThenFirstRunMissesNothing(t *testing.T) {
 	waitFor(t, 20*time.Second, "the table read", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	after := writeEvents(t, db.Pool, 10, "after")
 	all := append(append(append([]uuid.UUID(nil), older...), between...), after...)
-	waitFor(t, 20*time.Second, "every row", func() bool {
-		got := handledCounts(t, db.Pool)
-		for _, id := range all {
-			if got[id] == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	waitHandled(t, db.Pool, "every row", all)
 	// Rows written after Setup come through the table read and the slot;
 	// the correlator's unique indexes absorb that overlap.
 	got := handledCounts(t, db.Pool)

@@ -44,23 +44,12 @@ func TestPayloadsJSONBRefusesAreParked(t *testing.T) {
 func TestAPayloadFromJSONBIsNotCheckedAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	good := trigger(uuid.New())
 	good.PayloadJSONB = true
 	bad := trigger(uuid.New())
 	bad.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"note":"\ud800"}`, uuid.New()))
 	bad.PayloadJSONB = true
-	if err := b.corr.HandleBatch(ctx, b.batch(good, bad)); err != nil {
-		t.Fatalf("the batch failed instead of parking the refused event: %v", err)
-	}
-	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, good.ID); n != 1 {
-		t.Fatal("the good trigger did not start")
-	}
-	var reason string
-	if err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, bad.RawID).Scan(&reason); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(reason, "refused by PostgreSQL") {
+	if reason := parkedBesideGood(t, b, good, bad); !strings.Contains(reason, "refused by PostgreSQL") {
 		t.Fatalf("reason %q: the correlator's own check ran on a payload marked as jsonb's", reason)
 	}
 }
@@ -72,23 +61,30 @@ func TestRefusedValueThatSlipsThroughIsParkedNotFatal(t *testing.T) {
 	restore := correlator.SkipPayloadChecks()
 	defer restore()
 	b := setup(t)
-	ctx := context.Background()
 	good := trigger(uuid.New())
 	bad := trigger(uuid.New())
 	bad.Payload = json.RawMessage(fmt.Sprintf(`{"brief_id":%q,"note":"\udc00"}`, uuid.New()))
-	if err := b.corr.HandleBatch(ctx, b.batch(good, bad)); err != nil {
+	if reason := parkedBesideGood(t, b, good, bad); !strings.Contains(reason, "refused by PostgreSQL") {
+		t.Fatalf("reason %q", reason)
+	}
+}
+
+// parkedBesideGood hands good and bad to the correlator in one batch, checks
+// that the batch committed and good started its saga, and returns the reason
+// bad was parked with.
+func parkedBesideGood(t *testing.T, b *testBundle, good, bad outbox.Event) string {
+	t.Helper()
+	if err := b.corr.HandleBatch(context.Background(), b.batch(good, bad)); err != nil {
 		t.Fatalf("the batch failed instead of parking the refused event: %v", err)
 	}
 	if n := b.count(t, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1`, good.ID); n != 1 {
 		t.Fatal("the good trigger did not start")
 	}
 	var reason string
-	if err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, bad.RawID).Scan(&reason); err != nil {
+	if err := b.db.Pool.QueryRow(context.Background(), `SELECT reason FROM relay_dead_letters WHERE event_id = $1`, bad.RawID).Scan(&reason); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(reason, "refused by PostgreSQL") {
-		t.Fatalf("reason %q", reason)
-	}
+	return reason
 }
 
 func TestHostileDeadLetterKeysAreParked(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // MinTokenBits is the least entropy a token must carry: 32 hex characters
@@ -50,7 +51,7 @@ func CheckTokenStrength(what, token string) error {
 	for _, r := range token {
 		distinct[r] = true
 	}
-	nominal := float64(len([]rune(token))) * bitsPerChar(token)
+	nominal := float64(utf8.RuneCountInString(token)) * bitsPerChar(token)
 	if nominal < MinTokenBits || estimateBits(token) < MinTokenBits-coincidenceSlack || len(distinct) < 9 {
 		return fmt.Errorf("%s is too weak: it must carry at least %d random bits (32 random hex or 22 random base64 characters, without repeated parts or runs such as 0123456789); %s", what, MinTokenBits, MakeTokenHint)
 	}

@@ -171,16 +171,7 @@ func durableDB(b *testing.B) string {
 func BenchmarkGroupStepsCPU(b *testing.B) {
 	const claim, group, steps = 64, 8, 3
 	db := pgtest.NewDB(b)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pool.Close()
+	pool := oneConnPool(b, db.URL)
 	j, _ := pgjournal.New(pool, nil)
 	for range b.N {
 		inst := saga.Instance{ID: uuid.New(), TenantID: uuid.New(), SagaName: "bench", SagaVersion: 1, TriggerEventID: uuid.New(),

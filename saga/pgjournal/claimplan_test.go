@@ -24,16 +24,7 @@ import (
 func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // one backend: its statistics are flushed on demand below
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := oneConnPool(t, db.URL) // one backend: its statistics are flushed on demand below
 	const backlog = 20000
 	for _, q := range []string{
 		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
@@ -118,6 +109,24 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	if strings.Count(plan, "Sort Key:") != 1 || strings.Contains(plan, "JIT") {
 		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan)
 	}
+}
+
+// oneConnPool is a pool of one connection to url, so that a test reads the
+// counters and prepared statements of the backend its statements ran on.
+// It is closed when the test ends.
+func oneConnPool(tb testing.TB, url string) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
 }
 
 // explainClaim returns the plan of a claim of 10 as prefix, EXPLAIN with

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -23,16 +22,7 @@ import (
 func TestLockingReadIsPlannedOnceAndReadsByIndex(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // one backend: its prepared statements and counters are read below
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := oneConnPool(t, db.URL) // one backend: its prepared statements and counters are read below
 	j, err := pgjournal.New(pool, nil)
 	if err != nil {
 		t.Fatal(err)
