@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -256,8 +257,10 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		t.Fatal("no container runs the image " + relayImage)
 	}
 	var sidecar, replicated bool
+	tags := map[string]bool{}
 	for _, rc := range rcs {
 		c := rc.c
+		tags[c.Image] = true
 		if len(c.Command) > 0 {
 			t.Errorf("%s: command %q overrides the image's entrypoint (relay): give only args", rc.where, c.Command)
 		}
@@ -353,6 +356,9 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		if r := rc.workload.Spec.Replicas; r != nil && *r >= 2 && cmd.Flag("no-stream").Value.String() == "false" {
 			replicated = true
 		}
+	}
+	if len(tags) > 1 {
+		t.Errorf("the manifests name %d different relay images %v: a release deploys one version everywhere", len(tags), slices.Sorted(maps.Keys(tags)))
 	}
 	if !sidecar {
 		t.Error("no manifest runs relay run as a sidecar next to an application container")
