@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,7 +28,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/compensa/compensa/internal/pgcluster"
-	"github.com/compensa/compensa/migrations"
 )
 
 // The files of deploy/ and the Dockerfile are checked against this binary:
@@ -48,7 +49,9 @@ type k8sObject struct {
 type k8sWorkload struct {
 	Spec struct {
 		Replicas *int `yaml:"replicas"`
-		Selector struct {
+		// A Job's: how long a finished Job is kept.
+		TTLSecondsAfterFinished *int `yaml:"ttlSecondsAfterFinished"`
+		Selector                struct {
 			MatchLabels map[string]string `yaml:"matchLabels"`
 		} `yaml:"selector"`
 		Template struct {
@@ -102,8 +105,9 @@ type k8sProbe struct {
 
 type k8sService struct {
 	Spec struct {
-		Selector map[string]string `yaml:"selector"`
-		Ports    []struct {
+		SessionAffinity string            `yaml:"sessionAffinity"`
+		Selector        map[string]string `yaml:"selector"`
+		Ports           []struct {
 			Port       int `yaml:"port"`
 			TargetPort any `yaml:"targetPort"`
 		} `yaml:"ports"`
@@ -148,6 +152,8 @@ func manifests(t *testing.T) []k8sObject {
 // arguments select (parsed by the CLI itself).
 type relayContainer struct {
 	where    string
+	kind     string
+	name     string
 	workload k8sWorkload
 	c        k8sContainer
 }
@@ -165,7 +171,7 @@ func relayContainers(t *testing.T, objs []k8sObject) []relayContainer {
 		}
 		for _, c := range slices.Concat(w.Spec.Template.Spec.InitContainers, w.Spec.Template.Spec.Containers) {
 			if strings.HasPrefix(c.Image, relayImage+":") || c.Image == relayImage {
-				out = append(out, relayContainer{where: fmt.Sprintf("%s: %s %s, container %s", o.file, o.Kind, o.Metadata.Name, c.Name), workload: w, c: c})
+				out = append(out, relayContainer{where: fmt.Sprintf("%s: %s %s, container %s", o.file, o.Kind, o.Metadata.Name, c.Name), kind: o.Kind, name: o.Metadata.Name, workload: w, c: c})
 			}
 		}
 	}
@@ -227,12 +233,16 @@ func parsed(t *testing.T, what string, args []string, env map[string]string) *co
 	return ran
 }
 
-func (rc relayContainer) env() map[string]string {
+func (rc relayContainer) env() map[string]string { return rc.envWith(secretStandIn) }
+
+// envWith is the container's environment with secret(key) for the value of
+// each Secret key it names.
+func (rc relayContainer) envWith(secret func(key string) string) map[string]string {
 	env := map[string]string{}
 	for _, e := range rc.c.Env {
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
-			env[e.Name] = secretStandIn(e.ValueFrom.SecretKeyRef.Key)
+			env[e.Name] = secret(e.ValueFrom.SecretKeyRef.Key)
 		default:
 			env[e.Name] = e.Value
 		}
@@ -247,8 +257,10 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		t.Fatal("no container runs the image " + relayImage)
 	}
 	var sidecar, replicated bool
+	tags := map[string]bool{}
 	for _, rc := range rcs {
 		c := rc.c
+		tags[c.Image] = true
 		if len(c.Command) > 0 {
 			t.Errorf("%s: command %q overrides the image's entrypoint (relay): give only args", rc.where, c.Command)
 		}
@@ -268,10 +280,19 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		if c.Resources.Requests["memory"] == "" || c.Resources.Requests["cpu"] == "" || c.Resources.Limits["memory"] == "" {
 			t.Errorf("%s: resources must request cpu and memory and limit memory", rc.where)
 		}
+		// The image a release publishes: compensa/relay:VERSION.
+		tag, ok := strings.CutPrefix(c.Image, relayImage+":")
+		if !ok || !releaseTag.MatchString(tag) {
+			t.Errorf("%s: image %q: name a release, %s:X.Y.Z (docs: Deploying); nothing publishes :latest", rc.where, c.Image, relayImage)
+		}
+		if rc.kind == "Job" {
+			checkMigrateJob(t, rc, cmd, tag)
+		}
 		if cmd.Name() != "run" {
 			continue
 		}
-		// relay run: its monitor answers the probes on --http-addr's port.
+		// relay run: the probes reach --probe-addr's listener when one is
+		// set, else the monitor on --http-addr.
 		addr := cmd.Flag("http-addr").Value.String()
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
@@ -283,11 +304,37 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		if cmd.Flag("api-token").Value.String() == "" {
 			t.Errorf("%s: a monitor on %s needs an API token", rc.where, addr)
 		}
-		for _, p := range []struct {
+		probeAddr := addr
+		if pa := cmd.Flag("probe-addr").Value.String(); pa != "" {
+			probeAddr = pa
+			if host, port, err = net.SplitHostPort(pa); err != nil {
+				t.Fatalf("%s: --probe-addr %q: %v", rc.where, pa, err)
+			}
+			if host == "" || net.ParseIP(host).IsLoopback() || host == "localhost" {
+				t.Errorf("%s: --probe-addr %s: the kubelet probes the pod's address, so the probe listener must listen on it (0.0.0.0)", rc.where, pa)
+			}
+		}
+		inAppPod := len(rc.workload.Spec.Template.Spec.Containers) > 1
+		probes := []struct {
 			name  string
 			probe *k8sProbe
 			path  string
-		}{{"livenessProbe", c.LivenessProbe, "/healthz"}, {"readinessProbe", c.ReadinessProbe, "/readyz"}} {
+		}{{"livenessProbe", c.LivenessProbe, "/healthz"}}
+		if inAppPod {
+			// A pod is ready when every container is: a relay readiness
+			// probe would take the application out of its Service during a
+			// database outage or a stalled stream.
+			if c.ReadinessProbe != nil {
+				t.Errorf("%s: a readinessProbe on the relay sidecar gates the application's readiness on the relay; give it only a livenessProbe (its health reaches people through alerts)", rc.where)
+			}
+		} else {
+			probes = append(probes, struct {
+				name  string
+				probe *k8sProbe
+				path  string
+			}{"readinessProbe", c.ReadinessProbe, "/readyz"})
+		}
+		for _, p := range probes {
 			if p.probe == nil || p.probe.HTTPGet == nil {
 				t.Errorf("%s: no %s.httpGet", rc.where, p.name)
 				continue
@@ -296,19 +343,22 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 				t.Errorf("%s: %s path %q, want %s", rc.where, p.name, p.probe.HTTPGet.Path, p.path)
 			}
 			if got := containerPort(c, p.probe.HTTPGet.Port); strconv.Itoa(got) != port {
-				t.Errorf("%s: %s port %v is container port %d, but the monitor listens on %s", rc.where, p.name, p.probe.HTTPGet.Port, got, addr)
+				t.Errorf("%s: %s port %v is container port %d, but the probes are served on %s", rc.where, p.name, p.probe.HTTPGet.Port, got, probeAddr)
 			}
 		}
 		stop, _ := time.ParseDuration(cmd.Flag("stop-timeout").Value.String())
 		if g := rc.workload.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= stop {
 			t.Errorf("%s: terminationGracePeriodSeconds must exceed --stop-timeout (%s), or a graceful stop is cut short", rc.where, stop)
 		}
-		if len(rc.workload.Spec.Template.Spec.Containers) > 1 {
+		if inAppPod {
 			sidecar = true
 		}
 		if r := rc.workload.Spec.Replicas; r != nil && *r >= 2 && cmd.Flag("no-stream").Value.String() == "false" {
 			replicated = true
 		}
+	}
+	if len(tags) > 1 {
+		t.Errorf("the manifests name %d different relay images %v: a release deploys one version everywhere", len(tags), slices.Sorted(maps.Keys(tags)))
 	}
 	if !sidecar {
 		t.Error("no manifest runs relay run as a sidecar next to an application container")
@@ -332,6 +382,10 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 				continue
 			}
 			found = true
+			// The page's login sessions live in the process that made them.
+			if r := rc.workload.Spec.Replicas; r != nil && *r >= 2 && s.Spec.SessionAffinity != "ClientIP" {
+				t.Errorf("%s: Service %s balances %d replicas whose page sessions live in one process each; set sessionAffinity: ClientIP (or serve the page from one replica)", o.file, o.Metadata.Name, *r)
+			}
 			for _, p := range s.Spec.Ports {
 				if containerPort(rc.c, p.TargetPort) == 0 {
 					t.Errorf("%s: Service %s targetPort %v is not a port of %s", o.file, o.Metadata.Name, p.TargetPort, rc.where)
@@ -341,6 +395,29 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 		if !found {
 			t.Errorf("%s: Service %s selects no relay pod", o.file, o.Metadata.Name)
 		}
+	}
+}
+
+// releaseTag is the tag scheme of the published image: the release's
+// version, without the v of its git tag.
+var releaseTag = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$`)
+
+// checkMigrateJob: the Job that migrates on each release grants the relay's
+// role what relay run needs, and can be applied again by the next release
+// (its name carries the release; a finished one does not linger).
+func checkMigrateJob(t *testing.T, rc relayContainer, cmd *cobra.Command, tag string) {
+	t.Helper()
+	if cmd.Name() != "migrate" {
+		return
+	}
+	if cmd.Flag("grant-to").Value.String() == "[]" || cmd.Flag("grant-to").Value.String() == "" {
+		t.Errorf("%s: relay migrate without --grant-to: on a fresh database relay run as its own role then lacks every privilege; pass --grant-to=ROLE", rc.where)
+	}
+	if want := "-" + strings.NewReplacer(".", "-", "+", "-").Replace(tag); !strings.HasSuffix(rc.name, want) {
+		t.Errorf("%s: Job name %q does not carry the release (want a name ending in %q): a Job's pod template is immutable, so the next release cannot apply it again", rc.where, rc.name, want)
+	}
+	if rc.workload.Spec.TTLSecondsAfterFinished == nil {
+		t.Errorf("%s: no ttlSecondsAfterFinished: finished migrate Jobs pile up, one per release", rc.where)
 	}
 }
 
@@ -374,10 +451,11 @@ func containerPort(c k8sContainer, port any) int {
 	return 0
 }
 
-// TestKubernetesProbesAnswerOnARealRelay runs each relay run container of
-// the manifests (its args and env, the Secret's values standing in, the
-// port moved to a free one) against a real PostgreSQL and sends its probes:
-// both must answer 200.
+// TestKubernetesProbesAnswerOnARealRelay plays a release on a fresh
+// database as the manifests describe it: the migrate Job runs as the schema
+// owner, then each relay run container (its args and env, the Secret's
+// values standing in, its ports moved to free ones) runs as the relay's own
+// role, and its probes must answer 200.
 func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 	rcs := relayContainers(t, manifests(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -391,10 +469,46 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := migrations.Apply(ctx, conn, migrations.Options{}); err != nil {
+	// The relay's role, created once by the operator (README, Quickstart on
+	// an existing database); the Job grants it the rest.
+	if _, err := conn.Exec(ctx, "CREATE ROLE relay LOGIN REPLICATION PASSWORD 'relay-secret'"); err != nil {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
+	relayURL, err := urlWithUser(c.URL, "relay", "relay-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretValue := func(key string) string {
+		if key == "owner-database-url" {
+			return c.URL
+		}
+		if strings.Contains(key, "database-url") {
+			return relayURL
+		}
+		return secretStandIn(key)
+	}
+
+	jobs := 0
+	for _, rc := range rcs {
+		if rc.kind != "Job" {
+			continue
+		}
+		jobs++
+		env := rc.envWith(secretValue)
+		useEnv(t, env)
+		var stderr bytes.Buffer
+		opts := &rootOptions{}
+		root := newRootCmd(opts)
+		root.SetOut(io.Discard)
+		root.SetErr(&stderr)
+		if code := execute(ctx, root, opts, rc.c.Args, &stderr); code != 0 {
+			t.Fatalf("%s: relay %s exited %d: %s", rc.where, strings.Join(rc.c.Args, " "), code, stderr.String())
+		}
+	}
+	if jobs == 0 {
+		t.Fatal("no Job runs the relay image: nothing migrates the schema on a release")
+	}
 
 	ran := 0
 	for _, rc := range rcs {
@@ -402,44 +516,42 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 			continue
 		}
 		ran++
-		env := rc.env()
-		for k, e := range env {
-			if strings.HasSuffix(k, "DATABASE_URL") && e != "" {
-				env[k] = c.URL
+		env := rc.envWith(secretValue)
+		// The same flags, on free ports; the hosts stay as written.
+		ports := map[string]int{}
+		for _, flag := range []string{"http-addr", "probe-addr"} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
 			}
+			ports[flag] = ln.Addr().(*net.TCPAddr).Port
+			ln.Close()
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		// The same flags, on a free port; the host stays as written.
+		written := map[string]string{} // flag → the address as written
 		args := []string{}
 		for i := 0; i < len(rc.c.Args); i++ {
 			a := rc.c.Args[i]
-			switch {
-			case strings.HasPrefix(a, "--http-addr="):
-				a = "--http-addr=" + movePort(strings.TrimPrefix(a, "--http-addr="), port)
-			case a == "--http-addr" && i+1 < len(rc.c.Args):
-				i++
-				a = "--http-addr=" + movePort(rc.c.Args[i], port)
+			for flag, port := range ports {
+				switch {
+				case strings.HasPrefix(a, "--"+flag+"="):
+					written[flag] = strings.TrimPrefix(a, "--"+flag+"=")
+					a = "--" + flag + "=" + movePort(written[flag], port)
+				case a == "--"+flag && i+1 < len(rc.c.Args):
+					i++
+					written[flag] = rc.c.Args[i]
+					a = "--" + flag + "=" + movePort(rc.c.Args[i], port)
+				}
 			}
 			args = append(args, a)
 		}
-		if v, ok := env["RELAY_HTTP_ADDR"]; ok {
-			env["RELAY_HTTP_ADDR"] = movePort(v, port)
-		}
-		for _, kv := range os.Environ() {
-			k, _, _ := strings.Cut(kv, "=")
-			if strings.HasPrefix(k, "RELAY_") && k != pgcluster.EnvURL {
-				t.Setenv(k, "")
-				os.Unsetenv(k)
+		for flag, port := range ports {
+			k := "RELAY_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+			if v, ok := env[k]; ok {
+				written[flag] = v
+				env[k] = movePort(v, port)
 			}
 		}
-		for k, v := range env {
-			t.Setenv(k, v)
-		}
+		useEnv(t, env)
 		runCtx, stop := context.WithCancel(ctx)
 		done := make(chan int, 1)
 		var stderr bytes.Buffer
@@ -450,10 +562,29 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 			root.SetErr(&stderr)
 			done <- execute(runCtx, root, opts, append(args, "--log-level", "error"), &stderr)
 		}()
+		// A probe's container port is the written port of one of the two
+		// listeners; it is sent to that listener's moved port.
+		portOf := func(p *k8sProbe) int {
+			cp := containerPort(rc.c, p.HTTPGet.Port)
+			for flag, addr := range written {
+				if _, wp, err := net.SplitHostPort(addr); err == nil && wp == strconv.Itoa(cp) {
+					return ports[flag]
+				}
+			}
+			return 0
+		}
 		for _, p := range []*k8sProbe{rc.c.LivenessProbe, rc.c.ReadinessProbe} {
-			if p == nil || p.HTTPGet == nil {
+			if p == nil {
+				continue
+			}
+			if p.HTTPGet == nil {
 				stop()
 				t.Fatalf("%s: a probe without httpGet", rc.where)
+			}
+			port := portOf(p)
+			if port == 0 {
+				stop()
+				t.Fatalf("%s: probe %s on port %v, which neither --http-addr nor --probe-addr listens on", rc.where, p.HTTPGet.Path, p.HTTPGet.Port)
 			}
 			url := "http://127.0.0.1:" + strconv.Itoa(port) + p.HTTPGet.Path
 			deadline := time.Now().Add(90 * time.Second)
@@ -487,6 +618,31 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 	if ran < 2 {
 		t.Fatalf("%d relay run containers probed, want the sidecar's and the standalone one's", ran)
 	}
+}
+
+// useEnv replaces the RELAY_ variables of the test's environment with env.
+func useEnv(t *testing.T, env map[string]string) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "RELAY_") && k != pgcluster.EnvURL {
+			t.Setenv(k, "")
+			os.Unsetenv(k)
+		}
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+}
+
+// urlWithUser is dsn (a postgres:// URL) connecting as user with password.
+func urlWithUser(dsn, user, password string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", err
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String(), nil
 }
 
 func movePort(addr string, port int) string {
