@@ -355,9 +355,9 @@ SELECT (SELECT count(*) FROM stones), (SELECT count(*) FROM steps), (SELECT coun
 // sqlResyncGuard is the earliest creation time of an instance whose trigger
 // a resync of slot $1 could still re-read (its checkpoint's time minus the
 // margin $2): tombstones created since then are kept whatever their age.
-// No checkpoint: -infinity (nothing is known to be safe).
+// No checkpoint: the year 1 (nothing is known to be safe).
 const sqlResyncGuard = `
-SELECT coalesce((SELECT updated_at - $2 * interval '1 microsecond' FROM relay_checkpoints WHERE slot_name = $1), '-infinity'::timestamptz)`
+SELECT coalesce((SELECT updated_at - $2 * interval '1 microsecond' FROM relay_checkpoints WHERE slot_name = $1), '0001-01-01 00:00:00+00'::timestamptz)`
 
 // sqlDeleteTombstones deletes up to $3 tombstones that ended longer than $1
 // ago and were created before $2. Deleting fires the instance table's
