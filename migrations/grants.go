@@ -24,6 +24,11 @@ const (
 	FeatureStream Feature = "the stream"
 	// FeatureRetention is --outbox-retention.
 	FeatureRetention Feature = "--outbox-retention"
+	// FeatureHistoryRetention is --saga-retention (on by default) and
+	// --failed-retention: the janitor that deletes finished instances'
+	// history, their tombstones after --dedupe-window, and old dead letters
+	// and skipped deliveries.
+	FeatureHistoryRetention Feature = "--saga-retention"
 	// FeatureSinks is --sinks.
 	FeatureSinks Feature = "--sinks"
 	// FeatureSagas is --sagas: declared sagas pinned in saga_definitions.
@@ -39,7 +44,7 @@ const (
 )
 
 // AllFeatures is every feature, in the order the checks report them.
-var AllFeatures = []Feature{FeatureRunner, FeatureStream, FeatureRetention, FeatureSinks, FeatureSagas, FeatureAPI, FeatureOperations}
+var AllFeatures = []Feature{FeatureRunner, FeatureStream, FeatureRetention, FeatureHistoryRetention, FeatureSinks, FeatureSagas, FeatureAPI, FeatureOperations}
 
 // Grant is what one feature needs on one table of the relay's schema (or on
 // the configured outbox table when Outbox is set). It is the single list of
@@ -81,6 +86,18 @@ var Grants = []Grant{
 	{FeatureStream, "relay_inbox", false, []string{"SELECT", "INSERT"}},
 
 	{FeatureRetention, "", true, []string{"SELECT", "DELETE"}},
+
+	// Tombstoning updates the instance row; deleting a tombstone fires the
+	// triggers that delete its children and append a status delta.
+	{FeatureHistoryRetention, "saga_instances", false, []string{"SELECT", "UPDATE", "DELETE"}},
+	{FeatureHistoryRetention, "saga_steps", false, []string{"SELECT", "DELETE"}},
+	{FeatureHistoryRetention, "saga_events", false, []string{"SELECT", "DELETE"}},
+	{FeatureHistoryRetention, "relay_inbox", false, []string{"SELECT", "DELETE"}},
+	{FeatureHistoryRetention, "relay_checkpoints", false, []string{"SELECT"}},
+	{FeatureHistoryRetention, "saga_status_deltas", false, []string{"SELECT", "INSERT", "DELETE"}},
+	{FeatureHistoryRetention, "saga_status_counts", false, []string{"SELECT", "INSERT", "UPDATE"}},
+	{FeatureHistoryRetention, "relay_dead_letters", false, []string{"SELECT", "DELETE"}},
+	{FeatureHistoryRetention, "relay_sink_skipped", false, []string{"SELECT", "DELETE"}},
 
 	{FeatureSinks, "relay_sinks", false, []string{"SELECT", "INSERT", "UPDATE"}},
 	{FeatureSinks, "relay_sink_parked", false, []string{"SELECT", "INSERT", "UPDATE", "DELETE"}},

@@ -338,7 +338,7 @@ func TestGrantToNamesWhatOnlyTheOutboxOwnerCanGrant(t *testing.T) {
 			t.Errorf("the error does not name %q: %v", w, err)
 		}
 	}
-	if strings.Contains(err.Error(), "saga_instances") || !slices.Contains(ran, `GRANT SELECT, UPDATE, INSERT ON saga_instances TO "`+relayRole+`";`) {
+	if strings.Contains(err.Error(), "saga_instances") || !slices.Contains(ran, `GRANT SELECT, UPDATE, INSERT, DELETE ON saga_instances TO "`+relayRole+`";`) {
 		t.Fatalf("the relay's own tables were not granted: ran %v, err %v", ran, err)
 	}
 }

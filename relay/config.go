@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
@@ -61,6 +62,24 @@ type Config struct {
 	// OutboxRetention deletes outbox rows older than this once streamed; 0
 	// keeps them.
 	OutboxRetention time.Duration
+	// SagaRetention: the history (step records, journal events, inbox
+	// rows) of an instance that ended COMPLETED or COMPENSATED longer ago
+	// than this is deleted, and its row kept as a small tombstone until
+	// DedupeWindow (see README "Retention"). Zero means
+	// DefaultSagaRetention (24h); KeepForever keeps every history.
+	// Re-driven dead letters and skipped sink deliveries go after it too.
+	SagaRetention time.Duration
+	// FailedRetention does the same for FAILED and TIMED_OUT instances and
+	// for dead letters nobody re-drove. Zero keeps them until an operator
+	// acts.
+	FailedRetention time.Duration
+	// DedupeWindow is how long a tombstone (and with it the unique start
+	// index's entry) is kept after its instance ended: a trigger read again
+	// within it (a resync, a slot behind, a repeated idempotency key)
+	// starts nothing. Zero means DefaultDedupeWindow (30 days); KeepForever
+	// keeps tombstones forever. New refuses one shorter than ResyncMargin
+	// plus OutboxRetention.
+	DedupeWindow time.Duration
 	// StallAfter is how long committed outbox work may wait behind the
 	// acknowledged position (or the stream stay down) before /readyz
 	// answers 503 and compensa_stream_stalled is 1 (default 60s).
@@ -159,6 +178,13 @@ const (
 	DefaultHeartbeatEver = 10 * time.Second
 	DefaultSessionTTL    = 12 * time.Hour
 	DefaultStallAfter    = time.Minute
+	// DefaultSagaRetention is SagaRetention's default, and
+	// DefaultDedupeWindow DedupeWindow's.
+	DefaultSagaRetention = 24 * time.Hour
+	DefaultDedupeWindow  = 30 * 24 * time.Hour
+	// KeepForever, as SagaRetention or DedupeWindow, deletes nothing of
+	// that kind (the CLI's 0).
+	KeepForever time.Duration = -1
 	// MonitorPoolSize is the monitor's own pool: scrapes and API reads
 	// queue there, never in front of the step workers and the correlator.
 	MonitorPoolSize = 4
@@ -176,6 +202,8 @@ func (c Config) withDefaults() Config {
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatEver)
 	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
 	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
+	c.SagaRetention = cmp.Or(c.SagaRetention, DefaultSagaRetention)
+	c.DedupeWindow = cmp.Or(c.DedupeWindow, DefaultDedupeWindow)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -200,11 +228,19 @@ func (c Config) validate() error {
 	for name, d := range map[string]time.Duration{
 		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "StatusInterval": c.StatusInterval,
 		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention, "SessionTTL": c.SessionTTL,
-		"StallAfter": c.StallAfter,
+		"StallAfter": c.StallAfter, "FailedRetention": c.FailedRetention, "ResyncMargin": c.ResyncMargin,
 	} {
 		if d < 0 {
 			bad("Config.%s is %s: durations must not be negative", name, d)
 		}
+	}
+	for name, d := range map[string]time.Duration{"SagaRetention": c.SagaRetention, "DedupeWindow": c.DedupeWindow} {
+		if d < 0 && d != KeepForever {
+			bad("Config.%s is %s: give a positive duration, zero for the default or KeepForever", name, d)
+		}
+	}
+	if err := c.checkDedupeWindow(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.APIToken != "" {
 		if err := httpapi.CheckTokenStrength("Config.APIToken", c.APIToken); err != nil {
@@ -222,6 +258,29 @@ func (c Config) validate() error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return saga.Errorf(saga.ErrInvalid, "%s", err.Error())
+	}
+	return nil
+}
+
+// DedupeFloor is the shortest dedupe window that outlasts every re-read of
+// a trigger: a resync re-reads the outbox rows created since the
+// checkpoint's time minus resyncMargin, and the outbox keeps a streamed row
+// for outboxRetention (0: forever; the janitor then also keeps every
+// tombstone a resync of the slot could re-read, by the checkpoint's time).
+// An idempotency key is recognised for the dedupe window itself.
+func DedupeFloor(resyncMargin, outboxRetention time.Duration) time.Duration {
+	return cmp.Or(resyncMargin, cdc.DefaultResyncMargin) + outboxRetention
+}
+
+// checkDedupeWindow refuses a dedupe window shorter than DedupeFloor.
+func (c Config) checkDedupeWindow() error {
+	w := cmp.Or(c.DedupeWindow, DefaultDedupeWindow)
+	if w == KeepForever || c.ResyncMargin < 0 || c.OutboxRetention < 0 {
+		return nil
+	}
+	if floor := DedupeFloor(c.ResyncMargin, c.OutboxRetention); w < floor {
+		return fmt.Errorf("relay: Config.DedupeWindow %s is shorter than ResyncMargin (%s) plus OutboxRetention (%s): a trigger read again after its tombstone is gone would start its saga twice; give at least %s",
+			w, cmp.Or(c.ResyncMargin, cdc.DefaultResyncMargin), c.OutboxRetention, floor)
 	}
 	return nil
 }

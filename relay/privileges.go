@@ -45,6 +45,9 @@ func (c Config) features() []migrations.Feature {
 			fs = append(fs, migrations.FeatureSinks)
 		}
 	}
+	if c.janitorOn() {
+		fs = append(fs, migrations.FeatureHistoryRetention)
+	}
 	if c.Sagas != "" {
 		fs = append(fs, migrations.FeatureSagas)
 	}

@@ -58,6 +58,7 @@ type Relay struct {
 	sinks      []sink.Destination
 	metrics    *httpapi.Metrics
 	monitor    *httpapi.Server
+	retention  *pgjournal.Retention
 
 	ln   net.Listener
 	http *http.Server
@@ -244,6 +245,9 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	if err != nil {
 		return err
 	}
+	if r.retention, err = r.newRetention(adm); err != nil {
+		return err
+	}
 	monCfg := httpapi.Config{
 		Pool: r.monPool, Journal: r.journal, Registry: cfg.Registry, StuckAfter: cfg.StuckAfter, Admin: adm,
 		Definitions: r.definitions,
@@ -364,6 +368,8 @@ func (r *Relay) Start(ctx context.Context) error {
 			r.fanout.Run(runCtx)
 		}()
 	}
+	r.wg.Add(1)
+	go r.runRetention(runCtx)
 	if r.stream != nil {
 		go func() {
 			r.streamErr = r.stream.Run(runCtx)

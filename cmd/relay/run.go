@@ -59,6 +59,15 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			if cfg.ResyncMargin <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--resync-margin %s: give a positive duration such as 10m, longer than the longest producer transaction", cfg.ResyncMargin)}
 			}
+			if cfg.SagaRetention == 0 {
+				cfg.SagaRetention = relay.KeepForever
+			}
+			if cfg.DedupeWindow == 0 {
+				cfg.DedupeWindow = relay.KeepForever
+			} else if floor := relay.DedupeFloor(cfg.ResyncMargin, cfg.OutboxRetention); cfg.DedupeWindow < floor {
+				return exitError{code: 2, msg: fmt.Sprintf("--dedupe-window %s is shorter than --resync-margin (%s) plus --outbox-retention (%s): a trigger read again after its tombstone is gone would start its saga twice; give --dedupe-window %s or more",
+					cfg.DedupeWindow, cfg.ResyncMargin, cfg.OutboxRetention, floor)}
+			}
 			if cfg.SessionTTL <= 0 {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
@@ -74,6 +83,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin) (env RELAY_ON_SLOT_LOST)")
 	f.DurationVar(&cfg.ResyncMargin, "resync-margin", 10*time.Minute, "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
 	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
+	f.DurationVar(&cfg.SagaRetention, "saga-retention", relay.DefaultSagaRetention, "delete the steps, journal and inbox rows of instances that ended COMPLETED or COMPENSATED longer ago than this, keeping a small tombstone; 0 keeps them forever (env RELAY_SAGA_RETENTION)")
+	f.DurationVar(&cfg.FailedRetention, "failed-retention", 0, "the same for FAILED and TIMED_OUT instances and dead letters nobody re-drove; 0 keeps them until an operator acts (env RELAY_FAILED_RETENTION)")
+	f.DurationVar(&cfg.DedupeWindow, "dedupe-window", relay.DefaultDedupeWindow, "keep a finished instance's tombstone this long after it ended, so a trigger read again (resync, repeated idempotency key) starts nothing; at least --resync-margin plus --outbox-retention; 0 keeps them forever (env RELAY_DEDUPE_WINDOW)")
 	f.DurationVar(&cfg.StallAfter, "stall-after", relay.DefaultStallAfter, "/readyz answers 503 when committed outbox work has waited this long behind the acknowledged position, or the stream has been down this long (env RELAY_STALL_AFTER)")
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")

@@ -350,6 +350,9 @@ func printSagaDetail(out io.Writer, d admin.Detail) {
 	fmt.Fprintf(tw, "saga\t%s version %d%s\n", in.SagaName, in.SagaVersion, map[bool]string{true: "", false: " (neither in this binary nor stored in saga_definitions)"}[d.Registered])
 	fmt.Fprintf(tw, "tenant\t%s\n", in.TenantID)
 	fmt.Fprintf(tw, "status\t%s\n", in.Status)
+	if in.HistoryDeletedAt != nil {
+		fmt.Fprintf(tw, "history\tdeleted by retention at %s: only this tombstone is kept, so that its trigger never starts it again\n", sagaTime(in.HistoryDeletedAt))
+	}
 	if in.StuckReason != "" {
 		fmt.Fprintf(tw, "stuck\t%s: %s\n", in.StuckReason, in.StuckDetail)
 	}

@@ -347,8 +347,9 @@ var slotNameRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // uuidFlags take a UUID.
 var uuidFlags = map[string]bool{"tenant": true}
 
-// zeroAllowed are numeric flags whose positive default still allows 0.
-var zeroAllowed = map[string]bool{"fail": true}
+// zeroAllowed are numeric flags whose positive default still allows 0
+// (for the retentions: keep forever).
+var zeroAllowed = map[string]bool{"fail": true, "saga-retention": true, "dedupe-window": true}
 
 // checkFlag installs the check of one flag, decided by its name and type: a
 // number or a duration whose default is positive must be positive (0 is not
@@ -379,7 +380,7 @@ func valueCheck(f *pflag.Flag) func(string) error {
 		}
 	case "duration":
 		def, _ := time.ParseDuration(f.DefValue)
-		positive := def > 0
+		positive := def > 0 && !zeroAllowed[f.Name]
 		return func(s string) error {
 			d, err := time.ParseDuration(s)
 			switch {
@@ -445,6 +446,9 @@ func wantFor(f *pflag.Flag) string {
 		return "want a whole number of at least 0"
 	case "duration":
 		def, _ := time.ParseDuration(f.DefValue)
+		if def > 0 && zeroAllowed[f.Name] {
+			return "want a duration such as 1h, 24h or 720h, or 0 to keep forever"
+		}
 		if def > 0 {
 			return "want a positive duration such as 30s, 5m or 1h"
 		}

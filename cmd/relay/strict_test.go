@@ -95,7 +95,7 @@ func badValues(f *pflag.Flag) []string {
 		return v
 	case "duration":
 		v := []string{"abc", "-1s", "10"}
-		if def, _ := time.ParseDuration(f.DefValue); def > 0 {
+		if def, _ := time.ParseDuration(f.DefValue); def > 0 && !zeroAllowed[f.Name] {
 			v = append(v, "0s")
 		}
 		return v

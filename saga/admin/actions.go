@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -147,6 +148,10 @@ func (a *Admin) actIf(ctx context.Context, id uuid.UUID, still func(context.Cont
 		inst, err := a.get(ctx, tx, id, true)
 		if err != nil {
 			return err
+		}
+		if inst.HistoryDeletedAt != nil {
+			return saga.Errorf(saga.ErrConflict, "saga instance %s is %s and its history was deleted by retention at %s (--saga-retention, --failed-retention): only its tombstone is left, there is nothing to retry or cancel",
+				id, inst.Status, inst.HistoryDeletedAt.UTC().Format(time.RFC3339))
 		}
 		if still != nil {
 			ok, err := still(ctx, tx)

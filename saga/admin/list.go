@@ -96,6 +96,10 @@ type Item struct {
 	Reason string `json:"reason"`
 	// AwaitingReply: a step waits for a reply event.
 	AwaitingReply bool `json:"awaiting_reply"`
+	// HistoryDeletedAt is set on a tombstone: retention deleted the
+	// instance's steps, journal and context at that time and kept the row
+	// (ids, status, times) so that its trigger never starts it again.
+	HistoryDeletedAt *time.Time `json:"history_deleted_at"`
 
 	leaseLive          bool
 	compensationReason string
@@ -321,7 +325,8 @@ func (a *Admin) scanItem(r pgx.Row, extra ...any) (Item, error) {
 	var dbNow time.Time
 	dest := []any{&it.ID, &it.TenantID, &it.SagaName, &it.SagaVersion, &status, &it.CurrentStep, &it.Attempt,
 		&it.NextAttemptAt, &it.TimeoutAt, &it.LastError, &it.LeaseExpiresAt, &it.leaseLive,
-		&it.CreatedAt, &it.UpdatedAt, &dbNow, &it.StuckReason, &it.compensationReason, &it.AwaitingReply}
+		&it.CreatedAt, &it.UpdatedAt, &dbNow, &it.StuckReason, &it.compensationReason, &it.AwaitingReply,
+		&it.HistoryDeletedAt}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return it, err
 	}
@@ -392,6 +397,10 @@ func (a *Admin) summarize(ctx context.Context, db pgx.Tx, items []Item) error {
 			return fmt.Sprintf("step %d", seq)
 		}
 		current := named(it.CurrentStep, e.currentName)
+		if it.HistoryDeletedAt != nil {
+			it.StepSummary = strings.ToLower(string(it.Status)) + " · history deleted"
+			continue
+		}
 		after := ""
 		if e.compStep >= 0 {
 			after = " after " + named(e.compStep, e.compName)

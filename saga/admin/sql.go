@@ -26,7 +26,7 @@ CASE
        AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::int[]) AS r(name, version)
                        WHERE r.name = s.saga_name AND r.version = s.saga_version)
     THEN 'unregistered_version'
-  WHEN s.status = 'FAILED' THEN 'failed'
+  WHEN s.status = 'FAILED' AND s.history_deleted_at IS NULL THEN 'failed'
   WHEN s.status IN ('RUNNING','COMPENSATING')
        AND s.next_attempt_at < now() - $1::interval
        AND NOT (s.lease_id IS NOT NULL AND s.lease_expires_at >= now())
@@ -47,7 +47,8 @@ s.id, s.tenant_id, s.saga_name, s.saga_version, s.status::text, s.current_step, 
 s.next_attempt_at, s.timeout_at, coalesce(s.last_error, ''), s.lease_expires_at,
 (s.lease_id IS NOT NULL AND s.lease_expires_at >= clock_timestamp()) AS lease_live,
 s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason,
-coalesce(s.compensation_reason, '') AS item_compensation_reason, s.awaiting_correlation_id IS NOT NULL AS item_awaiting`
+coalesce(s.compensation_reason, '') AS item_compensation_reason, s.awaiting_correlation_id IS NOT NULL AS item_awaiting,
+s.history_deleted_at AS item_history_deleted_at`
 
 // sqlListHead starts the list query; where clauses and the order follow.
 // The inner query classifies; the outer one filters on the classification

@@ -314,3 +314,111 @@ RETURNING true`
 const sqlRateWait = `
 SELECT EXTRACT(EPOCH FROM (r.next_at - COALESCE($2::timestamptz, clock_timestamp()))) * 1000000
 FROM saga_step_rates r WHERE r.rate_key = $1`
+
+// The retention janitor's statements (retention.go). Durations are
+// microseconds ($n * interval '1 microsecond'); each statement touches at
+// most one batch of rows, so each transaction is short.
+
+// sqlTombstone deletes the history (step records, journal events, inbox
+// rows) of up to $3 instances of the statuses $2 that ended longer than $1
+// ago, oldest first, and turns their rows into tombstones: status, ids, saga
+// name and version, tenant, trigger and times stay; context, reply, errors,
+// trace and lease go. SKIP LOCKED: an instance an operator or a runner holds
+// is taken at the next round, and nobody waits on the janitor for a row it
+// has not touched yet. The status does not change, so the status counts do
+// not either (their trigger fires on a change of status only).
+const sqlTombstone = `
+WITH picked AS (
+	SELECT id FROM saga_instances
+	WHERE completed_at IS NOT NULL AND history_deleted_at IS NULL
+	  AND completed_at < now() - $1 * interval '1 microsecond'
+	  AND status = ANY ($2::saga_status[])
+	ORDER BY completed_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED
+), steps AS (
+	DELETE FROM saga_steps WHERE saga_instance_id IN (SELECT id FROM picked) RETURNING 1
+), events AS (
+	DELETE FROM saga_events WHERE instance_id IN (SELECT id FROM picked) RETURNING 1
+), inbox AS (
+	DELETE FROM relay_inbox WHERE instance_id IN (SELECT id FROM picked) RETURNING 1
+), stones AS (
+	UPDATE saga_instances s
+	SET history_deleted_at = now(), context = '{}'::jsonb, reply = NULL, last_error = NULL,
+	    compensation_reason = NULL, traceparent = NULL, awaiting_correlation_id = NULL,
+	    awaiting_until = NULL, lease_id = NULL, lease_expires_at = NULL, locked_until = NULL
+	FROM picked p WHERE s.id = p.id
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM stones), (SELECT count(*) FROM steps), (SELECT count(*) FROM events), (SELECT count(*) FROM inbox)`
+
+// sqlResyncGuard is the earliest creation time of an instance whose trigger
+// a resync of slot $1 could still re-read (its checkpoint's time minus the
+// margin $2): tombstones created since then are kept whatever their age.
+// No checkpoint: the year 1 (nothing is known to be safe).
+const sqlResyncGuard = `
+SELECT coalesce((SELECT updated_at - $2 * interval '1 microsecond' FROM relay_checkpoints WHERE slot_name = $1), '0001-01-01 00:00:00+00'::timestamptz)`
+
+// sqlDeleteTombstones deletes up to $3 tombstones that ended longer than $1
+// ago and were created before $2. Deleting fires the instance table's
+// triggers: the status counts go down by what is deleted.
+const sqlDeleteTombstones = `
+WITH picked AS (
+	SELECT id FROM saga_instances
+	WHERE history_deleted_at IS NOT NULL
+	  AND completed_at < now() - $1 * interval '1 microsecond'
+	  AND created_at < $2
+	ORDER BY completed_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED
+)
+DELETE FROM saga_instances s USING picked p WHERE s.id = p.id`
+
+// sqlDeleteUnmatchedInbox deletes up to $2 inbox rows no instance took (a
+// late or a foreign reply) received longer than $1 ago.
+const sqlDeleteUnmatchedInbox = `
+DELETE FROM relay_inbox WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM relay_inbox
+	WHERE instance_id IS NULL AND received_at < now() - $1 * interval '1 microsecond'
+	LIMIT $2))`
+
+// sqlDeleteRedriven deletes up to $2 dead letters re-driven longer than $1 ago.
+const sqlDeleteRedriven = `
+DELETE FROM relay_dead_letters WHERE id IN (
+	SELECT id FROM relay_dead_letters
+	WHERE retried_at IS NOT NULL AND retried_at < now() - $1 * interval '1 microsecond'
+	LIMIT $2)`
+
+// sqlDeleteParked deletes up to $2 dead letters never re-driven, parked
+// longer than $1 ago.
+const sqlDeleteParked = `
+DELETE FROM relay_dead_letters WHERE id IN (
+	SELECT id FROM relay_dead_letters
+	WHERE retried_at IS NULL AND parked_at < now() - $1 * interval '1 microsecond'
+	LIMIT $2)`
+
+// sqlDeleteSkipped deletes up to $2 skipped deliveries skipped longer than
+// $1 ago.
+const sqlDeleteSkipped = `
+DELETE FROM relay_sink_skipped WHERE id IN (
+	SELECT id FROM relay_sink_skipped
+	WHERE skipped_at < now() - $1 * interval '1 microsecond'
+	LIMIT $2)`
+
+// sqlOldestKept is the age in seconds (0 when none) of the oldest row kept
+// in each table the janitor deletes from: for the history tables, the
+// oldest ended instance of the statuses $1 whose history is kept; for
+// saga_instances the oldest tombstone (by its end); the others by their own
+// time column.
+const sqlOldestKept = `
+SELECT coalesce(extract(epoch FROM now() - (
+	SELECT min(completed_at) FROM saga_instances
+	WHERE completed_at IS NOT NULL AND history_deleted_at IS NULL AND status = ANY ($1::saga_status[]))), 0)::float8,
+  coalesce(extract(epoch FROM now() - (
+	SELECT min(completed_at) FROM saga_instances WHERE history_deleted_at IS NOT NULL)), 0)::float8,
+  coalesce(extract(epoch FROM now() - (SELECT min(parked_at) FROM relay_dead_letters)), 0)::float8,
+  coalesce(extract(epoch FROM now() - (SELECT min(skipped_at) FROM relay_sink_skipped)), 0)::float8`
+
+// sqlRetentionLock is the session advisory lock that elects the one relay
+// that runs the janitor (the key is fixed forever).
+const sqlRetentionLock = `SELECT pg_try_advisory_lock(-9063219440015961814)`
