@@ -27,7 +27,7 @@ const (
 	DefaultRetentionInterval  = time.Minute
 	DefaultRetentionBatchSize = 1000
 	DefaultLeaderPollInterval = time.Second
-	DefaultMaxReconnectWait   = 15 * time.Second
+	DefaultMaxReconnectWait   = 2 * time.Second
 	DefaultShutdownTimeout    = 10 * time.Second
 
 	// HeartbeatPrefix is the prefix of the transactional logical messages the
@@ -101,7 +101,9 @@ type Config struct {
 	// leadership, and how often the leader checks it still holds it
 	// (default 1s).
 	LeaderPollInterval time.Duration
-	// MaxReconnectWait caps the backoff between reconnects (default 15s).
+	// MaxReconnectWait caps the backoff between reconnects (default 2s: a
+	// session costs one connection attempt, and the stream resumes within
+	// that much of the database coming back).
 	MaxReconnectWait time.Duration
 	// ShutdownTimeout bounds how long a stop waits for the batch the sink is
 	// handling (default 10s); after it, the sink's context is cancelled.

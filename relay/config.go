@@ -15,6 +15,7 @@ import (
 	"github.com/compensa/compensa/internal/apitoken"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/declare"
 )
 
@@ -94,6 +95,11 @@ type Config struct {
 	// StuckAfter: an instance overdue by more than this with no live lease is
 	// reported stuck by the monitor (default 5m).
 	StuckAfter time.Duration
+	// HoldAfter: an instance whose step (or compensation) has failed this
+	// long with errors an operator or the database must fix (see
+	// saga.Classify) is reported held: stuck with reason "held" (default
+	// 15m). Such errors never compensate, whatever this is.
+	HoldAfter time.Duration
 
 	// HTTPAddr is where the monitor listens ("127.0.0.1:8080" style; port 0
 	// picks a free one, see Addr). Empty: no listener; the application mounts
@@ -174,6 +180,7 @@ const (
 	DefaultWorkers       = 8
 	DefaultLease         = 30 * time.Second
 	DefaultStuckAfter    = 5 * time.Minute
+	DefaultHoldAfter     = admin.DefaultHoldAfter
 	DefaultStatusEvery   = 10 * time.Second
 	DefaultHeartbeatEver = 10 * time.Second
 	DefaultSessionTTL    = 12 * time.Hour
@@ -198,6 +205,7 @@ func (c Config) withDefaults() Config {
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLease)
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	c.HoldAfter = cmp.Or(c.HoldAfter, DefaultHoldAfter)
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusEvery)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatEver)
 	c.SessionTTL = cmp.Or(c.SessionTTL, DefaultSessionTTL)
@@ -226,7 +234,7 @@ func (c Config) validate() error {
 		bad("Config.Workers is %d: give a positive number of step workers", c.Workers)
 	}
 	for name, d := range map[string]time.Duration{
-		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "StatusInterval": c.StatusInterval,
+		"LeaseDuration": c.LeaseDuration, "StuckAfter": c.StuckAfter, "HoldAfter": c.HoldAfter, "StatusInterval": c.StatusInterval,
 		"HeartbeatInterval": c.HeartbeatInterval, "OutboxRetention": c.OutboxRetention, "SessionTTL": c.SessionTTL,
 		"StallAfter": c.StallAfter, "FailedRetention": c.FailedRetention, "ResyncMargin": c.ResyncMargin,
 	} {

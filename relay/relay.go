@@ -241,7 +241,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	// Operators see every definition some relay can run: this one's, and
 	// the declared bodies stored by any relay (with or without --sagas here).
 	adm, err := admin.New(admin.Config{Pool: r.monPool, Journal: r.journal,
-		Registry: declare.NewCatalog(cfg.Registry, r.monPool), StuckAfter: cfg.StuckAfter})
+		Registry: declare.NewCatalog(cfg.Registry, r.monPool), StuckAfter: cfg.StuckAfter, HoldAfter: cfg.HoldAfter})
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package saga
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -115,6 +116,9 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     next_attempt_at = now, last_error cleared.
 //   - step_failed (RUNNING, Step = CurrentStep): the step becomes FAILED with
 //     Error; Attempt+1, next_attempt_at = now+RetryIn, last_error = Error.
+//     With a Class that holds (ClassOperator, ClassTransient) Attempt is
+//     left as it is and held_since is set (kept when already set); every
+//     other event clears held_since.
 //   - step_skipped (RUNNING, Step = CurrentStep, a step that has not run):
 //     the step becomes SKIPPED; CurrentStep = Step+1, Attempt = 0,
 //     next_attempt_at = now, last_error cleared. A skipped step is never
@@ -139,7 +143,8 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     next_attempt_at = now.
 //   - compensation_failed (COMPENSATING, Step = CurrentStep, a step that can
 //     be compensated): the step's compensation_attempts+1 and last_error;
-//     Attempt+1, next_attempt_at = now+RetryIn, last_error = Error.
+//     Attempt+1, next_attempt_at = now+RetryIn, last_error = Error; a Class
+//     that holds counts no attempt and sets held_since, as for step_failed.
 //   - retry_requested (RUNNING, COMPENSATING, or FAILED which becomes
 //     COMPENSATING): Attempt = 0, next_attempt_at = now, the current step's
 //     counter of the phase being resumed reset, lease revoked. No step is
@@ -210,6 +215,16 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		next.LeaseExpiresAt = nil
 	}
 	at := func(t time.Time) *time.Time { return &t }
+	// A failure that holds the instance is not an attempt: it starts (or
+	// continues) the hold instead. Every other event ends a hold.
+	next.HeldSince = nil
+	countAttempt := func() {
+		if ev.Class.holds() {
+			next.HeldSince = cmp.Or(inst.HeldSince, at(now))
+			return
+		}
+		next.Attempt++
+	}
 
 	var to Status
 	switch ev.Kind {
@@ -284,7 +299,7 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		s.Attempts++
 		s.LastError = ev.Error
 		step = s
-		next.Attempt++
+		countAttempt()
 		next.NextAttemptAt = now.Add(ev.RetryIn).Truncate(time.Microsecond)
 		next.LastError = ev.Error
 		endWait()
@@ -402,7 +417,7 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		s.CompensationAttempts++
 		s.LastError = ev.Error
 		step = s
-		next.Attempt++
+		countAttempt()
 		next.NextAttemptAt = now.Add(ev.RetryIn).Truncate(time.Microsecond)
 		next.LastError = ev.Error
 
@@ -516,6 +531,15 @@ func validateEvent(ev Event) error {
 	}
 	if ev.AwaitFor < 0 {
 		return Errorf(ErrInvalid, "%s: AwaitFor is negative (%s)", ev.Kind, ev.AwaitFor)
+	}
+	switch ev.Class {
+	case "":
+	case ClassOperator, ClassTransient:
+		if ev.Kind != EventStepFailed && ev.Kind != EventCompensationFailed {
+			return Errorf(ErrInvalid, "%s: Class %q is only for step_failed and compensation_failed", ev.Kind, ev.Class)
+		}
+	default:
+		return Errorf(ErrInvalid, "%s: Class %q is not %q or %q (a failure that counts has no Class)", ev.Kind, ev.Class, ClassOperator, ClassTransient)
 	}
 	switch ev.Kind {
 	case EventStepAwaiting:

@@ -44,6 +44,10 @@ type Instance struct {
 	// TraceParent is the W3C traceparent of the span that started the
 	// instance: its steps' spans are its children ("" when none).
 	TraceParent string
+	// HeldSince is when the current run of failures that never count
+	// (ClassOperator, ClassTransient) began; nil when the last attempt
+	// did not fail that way.
+	HeldSince *time.Time
 }
 
 // StepRecord is one saga_steps row: how a step of an instance went.
@@ -125,6 +129,10 @@ type Event struct {
 	Until  time.Time `json:"until,omitzero"`
 	Reason string    `json:"reason,omitempty"`
 	Actor  string    `json:"actor,omitempty"`
+	// Class is the class of a step_failed's or compensation_failed's
+	// error when it holds the instance (ClassOperator, ClassTransient):
+	// such a failure does not count as an attempt. Empty for ClassStep.
+	Class ErrorClass `json:"class,omitempty"`
 }
 
 // RecordedEvent is an event as the journal stored it.

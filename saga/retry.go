@@ -106,3 +106,8 @@ func (p RetryPolicy) Delay(n int) time.Duration {
 func (p RetryPolicy) delay(n int, r float64) time.Duration {
 	return backoff.Policy{Base: p.Base, Factor: p.Factor, Max: p.Max, Jitter: p.Jitter}.DelayAt(max(n, 1)-1, r)
 }
+
+// withJitter takes the policy's jitter off d, as Delay does.
+func (p RetryPolicy) withJitter(d time.Duration) time.Duration {
+	return backoff.Policy{Base: d, Factor: 1, Max: d, Jitter: p.Jitter}.DelayAt(0, rand.Float64())
+}

@@ -152,6 +152,10 @@ const (
 	OutcomeAwaiting Outcome = "awaiting"
 	// OutcomeRetry: the attempt failed and another is scheduled.
 	OutcomeRetry Outcome = "retry"
+	// OutcomeHeld: the attempt failed with an error that is not the
+	// step's answer (ClassOperator, ClassTransient): another is scheduled,
+	// no attempt is counted, nothing is compensated.
+	OutcomeHeld Outcome = "held"
 	// OutcomeFailed: the attempt failed for good (a permanent error, or the
 	// last attempt): the saga compensates, or a compensation ends FAILED.
 	OutcomeFailed Outcome = "failed"

@@ -769,6 +769,13 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	timedOut := reason == FailureTimeout || reason == FailureReplyTimeout
 	msg := err.Error()
 	ev := Event{Kind: EventStepFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg, Reason: reason}
+	if !timedOut {
+		if class := Classify(err); class.holds() {
+			ev.Class = class
+			ev.RetryIn = w.capToDeadline(w.heldDelay(pol, err))
+			return w.hold(ctx, step, false, attempt, ev, err, took)
+		}
+	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
 		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
@@ -793,6 +800,42 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	w.hook(step, false, attempt, OutcomeFailed, timedOut, took, err)
 	w.log.WarnContext(ctx, "saga step failed for good: compensating", "step", step.Name, "attempt", attempt, "err", msg)
 	return w.startCompensation(ctx, &ev, why)
+}
+
+// heldDelay is the wait before the next attempt of a held instance (see
+// the package's heldDelay), at least what a Retry-After in err asks for.
+func (w *work) heldDelay(pol RetryPolicy, err error) time.Duration {
+	d := heldDelay(pol, w.inst.HeldSince, w.now())
+	if ra, ok := retryAfterOf(err); ok && ra > d {
+		d = ra
+	}
+	return d
+}
+
+// hold records a failed attempt whose error an operator or the database
+// must fix, or that the next attempt resolves (ev.Class): it counts as no
+// attempt and never compensates; the instance is retried after ev.RetryIn
+// and shows as held once the hold has lasted (admin's StuckHeld).
+func (w *work) hold(ctx context.Context, step Step, comp bool, attempt int, ev Event, err error, took time.Duration) next {
+	if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
+		_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
+		return err
+	}); cerr != nil {
+		return w.lostOrBroken(step, comp, attempt, took, cerr, "record a failed attempt")
+	}
+	w.hook(step, comp, attempt, OutcomeHeld, false, took, err)
+	what := "saga step"
+	if comp {
+		what = "saga compensation"
+	}
+	args := []any{"step", step.Name, "class", ev.Class, "retry_in", ev.RetryIn.Round(time.Millisecond), "err", ev.Error}
+	if w.inst.HeldSince == nil {
+		// Once per hold: the attempts that follow are at debug level.
+		w.log.WarnContext(ctx, what+" failed with an error that is not the step's answer: held and retried, not compensated; fix the cause or cancel the instance", args...)
+	} else {
+		w.log.DebugContext(ctx, what+" still held", append(args, "held_for", w.now().Sub(*w.inst.HeldSince).Round(time.Second))...)
+	}
+	return nextYield
 }
 
 // lostOrBroken reports a journal write that did not happen.
@@ -1020,6 +1063,11 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	pol := step.CompensationRetry.WithDefaults(DefaultCompensationRetry)
 	msg := err.Error()
 	ev := Event{Kind: EventCompensationFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg}
+	if class := Classify(err); class.holds() && !timedOut {
+		ev.Class = class
+		ev.RetryIn = w.heldDelay(pol, err)
+		return w.hold(ctx, step, true, attempt, ev, err, took)
+	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
 		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {

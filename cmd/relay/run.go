@@ -90,6 +90,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process (env RELAY_WORKERS)")
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
+	f.DurationVar(&cfg.HoldAfter, "hold-after", relay.DefaultHoldAfter, "an instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is reported held; such errors are retried and never compensate (env RELAY_HOLD_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
 	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see README.md, API tokens")
 	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token; the page shows a banner (env RELAY_HTTP_INSECURE)")

@@ -27,7 +27,7 @@ func init() { registerCommand(newSagasCmd) }
 // database directly (no relay needs to be running) through saga/admin, the
 // same code behind the HTTP API.
 func newSagasCmd(opts *rootOptions) *cobra.Command {
-	var stuckAfter time.Duration
+	var stuckAfter, holdAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "sagas",
 		Short: "List, inspect, retry and cancel saga instances (works without a running relay)",
@@ -37,6 +37,8 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	}
 	cmd.PersistentFlags().DurationVar(&stuckAfter, "stuck-after", admin.DefaultStuckAfter,
 		"a RUNNING or COMPENSATING instance whose next attempt is overdue by more than this, with no runner holding it, is stuck (env RELAY_STUCK_AFTER)")
+	cmd.PersistentFlags().DurationVar(&holdAfter, "hold-after", admin.DefaultHoldAfter,
+		"a RUNNING or COMPENSATING instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is stuck as held (env RELAY_HOLD_AFTER)")
 
 	// withAdmin opens a small pool, runs f and closes the pool.
 	withAdmin := func(cmd *cobra.Command, f func(a *admin.Admin) error) error {
@@ -45,7 +47,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			return err
 		}
 		defer pool.Close()
-		a, err := newSagaAdmin(cmd.Context(), pool, stuckAfter)
+		a, err := newSagaAdmin(cmd.Context(), pool, stuckAfter, holdAfter)
 		if err != nil {
 			return err
 		}
@@ -100,7 +102,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	lf := list.Flags()
-	lf.BoolVar(&f.Stuck, "stuck", false, "only stuck instances (FAILED, overdue with no runner, or an unregistered version)")
+	lf.BoolVar(&f.Stuck, "stuck", false, "only stuck instances (FAILED, held by an error an operator must fix, overdue with no runner, or an unregistered version)")
 	lf.StringVar(&status, "status", "", "only this status: RUNNING, COMPENSATING, FAILED, COMPLETED, COMPENSATED or TIMED_OUT")
 	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
 	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
@@ -216,7 +218,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 
 // newSagaAdmin builds the admin the way `relay run` does, with this binary's
 // saga definitions, so that the CLI's view of "stuck" matches the API's.
-func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Duration) (*admin.Admin, error) {
+func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter, holdAfter time.Duration) (*admin.Admin, error) {
 	j, err := pgjournal.New(pool, nil)
 	if err != nil {
 		return nil, err
@@ -227,7 +229,7 @@ func newSagaAdmin(ctx context.Context, pool *pgxpool.Pool, stuckAfter time.Durat
 	}
 	// The declared sagas stored by any relay count as known: a retry or
 	// cancel here is carried out by a relay that runs them.
-	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: declare.NewCatalog(reg, pool), StuckAfter: stuckAfter})
+	return admin.New(admin.Config{Pool: pool, Journal: j, Registry: declare.NewCatalog(reg, pool), StuckAfter: stuckAfter, HoldAfter: holdAfter})
 }
 
 func parseInstanceID(s string) (uuid.UUID, error) {

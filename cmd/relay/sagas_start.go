@@ -60,7 +60,7 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			a, err := newSagaAdmin(cmd.Context(), pool, admin.DefaultStuckAfter)
+			a, err := newSagaAdmin(cmd.Context(), pool, admin.DefaultStuckAfter, admin.DefaultHoldAfter)
 			if err != nil {
 				return err
 			}

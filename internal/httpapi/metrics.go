@@ -297,10 +297,10 @@ type StepObservation struct {
 }
 
 // ObserveStep records an attempt's duration; an attempt whose outcome is
-// "retry" also counts as a retry.
+// "retry" or "held" also counts as a retry.
 func (m *Metrics) ObserveStep(o StepObservation) {
 	m.stepDuration.WithLabelValues(o.Saga, o.Step, o.Phase, o.Outcome).Observe(o.Duration.Seconds())
-	if o.Outcome == string(saga.OutcomeRetry) {
+	if o.Outcome == string(saga.OutcomeRetry) || o.Outcome == string(saga.OutcomeHeld) {
 		m.stepRetries.WithLabelValues(o.Saga, o.Step, o.Phase).Inc()
 	}
 }
@@ -428,8 +428,11 @@ func (m *Metrics) refreshGauges(ctx context.Context) {
 
 var (
 	stuckDesc = prometheus.NewDesc(namespace+"_sagas_stuck",
-		"Saga instances that are stuck, by saga and reason (failed, overdue, unregistered_version); counted in the background every 15s by default.",
+		"Saga instances that are stuck, by saga and reason (failed, held, overdue, unregistered_version); counted in the background every 15s by default.",
 		[]string{"saga", "reason"}, nil)
+	heldDesc = prometheus.NewDesc(namespace+"_saga_held",
+		"Saga instances held longer than --hold-after by an error an operator or the database must fix (a missing grant, table or column, a connection failure, a participant not listening): retried, never compensated on their own; by saga. The same count as compensa_sagas_stuck{reason=\"held\"}.",
+		[]string{"saga"}, nil)
 	parkedDesc = prometheus.NewDesc(namespace+"_parked_events",
 		"Dead letters (parked events) not yet re-driven; counted in the background every 15s by default.", nil, nil)
 	slotActiveDesc = prometheus.NewDesc(namespace+"_replication_slot_active",
@@ -448,6 +451,7 @@ type scrapeCollector struct{ m *Metrics }
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- stuckDesc
+	ch <- heldDesc
 	ch <- parkedDesc
 	ch <- slotActiveDesc
 	ch <- slotHealthyDesc
@@ -470,6 +474,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if g.stuckOK {
 		for _, s := range g.stuck {
 			ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(s.Count), s.Saga, s.Reason)
+			if s.Reason == admin.StuckHeld {
+				ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(s.Count), s.Saga)
+			}
 		}
 	}
 	if g.parkedOK {

@@ -171,6 +171,7 @@ type indexData struct {
 	Filter      admin.Filter
 	Statuses    []saga.Status
 	StuckAfter  time.Duration
+	HoldAfter   time.Duration
 	Replication *ReplicationStatus
 	ReplErr     string
 	Sinks       []sink.Status
@@ -199,7 +200,7 @@ const pageCountCap = 10000
 func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	adm := s.pageAdmin(r)
-	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: adm.StuckAfter(), Statuses: allStatuses}
+	d := indexData{layoutData: s.layout(r, "Compensa monitor"), StuckAfter: adm.StuckAfter(), HoldAfter: adm.HoldAfter(), Statuses: allStatuses}
 
 	stuck, err := adm.List(ctx, admin.Filter{Stuck: true, Limit: 100})
 	if err != nil {

@@ -196,7 +196,7 @@ type StuckCount struct {
 // StuckCounts counts stuck instances by saga and reason (for metrics).
 func (a *Admin) StuckCounts(ctx context.Context) ([]StuckCount, error) {
 	names, versions, known := a.registered()
-	rows, err := a.cfg.Pool.Query(ctx, sqlStuckCounts, a.cfg.StuckAfter, names, versions, known)
+	rows, err := a.cfg.Pool.Query(ctx, sqlStuckCounts, a.thresholds(), names, versions, known)
 	if err != nil {
 		return nil, fmt.Errorf("admin: count stuck instances: %w", err)
 	}
@@ -221,7 +221,7 @@ func (a *Admin) StuckCounts(ctx context.Context) ([]StuckCount, error) {
 				continue
 			}
 			done[d.Name] = true
-			for _, reason := range []string{StuckFailed, StuckOverdue, StuckUnregistered} {
+			for _, reason := range []string{StuckFailed, StuckHeld, StuckOverdue, StuckUnregistered} {
 				if !seen[[2]string{d.Name, reason}] {
 					out = append(out, StuckCount{Saga: d.Name, Reason: reason})
 				}

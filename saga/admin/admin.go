@@ -16,6 +16,11 @@ import (
 // with no runner holding it, before it counts as stuck.
 const DefaultStuckAfter = 5 * time.Minute
 
+// DefaultHoldAfter is how long a step (or a compensation) may keep failing
+// with errors that hold its instance (saga.ClassOperator,
+// saga.ClassTransient) before the instance counts as stuck (StuckHeld).
+const DefaultHoldAfter = 15 * time.Minute
+
 // Journal is the part of the saga journal that operator actions write
 // through. Both requests are unfenced (they revoke any lease) and validated
 // by saga.Advance; they join the transaction carried by ctx
@@ -42,6 +47,8 @@ type Config struct {
 	Registry Catalog
 	// StuckAfter: see DefaultStuckAfter. Negative is invalid.
 	StuckAfter time.Duration
+	// HoldAfter: see DefaultHoldAfter. Negative is invalid.
+	HoldAfter time.Duration
 }
 
 // Catalog is a set of saga definitions by (name, version): a
@@ -71,6 +78,10 @@ func New(cfg Config) (*Admin, error) {
 		return nil, saga.Errorf(saga.ErrInvalid, "admin: Config.StuckAfter must not be negative, got %s", cfg.StuckAfter)
 	}
 	cfg.StuckAfter = cmp.Or(cfg.StuckAfter, DefaultStuckAfter)
+	if cfg.HoldAfter < 0 {
+		return nil, saga.Errorf(saga.ErrInvalid, "admin: Config.HoldAfter must not be negative, got %s", cfg.HoldAfter)
+	}
+	cfg.HoldAfter = cmp.Or(cfg.HoldAfter, DefaultHoldAfter)
 	if r, ok := cfg.Registry.(*saga.Registry); ok && r == nil {
 		cfg.Registry = nil // a nil registry in the interface is still none
 	}
@@ -88,6 +99,14 @@ func (a *Admin) ForTenant(tenant uuid.UUID) *Admin {
 
 // StuckAfter returns the overdue threshold in force.
 func (a *Admin) StuckAfter() time.Duration { return a.cfg.StuckAfter }
+
+// HoldAfter returns the held threshold in force.
+func (a *Admin) HoldAfter() time.Duration { return a.cfg.HoldAfter }
+
+// thresholds is the classifying statements' $1: StuckAfter, HoldAfter.
+func (a *Admin) thresholds() []time.Duration {
+	return []time.Duration{a.cfg.StuckAfter, a.cfg.HoldAfter}
+}
 
 // registered returns the registry's keys as two parallel arrays for SQL, and
 // whether the registry is known at all.

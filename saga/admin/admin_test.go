@@ -474,12 +474,12 @@ func TestStuckCountsReportZeroForEveryRegisteredSaga(t *testing.T) {
 	for _, c := range counts {
 		got[c.Saga+"/"+c.Reason] = c.Count + 1 // +1: present
 	}
-	for _, reason := range []string{admin.StuckFailed, admin.StuckOverdue, admin.StuckUnregistered} {
+	for _, reason := range []string{admin.StuckFailed, admin.StuckHeld, admin.StuckOverdue, admin.StuckUnregistered} {
 		if got["order/"+reason] != 1 {
 			t.Errorf("order/%s: %v; want a 0 line (got %+v)", reason, got["order/"+reason]-1, counts)
 		}
 	}
-	if len(counts) != 3 {
+	if len(counts) != 4 {
 		t.Errorf("one line per registered saga and reason, got %+v", counts)
 	}
 }

@@ -33,6 +33,12 @@ const (
 	// StuckUnregistered: no definition of the instance's (saga, version) is
 	// registered here, so no runner here can advance it.
 	StuckUnregistered = "unregistered_version"
+	// StuckHeld: RUNNING or COMPENSATING, and its step (or compensation)
+	// has failed for longer than HoldAfter with an error that is not the
+	// step's answer (a missing privilege or table, a connection failure,
+	// a participant not listening): the runner keeps retrying and never
+	// compensates on its own; someone must fix the cause, or cancel.
+	StuckHeld = "held"
 )
 
 // Filter selects instances for List. Zero fields select everything.
@@ -77,7 +83,7 @@ type Item struct {
 	TimeoutAt       *time.Time `json:"timeout_at"`
 	LastError       string     `json:"last_error"`
 	// StuckReason is "" when the instance is not stuck, else one of
-	// StuckFailed, StuckOverdue, StuckUnregistered; StuckDetail says it in
+	// StuckFailed, StuckHeld, StuckOverdue, StuckUnregistered; StuckDetail says it in
 	// words, with what to do.
 	StuckReason    string     `json:"stuck_reason"`
 	StuckDetail    string     `json:"stuck_detail"`
@@ -100,6 +106,9 @@ type Item struct {
 	// instance's steps, journal and context at that time and kept the row
 	// (ids, status, times) so that its trigger never starts it again.
 	HistoryDeletedAt *time.Time `json:"history_deleted_at"`
+	// HeldSince is when the current run of failures that hold the
+	// instance began (see StuckHeld); nil when it is not held.
+	HeldSince *time.Time `json:"held_since"`
 
 	leaseLive          bool
 	compensationReason string
@@ -257,7 +266,7 @@ func (q *query) add(fragment string, vals ...any) {
 // inner query; the caller adds its own ordering.
 func (a *Admin) selection(f Filter) *query {
 	names, versions, known := a.registered()
-	q := &query{args: []any{a.cfg.StuckAfter, names, versions, known}}
+	q := &query{args: []any{a.thresholds(), names, versions, known}}
 	q.sql.WriteString(sqlListHead)
 	if f.Status != "" {
 		q.add(sqlWhereStatus, string(f.Status))
@@ -326,7 +335,7 @@ func (a *Admin) scanItem(r pgx.Row, extra ...any) (Item, error) {
 	dest := []any{&it.ID, &it.TenantID, &it.SagaName, &it.SagaVersion, &status, &it.CurrentStep, &it.Attempt,
 		&it.NextAttemptAt, &it.TimeoutAt, &it.LastError, &it.LeaseExpiresAt, &it.leaseLive,
 		&it.CreatedAt, &it.UpdatedAt, &dbNow, &it.StuckReason, &it.compensationReason, &it.AwaitingReply,
-		&it.HistoryDeletedAt}
+		&it.HistoryDeletedAt, &it.HeldSince}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return it, err
 	}
@@ -440,6 +449,17 @@ func (a *Admin) stuckDetail(it Item, now time.Time) string {
 	case StuckOverdue:
 		return fmt.Sprintf("step %s was due at %s (%s ago, more than the stuck-after %s) and no runner holds a lease; check that a relay is running, then retry to run it now",
 			a.describeStep(it), it.NextAttemptAt.UTC().Format(time.RFC3339), now.Sub(it.NextAttemptAt).Round(time.Second), a.cfg.StuckAfter)
+	case StuckHeld:
+		what := "step " + a.describeStep(it)
+		if it.Status == saga.StatusCompensating {
+			what = "the compensation of step " + a.describeStep(it)
+		}
+		since := ""
+		if it.HeldSince != nil {
+			since = fmt.Sprintf(" for %s", now.Sub(*it.HeldSince).Round(time.Second))
+		}
+		return fmt.Sprintf("%s has failed%s with an error an operator or the database must fix (%s); it is retried and never compensated on its own: fix the cause (a grant, a table, a connection, the participant) and it goes on by itself, or cancel it",
+			what, since, it.LastError)
 	case StuckUnregistered:
 		return fmt.Sprintf("no definition of saga %s version %d is defined in this binary or stored in saga_definitions, so no relay can advance it; deploy a relay that registers that version", it.SagaName, it.SagaVersion)
 	}

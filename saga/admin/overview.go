@@ -369,7 +369,7 @@ func (a *Admin) Search(ctx context.Context, q string) ([]SearchHit, error) {
 		q = id.String() // the canonical form, as the journal stores it
 	}
 	names, versions, known := a.registered()
-	rows, err := a.cfg.Pool.Query(ctx, sqlSearch, a.cfg.StuckAfter, names, versions, known, asUUID, q, a.scope, MaxSearchHits)
+	rows, err := a.cfg.Pool.Query(ctx, sqlSearch, a.thresholds(), names, versions, known, asUUID, q, a.scope, MaxSearchHits)
 	if err != nil {
 		return nil, fmt.Errorf("admin: search: %w", err)
 	}
@@ -383,7 +383,7 @@ func (a *Admin) Search(ctx context.Context, q string) ([]SearchHit, error) {
 		return nil, fmt.Errorf("admin: search: %w", err)
 	}
 	if suffix, ok := idSuffix(q); ok && !asUUID.Valid {
-		rows, err := a.cfg.Pool.Query(ctx, sqlSearchSuffix, a.cfg.StuckAfter, names, versions, known, suffix, 2, a.scope)
+		rows, err := a.cfg.Pool.Query(ctx, sqlSearchSuffix, a.thresholds(), names, versions, known, suffix, 2, a.scope)
 		if err != nil {
 			return nil, fmt.Errorf("admin: search: %w", err)
 		}

@@ -123,7 +123,7 @@ func (a *Admin) get(ctx context.Context, q pgx.Tx, id uuid.UUID, lock bool) (Ins
 		}
 	}
 	names, versions, known := a.registered()
-	row := q.QueryRow(ctx, sqlGetItem, a.cfg.StuckAfter, names, versions, known, id, a.scope)
+	row := q.QueryRow(ctx, sqlGetItem, a.thresholds(), names, versions, known, id, a.scope)
 	var inst Instance
 	var err error
 	inst.Item, err = a.scanItem(row, &inst.lastKind, &inst.due,

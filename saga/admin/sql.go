@@ -10,8 +10,8 @@ package admin
 // row lock behind another operator's retry must compare with the instants
 // that retry wrote, which are later than its own now().
 //
-// $1..$4 are the same in every statement that classifies: $1 StuckAfter
-// (interval), $2 and $3 the registered (name, version) pairs as parallel
+// $1..$4 are the same in every statement that classifies: $1 the two
+// thresholds (interval[]: StuckAfter, HoldAfter), $2 and $3 the registered (name, version) pairs as parallel
 // arrays, $4 whether a registry is known at all.
 
 // sqlStuckReason classifies one saga_instances row s. The order matters: an
@@ -27,8 +27,10 @@ CASE
                        WHERE r.name = s.saga_name AND r.version = s.saga_version)
     THEN 'unregistered_version'
   WHEN s.status = 'FAILED' AND s.history_deleted_at IS NULL THEN 'failed'
+  WHEN s.status IN ('RUNNING','COMPENSATING') AND s.held_since < now() - ($1::interval[])[2]
+    THEN 'held'
   WHEN s.status IN ('RUNNING','COMPENSATING')
-       AND s.next_attempt_at < now() - $1::interval
+       AND s.next_attempt_at < now() - ($1::interval[])[1]
        AND NOT (s.lease_id IS NOT NULL AND s.lease_expires_at >= now())
        AND (s.concurrency_key IS NULL OR (
          SELECT count(*) FROM (
@@ -48,7 +50,7 @@ s.next_attempt_at, s.timeout_at, coalesce(s.last_error, ''), s.lease_expires_at,
 (s.lease_id IS NOT NULL AND s.lease_expires_at >= clock_timestamp()) AS lease_live,
 s.created_at, s.updated_at, now() AS db_now, ` + sqlStuckReason + ` AS stuck_reason,
 coalesce(s.compensation_reason, '') AS item_compensation_reason, s.awaiting_correlation_id IS NOT NULL AS item_awaiting,
-s.history_deleted_at AS item_history_deleted_at`
+s.history_deleted_at AS item_history_deleted_at, s.held_since AS item_held_since`
 
 // sqlListHead starts the list query; where clauses and the order follow.
 // The inner query classifies; the outer one filters on the classification

@@ -18,7 +18,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/compensa/compensa/internal/tracing"
@@ -230,7 +229,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 			if err != nil {
 				return err
 			}
-			if err := c.act(ctx, &a, st.Name, false); err != nil {
+			if err := c.act(ctx, &a, st, false); err != nil {
 				return err
 			}
 			return c.finish(ctx, st, &a)
@@ -280,7 +279,7 @@ func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 				return saga.Permanent(fmt.Errorf("the compensation of step %s reads the step's output, which the step never recorded (it may have acted: an error after sending, no answer or a timeout), so it cannot name what to undo; "+
 					"undo it by hand, or write the compensation by step.idempotency_key (%s), the key the step's calls carried, then retry", st.Name, c.vars[varStep].(map[string]any)["idempotency_key"]))
 			}
-			if err := c.act(ctx, comp, st.Name, true); err != nil {
+			if err := c.act(ctx, comp, st, true); err != nil {
 				return err
 			}
 			return c.emit(ctx, comp)
@@ -370,16 +369,16 @@ func (c *call) message(m *Message) (outbox.Message, error) {
 }
 
 // act runs the action's sql or http (a command is sent by Do itself).
-func (c *call) act(ctx context.Context, a *Action, step string, comp bool) error {
+func (c *call) act(ctx context.Context, a *Action, st *Step, comp bool) error {
 	switch {
 	case a.SQL != nil:
-		return c.runSQL(ctx, a.SQL)
+		return c.runSQL(ctx, a.SQL, st.Errors)
 	case a.HTTP != nil:
-		key := stepVars(c.x.Instance.ID.String(), step)["idempotency_key"].(string)
+		key := stepVars(c.x.Instance.ID.String(), st.Name)["idempotency_key"].(string)
 		if comp {
 			key += ":compensate"
 		}
-		return c.runHTTP(ctx, a.HTTP, key)
+		return c.runHTTP(ctx, a.HTTP, key, st.Errors)
 	}
 	return nil
 }
@@ -400,7 +399,7 @@ func bindParam(v any) any {
 	return v
 }
 
-func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
+func (c *call) runSQL(ctx context.Context, q *SQLAction, rules ErrorRules) error {
 	params := make([]any, len(q.Params))
 	for i, p := range q.Params {
 		v, err := p.eval(c.vars)
@@ -411,7 +410,7 @@ func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
 	}
 	rows, err := c.x.Tx.Query(ctx, q.Query, params...)
 	if err != nil {
-		return sqlErr(err)
+		return sqlErr(err, rules)
 	}
 	var list []any
 	fields := rows.FieldDescriptions()
@@ -419,7 +418,7 @@ func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
 		vals, err := rows.Values()
 		if err != nil {
 			rows.Close()
-			return sqlErr(err)
+			return sqlErr(err, rules)
 		}
 		row := make(map[string]any, len(vals))
 		for i, v := range vals {
@@ -429,7 +428,7 @@ func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return sqlErr(err)
+		return sqlErr(err, rules)
 	}
 	n := rows.CommandTag().RowsAffected()
 	if list == nil {
@@ -451,20 +450,6 @@ func (c *call) runSQL(ctx context.Context, q *SQLAction) error {
 		}
 	}
 	return nil
-}
-
-// sqlErr makes errors that another attempt cannot fix permanent: bad data,
-// a violated constraint, a syntax or access error.
-func sqlErr(err error) error {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		switch pg.Code[:2] {
-		case "22", "23", "42":
-			return saga.Permanent(fmt.Errorf("sql: %s (SQLSTATE %s)", pg.Message, pg.Code))
-		}
-		return fmt.Errorf("sql: %s (SQLSTATE %s)", pg.Message, pg.Code)
-	}
-	return fmt.Errorf("sql: %w", err)
 }
 
 // jsonValue turns what pgx decoded into a JSON value.
@@ -514,7 +499,7 @@ func jsonValue(v any) any {
 type netipPrefixer interface{ String() string }
 
 // httpErr is a failed call, already classified.
-func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
+func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string, rules ErrorRules) error {
 	secrets := map[string]string{}
 	sv := map[string]any{}
 	for _, name := range h.secretNames() {
@@ -542,14 +527,23 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		if err == nil {
 			return nil
 		}
-		msg := redact(err.Error())
+		// The text loses the secrets; the markers the runner reads are
+		// kept.
+		msg := errors.New(redact(err.Error()))
 		switch {
+		case errors.Is(err, saga.ErrNeedsOperator):
+			msg = saga.NeedsOperator(msg)
+		case errors.Is(err, saga.ErrTransient):
+			msg = saga.Transient(msg)
 		case saga.IsPermanent(err):
-			return saga.Permanent(errors.New(msg))
+			msg = saga.Permanent(msg)
 		case errors.Is(err, saga.ErrMayHaveActed):
-			return saga.MayHaveActed(errors.New(msg))
+			msg = saga.MayHaveActed(msg)
 		}
-		return errors.New(msg)
+		if d, ok := saga.RetryAfterOf(err); ok {
+			msg = saga.RetryAfter(msg, d)
+		}
+		return msg
 	}
 	url, err := h.URL.evalText(vars)
 	if err != nil {
@@ -608,6 +602,11 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 		return scrub(saga.Permanent(fmt.Errorf("http %s: %v", h.Method, egErr)))
 	}
 	if err != nil {
+		if saga.Unreachable(err) {
+			// Not listening, no such name, a TLS handshake refused:
+			// nothing was sent, and only an operator can fix it.
+			return scrub(saga.NeedsOperator(fmt.Errorf("http %s: %v", h.Method, err)))
+		}
 		// No answer: the service may have acted before the connection
 		// broke.
 		return scrub(saga.MayHaveActed(fmt.Errorf("http %s: %v", h.Method, err)))
@@ -615,6 +614,15 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string) error {
 	raw, rerr := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	resp.Body.Close()
 	st := resp.StatusCode
+	if st < 200 || st >= 300 {
+		e := fmt.Errorf("http %s answered %d %s", h.Method, st, snippet(raw, redact))
+		if ruled := rules.apply(strconv.Itoa(st), e, nil); ruled != nil {
+			if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
+				ruled = saga.RetryAfter(ruled, d)
+			}
+			return scrub(ruled)
+		}
+	}
 	switch {
 	case st >= 200 && st < 300:
 		if rerr != nil {

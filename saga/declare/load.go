@@ -71,7 +71,9 @@ type Step struct {
 	Wait *WaitAction
 	// Rate limits the step's starts across relays.
 	Rate *saga.Rate
-	at   pos
+	// Errors are the step's retry_on and fail_on.
+	Errors ErrorRules
+	at     pos
 }
 
 // WaitAction is a timer step: a fixed Duration from when the step starts,
@@ -493,6 +495,7 @@ func build(file string, root *yaml.Node, doc any, r *report, opt Options) (*Saga
 		}
 		st.Retry = sm.retry("retry", defRetry, r)
 		st.CompensationRetry = sm.retry("compensation_retry", defComp, r)
+		st.Errors = sm.errorRules(r)
 		if on := sm.get("output"); on != nil {
 			sc := base
 			sc.place = place + ".output"

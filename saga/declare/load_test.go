@@ -56,6 +56,12 @@ func TestLoadBroken(t *testing.T) {
 			[]string{`f.yaml:7:11: step name "a" is used twice (first by step 1); give each step its own name`}},
 		{"two kinds", head + "steps:\n  - name: a\n    sql: {query: \"select 1\"}\n    http: {method: GET, url: \"http://x\"}\n",
 			[]string{`f.yaml:7:5: step a has more than one of sql, http, command; split it into one step per action`}},
+		{"code in retry_on and fail_on", head + "steps:\n  - name: a\n    sql: {query: \"select 1\"}\n    retry_on: [\"23505\", 503]\n    fail_on: [\"23505\"]\n",
+			[]string{`f.yaml:8:15: 23505 is in both retry_on and fail_on; keep it in one`}},
+		{"not an HTTP status", head + "steps:\n  - name: a\n    sql: {query: \"select 1\"}\n    fail_on: [42]\n",
+			[]string{`f.yaml:7:15: steps[0].fail_on[0] is 42; it must be at least 100`}},
+		{"not a SQLSTATE", head + "steps:\n  - name: a\n    sql: {query: \"select 1\"}\n    retry_on: [\"2350\"]\n",
+			[]string{`f.yaml:7:16: steps[0].retry_on[0] is "2350", not a SQLSTATE; write a five-character code such as "23505", a two-character class such as "40", or an HTTP status as a number`}},
 		{"step does nothing", head + "steps:\n  - name: a\n    timeout: 1s\n",
 			[]string{`f.yaml:5:5: step a does nothing; give it one of sql, http, command, or emit`}},
 		{"response after sql", head + "steps:\n  - name: a\n    sql: {query: \"select 1\"}\n    output: {x: \"${ response.body }\"}\n",
@@ -86,7 +92,7 @@ func TestLoadBroken(t *testing.T) {
 				`f.yaml:2:10: version is 0; it must be at least 1`,
 				`f.yaml:3:11: triggers is empty; give it at least 1 item(s)`,
 				`f.yaml:6:41: undeclared reference to 'nope' in step a.emit[0].payload; the names in scope are trigger, saga, steps, and after a step's action result, response or reply`,
-				`f.yaml:7:5: unknown key "colour" in steps[0]; remove it or use one of: command, compensate, compensation_retry, emit, http, name, output, rate, retry, sql, timeout, wait, when`,
+				`f.yaml:7:5: unknown key "colour" in steps[0]; remove it or use one of: command, compensate, compensation_retry, emit, fail_on, http, name, output, rate, retry, retry_on, sql, timeout, wait, when`,
 			}},
 	}
 	for _, tc := range cases {

@@ -171,6 +171,8 @@ func schemaProblem(e *jsonschema.ValidationError, d *docValue, r *report) {
 		switch {
 		case strings.HasSuffix(e.SchemaURL, "/duration/pattern") || strings.Contains(e.SchemaURL, "duration"):
 			r.add(at, "%s is %q, not a duration; write a Go duration such as 200ms, 10s or 2m", w, k.Got)
+		case strings.Contains(e.SchemaURL, "errorCodes"):
+			r.add(at, "%s is %q, not a SQLSTATE; write a five-character code such as \"23505\", a two-character class such as \"40\", or an HTTP status as a number", w, k.Got)
 		case strings.Contains(e.SchemaURL, "stepName"):
 			r.add(at, "step name %q is not an identifier; use letters, digits and _ (it is read as steps.<name> in expressions)", k.Got)
 		default:

@@ -637,30 +637,30 @@ func readWrite(br pgx.BatchResults, trs []saga.Transition) error {
 
 // writeArgs are sqlWrite's parameters for a transition.
 func writeArgs(tr saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 31), tr, tr.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 32), tr, tr.Instance.Version-1)
 	return eventArgs(stepArgs(args, tr), tr)
 }
 
 // pairArgs are sqlWritePair's parameters: the projection after second, the
 // version before first, first's step record, both events.
 func pairArgs(first, second saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 34), second, first.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 35), second, first.Instance.Version-1)
 	return eventArgs(eventArgs(stepArgs(args, first), first), second)
 }
 
-// projectionArgs appends parameters $1-$17: the projection after tr, and
-// the version the write expects to find (read).
+// projectionArgs appends parameters $1-$18: the projection after tr, the
+// version the write expects to find (read), and held_since.
 func projectionArgs(args []any, tr saga.Transition, read int64) []any {
 	in := tr.Instance
 	return append(args,
 		[16]byte(in.ID), string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
 		in.LastError, uuidArg(in.LeaseID), in.LeaseExpiresAt, in.Version, uuidArg(in.AwaitingCorrelationID),
 		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
-		read,
+		read, in.HeldSince,
 	)
 }
 
-// stepArgs appends parameters $18-$28: tr's step record, if any.
+// stepArgs appends parameters $19-$29: tr's step record, if any.
 func stepArgs(args []any, tr saga.Transition) []any {
 	if s := tr.Step; s != nil {
 		return append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,

@@ -30,7 +30,7 @@ func (r *instanceRow) dest(d []any) []any {
 		&i.CurrentStep, (*[16]byte)(&i.TriggerEventID), &r.correlation, (*[]byte)(&i.Context), &i.Attempt, &i.NextAttemptAt,
 		&i.TimeoutAt, &i.LastError, &r.lease, &i.LeaseExpiresAt, &i.Version,
 		&r.awaiting, &i.AwaitingUntil, (*[]byte)(&i.Reply), &i.CompensationReason,
-		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent,
+		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent, &i.HeldSince,
 	)
 }
 
@@ -64,6 +64,7 @@ func normInstance(i saga.Instance) saga.Instance {
 	i.LeaseExpiresAt = utc(i.LeaseExpiresAt)
 	i.AwaitingUntil = utc(i.AwaitingUntil)
 	i.CompletedAt = utc(i.CompletedAt)
+	i.HeldSince = utc(i.HeldSince)
 	return i
 }
 

@@ -12,7 +12,7 @@ const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_ver
 	i.current_step, i.trigger_event_id, i.correlation_id, i.context, i.attempt, i.next_attempt_at,
 	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
 	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
-	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, '')`
+	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, ''), i.held_since`
 
 // stepCols are the saga_steps columns in scanStep's order (NULL throughout
 // when a LEFT JOIN found no step).
@@ -172,23 +172,23 @@ LIMIT 2
 FOR UPDATE OF i`
 
 // sqlWriteProjection is the part sqlWrite and sqlWritePair share: the
-// projection update fenced by the version read ($17) and the step record
-// (when $19 is true); each statement then inserts its event(s) from u.
+// projection update fenced by the version read ($17), held_since ($18),
+// and the step record (when $20 is true); each statement then inserts its event(s) from u.
 const sqlWriteProjection = `
 WITH u AS (
 	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
 		attempt = $5, next_attempt_at = $6, last_error = NULLIF($7, ''), lease_id = $8,
 		lease_expires_at = $9, current_version = $10, awaiting_correlation_id = $11,
 		awaiting_until = $12, reply = $13, compensation_reason = NULLIF($14, ''),
-		updated_at = $15, completed_at = $16
+		updated_at = $15, completed_at = $16, held_since = $18
 	WHERE id = $1 AND current_version = $17
 	RETURNING id
 ),
 st AS (
 	INSERT INTO saga_steps AS s (saga_instance_id, sequence, step_name, status, attempts,
 		compensation_attempts, output, last_error, started_at, completed_at, compensated_at)
-	SELECT u.id, $18, $20, $21::text::saga_step_status, $22, $23, $24, NULLIF($25, ''), $26, $27, $28
-	FROM u WHERE $19::boolean
+	SELECT u.id, $19, $21, $22::text::saga_step_status, $23, $24, $25, NULLIF($26, ''), $27, $28, $29
+	FROM u WHERE $20::boolean
 	ON CONFLICT (saga_instance_id, sequence) DO UPDATE SET
 		step_name = EXCLUDED.step_name, status = EXCLUDED.status, attempts = EXCLUDED.attempts,
 		compensation_attempts = EXCLUDED.compensation_attempts, output = EXCLUDED.output,
@@ -207,13 +207,13 @@ const sqlEventXid = `GREATEST(pg_current_xact_id(),
 	(SELECT p.xid FROM saga_events p WHERE p.instance_id = $1 AND p.version = $17))`
 
 // sqlWrite stores a saga.Transition in one statement: the projection, the
-// step record (when $19 is true) and the event, whose global_seq it returns.
+// step record (when $20 is true) and the event, whose global_seq it returns.
 // The step and event rows are written only if the projection row still has
 // the version that was read ($17): under the row lock it always has, and if
 // it ever did not, nothing at all would be written.
 const sqlWrite = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
-SELECT u.id, $10, $29, $30, $31, $15, ` + sqlEventXid + ` FROM u
+SELECT u.id, $10, $30, $31, $32, $15, ` + sqlEventXid + ` FROM u
 RETURNING global_seq`
 
 // sqlWritePair is sqlWrite for two events applied one after the other (a
@@ -226,7 +226,7 @@ RETURNING global_seq`
 const sqlWritePair = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
 SELECT u.id, v.version, v.kind, v.step, v.payload, $15, ` + sqlEventXid + `
-FROM u, (VALUES ($10::bigint - 1, $29::text, $30::integer, $31::jsonb), ($10::bigint, $32::text, $33::integer, $34::jsonb))
+FROM u, (VALUES ($10::bigint - 1, $30::text, $31::integer, $32::jsonb), ($10::bigint, $33::text, $34::integer, $35::jsonb))
 	AS v (version, kind, step, payload)
 ORDER BY v.version
 RETURNING global_seq`
