@@ -17,12 +17,13 @@ import (
 	"github.com/compensa/compensa/test/relaytest"
 )
 
-// heldSQLSaga books a row, then writes a note: the relay's role is granted
-// bookings but not notes at first. notes.amount must be positive.
-const heldSQLSaga = `saga: held_sql
+// bookingSaga is a saga NAME on EVENT whose first step books a row, undone
+// by its compensation, and whose second step is then.
+func bookingSaga(name, eventType, then string) string {
+	return strings.NewReplacer("NAME", name, "EVENT", eventType).Replace(`saga: NAME
 version: 1
 triggers:
-  - event_type: note.requested
+  - event_type: EVENT
 defaults:
   timeout: 5s
   retry: { max_attempts: 2, initial: 50ms, factor: 2, max: 300ms }
@@ -36,54 +37,20 @@ steps:
       sql:
         query: DELETE FROM bookings WHERE id = $1::uuid
         params: ["${ trigger.payload.id }"]
-  - name: note
+`) + then
+}
+
+// noteStep writes a note: the relay's role is granted bookings but not
+// notes at first, and notes.amount must be positive.
+const noteStep = `  - name: note
     sql:
       query: INSERT INTO notes (id, amount) VALUES ($1::uuid, $2)
       params: ["${ trigger.payload.id }", "${ trigger.payload.amount }"]
 `
 
-// heldHTTPSaga books a row, then calls a participant (PAYSVC) that is not
-// listening at first.
-const heldHTTPSaga = `saga: held_http
-version: 1
-triggers:
-  - event_type: call.requested
-defaults:
-  timeout: 5s
-  retry: { max_attempts: 2, initial: 50ms, factor: 2, max: 300ms }
-  compensation_retry: { max_attempts: 2, initial: 50ms, factor: 2, max: 300ms }
-steps:
-  - name: book
-    sql:
-      query: INSERT INTO bookings (id) VALUES ($1::uuid)
-      params: ["${ trigger.payload.id }"]
-    compensate:
-      sql:
-        query: DELETE FROM bookings WHERE id = $1::uuid
-        params: ["${ trigger.payload.id }"]
-  - name: call
-    http: { method: POST, url: "PAYSVC/charges", body: { id: "${ trigger.payload.id }" } }
-`
-
-// failingHTTPSaga is heldHTTPSaga against a participant that answers 503.
-const failingHTTPSaga = `saga: failing_http
-version: 1
-triggers:
-  - event_type: fail.requested
-defaults:
-  timeout: 5s
-  retry: { max_attempts: 2, initial: 50ms, factor: 2, max: 300ms }
-  compensation_retry: { max_attempts: 2, initial: 50ms, factor: 2, max: 300ms }
-steps:
-  - name: book
-    sql:
-      query: INSERT INTO bookings (id) VALUES ($1::uuid)
-      params: ["${ trigger.payload.id }"]
-    compensate:
-      sql:
-        query: DELETE FROM bookings WHERE id = $1::uuid
-        params: ["${ trigger.payload.id }"]
-  - name: call
+// callStep calls a participant at PAYSVC: one that is not listening at
+// first, or one that answers 503.
+const callStep = `  - name: call
     http: { method: POST, url: "PAYSVC/charges", body: { id: "${ trigger.payload.id }" } }
 `
 
@@ -124,9 +91,9 @@ CREATE TABLE notes (id uuid PRIMARY KEY, amount integer NOT NULL CHECK (amount >
 	defer failSrv.Close()
 
 	dir := t.TempDir()
-	writeSaga(t, dir, "held_sql.yaml", heldSQLSaga, "")
-	writeSaga(t, dir, "held_http.yaml", heldHTTPSaga, "http://"+deadAddr)
-	writeSaga(t, dir, "failing_http.yaml", failingHTTPSaga, failSrv.URL)
+	writeSaga(t, dir, "held_sql.yaml", bookingSaga("held_sql", "note.requested", noteStep), "")
+	writeSaga(t, dir, "held_http.yaml", bookingSaga("held_http", "call.requested", callStep), "http://"+deadAddr)
+	writeSaga(t, dir, "failing_http.yaml", bookingSaga("failing_http", "fail.requested", callStep), failSrv.URL)
 	p := relaytest.Start(t, nil,
 		"--database-url", roleURL, "--slot", db.Slot, "--publication", db.Publication,
 		"--status-interval", "200ms", "--heartbeat-interval", "1s", "--workers", "4",
