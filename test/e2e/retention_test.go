@@ -140,7 +140,8 @@ func (s *shippingService) Stop() { close(s.stop); s.wg.Wait() }
 // lockWatch samples, every 20 ms, the lock waits of the test's database
 // from pg_locks (waitstart: when the wait began) and remembers the longest
 // wait whose blocker (pg_blocking_pids) was the retention janitor's
-// session, found by its application_name, and the longest of any kind.
+// session, found by its application_name, or the status-count folding each
+// round ends with (on the relay's pool), and the longest of any kind.
 type lockWatch struct {
 	mu           sync.Mutex
 	janitorMax   time.Duration
@@ -159,7 +160,8 @@ type lockWatch struct {
 const sqlLockWaits = `
 SELECT l.pid::text || '@' || l.waitstart::text, extract(epoch FROM clock_timestamp() - l.waitstart)::float8,
        left(regexp_replace(a.query, '\s+', ' ', 'g'), 140),
-       coalesce((SELECT bool_or(j.application_name = $1) FROM pg_stat_activity j WHERE j.pid = ANY (pg_blocking_pids(l.pid))), false)
+       coalesce((SELECT bool_or(j.application_name = $1 OR j.query LIKE '%DELETE FROM saga_status_deltas%')
+                 FROM pg_stat_activity j WHERE j.pid = ANY (pg_blocking_pids(l.pid))), false)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE NOT l.granted AND l.waitstart IS NOT NULL AND a.datname = current_database()`
 
