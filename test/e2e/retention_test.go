@@ -94,6 +94,7 @@ func parcelReady(ctx context.Context, db *pgtest.DB, parcel string) (uuid.UUID, 
 type shippingService struct {
 	answered atomic.Int64
 	stop     chan struct{}
+	stopOnce sync.Once
 	wg       sync.WaitGroup
 }
 
@@ -135,7 +136,7 @@ func startShipping(t *testing.T, db *pgtest.DB) *shippingService {
 	return s
 }
 
-func (s *shippingService) Stop() { close(s.stop); s.wg.Wait() }
+func (s *shippingService) Stop() { s.stopOnce.Do(func() { close(s.stop) }); s.wg.Wait() }
 
 // lockWatch samples, every 20 ms, the lock waits of the test's database
 // from pg_locks (waitstart: when the wait began) and remembers the longest
@@ -497,6 +498,7 @@ func TestResyncAfterHistoryDeletedStartsNothingTwice(t *testing.T) {
 	args := relayArgs(db, "--sagas", dir, "--on-slot-lost", "resync", "--resync-margin", "1m", "--saga-retention", "1s")
 	p := relaytest.Start(t, nil, args...)
 	ship := startShipping(t, db)
+	defer ship.Stop()
 	for i := range briefs {
 		title := "Resynced"
 		if i%4 == 0 {
