@@ -27,7 +27,8 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 			"type and aggregate type) into --outbox-table with the payload of FILE (\"-\" reads\n" +
 			"standard input; none: {}). The relay starts the instance when it streams the event,\n" +
 			"exactly as it starts any other: once per trigger event. The same --idempotency-key\n" +
-			"for the same saga and tenant names the same event, so it never starts twice.\n" +
+			"for the same saga and tenant names the same event, so it never starts twice while\n" +
+			"the relay keeps the instance or its tombstone (--dedupe-window after it ended).\n" +
 			"Every saga that the event's type triggers starts, as for an event your service writes.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -89,7 +90,7 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&payloadFile, "payload", "", "a file holding the trigger event's payload, a JSON object (\"-\": standard input)")
 	f.StringVar(&aggregateID, "aggregate-id", "", "the trigger event's aggregate id")
-	f.StringVar(&key, "idempotency-key", "", "the same key never starts the saga twice (per saga and tenant)")
+	f.StringVar(&key, "idempotency-key", "", "the same key never starts the saga twice (per saga and tenant, within the relay's --dedupe-window)")
 	f.StringVar(&tenant, "tenant", "", "the trigger event's tenant (UUID)")
 	f.BoolVar(&asJSON, "json", false, "print the result as POST /v1/sagas answers it")
 	return cmd

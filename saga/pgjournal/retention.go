@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/saga"
@@ -64,12 +65,25 @@ const (
 	TableDeltas    = "saga_status_deltas"
 )
 
+// RetentionApplicationName is the application_name of the janitor's
+// session: its deleting statements run on the session that holds its lock,
+// so an operator (or a test) finds them, and whom they block, in
+// pg_stat_activity.
+const RetentionApplicationName = "compensa-retention"
+
 // Retention is the janitor: one relay at a time (a session advisory lock
 // elects it) deletes, in short transactions of at most BatchSize rows, the
 // history RetentionConfig says is no longer kept.
 type Retention struct {
 	pool *pgxpool.Pool
 	cfg  RetentionConfig
+}
+
+// retentionDB is what a round needs: the pool (RunOnce) or the session
+// that holds the janitor's lock (Run).
+type retentionDB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // RetentionRound is what one round deleted, by table, and how many
@@ -145,15 +159,20 @@ func (r *Retention) lead(ctx context.Context) (*pgx.Conn, error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
+	if _, err := conn.Exec(ctx, sqlRetentionSession, RetentionApplicationName); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return conn, nil
 }
 
-// serve runs rounds while conn (the lock's session) answers.
+// serve runs rounds on conn (the lock's session) while it answers: a
+// relay that lost the lock with its session deletes nothing more.
 func (r *Retention) serve(ctx context.Context, conn *pgx.Conn) {
 	log := r.cfg.Logger
 	failing := false
 	for {
-		round, err := r.RunOnce(ctx)
+		round, err := r.round(ctx, conn)
 		if err != nil && ctx.Err() == nil {
 			if !failing {
 				log.Warn("retention round failed; will retry", "err", err)
@@ -189,6 +208,11 @@ func (r *Retention) serve(ctx context.Context, conn *pgx.Conn) {
 // then deletions, then the status-count compaction and the oldest-kept
 // report. It stops at the first error, keeping what committed.
 func (r *Retention) RunOnce(ctx context.Context) (RetentionRound, error) {
+	return r.round(ctx, r.pool)
+}
+
+// round is RunOnce on db.
+func (r *Retention) round(ctx context.Context, db retentionDB) (RetentionRound, error) {
 	round := RetentionRound{Deleted: map[string]int64{}}
 	add := func(table string, n int64) {
 		if n == 0 {
@@ -201,39 +225,39 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionRound, error) {
 	}
 	c := r.cfg
 	if c.History > 0 {
-		if err := r.tombstone(ctx, c.History, []string{string(saga.StatusCompleted), string(saga.StatusCompensated)}, &round, add); err != nil {
+		if err := r.tombstone(ctx, db, c.History, []string{string(saga.StatusCompleted), string(saga.StatusCompensated)}, &round, add); err != nil {
 			return round, err
 		}
 	}
 	if c.Failed > 0 {
-		if err := r.tombstone(ctx, c.Failed, []string{string(saga.StatusFailed), string(saga.StatusTimedOut)}, &round, add); err != nil {
+		if err := r.tombstone(ctx, db, c.Failed, []string{string(saga.StatusFailed), string(saga.StatusTimedOut)}, &round, add); err != nil {
 			return round, err
 		}
 	}
 	if c.DedupeWindow > 0 {
 		guard := time.Unix(1<<40, 0) // no resync: no guard
 		if c.ResyncSlot != "" {
-			if err := r.pool.QueryRow(ctx, sqlResyncGuard, c.ResyncSlot, c.ResyncMargin.Microseconds()).Scan(&guard); err != nil {
+			if err := db.QueryRow(ctx, sqlResyncGuard, c.ResyncSlot, c.ResyncMargin.Microseconds()).Scan(&guard); err != nil {
 				return round, fmt.Errorf("retention: read the resync guard: %w", err)
 			}
 		}
-		if err := r.batches(ctx, TableInstances, add, sqlDeleteTombstones, c.DedupeWindow.Microseconds(), guard); err != nil {
+		if err := r.batches(ctx, db, TableInstances, add, sqlDeleteTombstones, c.DedupeWindow.Microseconds(), guard); err != nil {
 			return round, err
 		}
-		if err := r.batches(ctx, TableInbox, add, sqlDeleteUnmatchedInbox, c.DedupeWindow.Microseconds()); err != nil {
+		if err := r.batches(ctx, db, TableInbox, add, sqlDeleteUnmatchedInbox, c.DedupeWindow.Microseconds()); err != nil {
 			return round, err
 		}
 	}
 	if c.History > 0 {
-		if err := r.batches(ctx, TableDeadLet, add, sqlDeleteRedriven, c.History.Microseconds()); err != nil {
+		if err := r.batches(ctx, db, TableDeadLet, add, sqlDeleteRedriven, c.History.Microseconds()); err != nil {
 			return round, err
 		}
-		if err := r.batches(ctx, TableSkipped, add, sqlDeleteSkipped, c.History.Microseconds()); err != nil {
+		if err := r.batches(ctx, db, TableSkipped, add, sqlDeleteSkipped, c.History.Microseconds()); err != nil {
 			return round, err
 		}
 	}
 	if c.Failed > 0 {
-		if err := r.batches(ctx, TableDeadLet, add, sqlDeleteParked, c.Failed.Microseconds()); err != nil {
+		if err := r.batches(ctx, db, TableDeadLet, add, sqlDeleteParked, c.Failed.Microseconds()); err != nil {
 			return round, err
 		}
 	}
@@ -244,14 +268,14 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionRound, error) {
 		}
 		add(TableDeltas, n)
 	}
-	return round, r.reportOldest(ctx)
+	return round, r.reportOldest(ctx, db)
 }
 
 // tombstone tombstones batch after batch until a batch comes back short.
-func (r *Retention) tombstone(ctx context.Context, age time.Duration, statuses []string, round *RetentionRound, add func(string, int64)) error {
+func (r *Retention) tombstone(ctx context.Context, db retentionDB, age time.Duration, statuses []string, round *RetentionRound, add func(string, int64)) error {
 	for {
 		var stones, steps, events, inbox int64
-		err := r.pool.QueryRow(ctx, sqlTombstone, age.Microseconds(), statuses, r.cfg.BatchSize).Scan(&stones, &steps, &events, &inbox)
+		err := db.QueryRow(ctx, sqlTombstone, age.Microseconds(), statuses, r.cfg.BatchSize).Scan(&stones, &steps, &events, &inbox)
 		if err != nil {
 			return fmt.Errorf("retention: delete the history of instances %v: %w", statuses, err)
 		}
@@ -270,10 +294,10 @@ func (r *Retention) tombstone(ctx context.Context, age time.Duration, statuses [
 
 // batches runs a deleting statement (its last parameter the batch size)
 // until it deletes less than a batch.
-func (r *Retention) batches(ctx context.Context, table string, add func(string, int64), sql string, args ...any) error {
+func (r *Retention) batches(ctx context.Context, db retentionDB, table string, add func(string, int64), sql string, args ...any) error {
 	args = append(args, r.cfg.BatchSize)
 	for {
-		tag, err := r.pool.Exec(ctx, sql, args...)
+		tag, err := db.Exec(ctx, sql, args...)
 		if err != nil {
 			return fmt.Errorf("retention: delete from %s: %w", table, err)
 		}
@@ -297,7 +321,7 @@ func (r *Retention) pause(ctx context.Context) error {
 	}
 }
 
-func (r *Retention) reportOldest(ctx context.Context) error {
+func (r *Retention) reportOldest(ctx context.Context, db retentionDB) error {
 	if r.cfg.OnOldestKept == nil {
 		return nil
 	}
@@ -306,7 +330,7 @@ func (r *Retention) reportOldest(ctx context.Context) error {
 		statuses = append(statuses, string(saga.StatusFailed), string(saga.StatusTimedOut))
 	}
 	var history, stones, dead, skipped float64
-	if err := r.pool.QueryRow(ctx, sqlOldestKept, statuses).Scan(&history, &stones, &dead, &skipped); err != nil {
+	if err := db.QueryRow(ctx, sqlOldestKept, statuses).Scan(&history, &stones, &dead, &skipped); err != nil {
 		return fmt.Errorf("retention: read the oldest rows kept: %w", err)
 	}
 	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

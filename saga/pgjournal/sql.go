@@ -422,3 +422,7 @@ SELECT coalesce(extract(epoch FROM now() - (
 // sqlRetentionLock is the session advisory lock that elects the one relay
 // that runs the janitor (the key is fixed forever).
 const sqlRetentionLock = `SELECT pg_try_advisory_lock(-9063219440015961814)`
+
+// sqlRetentionSession names the janitor's session ($1) for the session's
+// life, as pg_stat_activity shows it.
+const sqlRetentionSession = `SELECT set_config('application_name', $1, false)`
