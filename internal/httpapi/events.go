@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -128,18 +129,27 @@ func (s *Server) postEvent(w http.ResponseWriter, r *http.Request, _ *admin.Admi
 // NUL character in a text column, or a payload its jsonb does not accept.
 // The empty string means none.
 func storable(b *eventBody) string {
-	fields := []struct{ name, v string }{
-		{"event_type", b.EventType}, {"aggregate_type", b.AggregateType}, {"aggregate_id", b.AggregateID},
-	}
+	fields := []namedText{{"event_type", b.EventType}, {"aggregate_type", b.AggregateType}, {"aggregate_id", b.AggregateID}}
 	for k, v := range b.Headers {
-		fields = append(fields, struct{ name, v string }{"a header", k + v})
+		fields = append(fields, namedText{"a header", k + v})
 	}
+	return unstorable(b.Payload, fields...)
+}
+
+// namedText is a request's text field, by the name its message gives it.
+type namedText struct{ name, v string }
+
+// unstorable is storable for any request: its payload and text fields.
+func unstorable(payload json.RawMessage, fields ...namedText) string {
 	for _, f := range fields {
 		if strings.ContainsRune(f.v, 0) {
 			return f.name + " holds a NUL character (\\u0000), which PostgreSQL text cannot store; remove it"
 		}
+		if !utf8.ValidString(f.v) {
+			return f.name + " is not valid UTF-8; send text in UTF-8"
+		}
 	}
-	if p := bytes.TrimSpace(b.Payload); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
+	if p := bytes.TrimSpace(payload); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
 		if err := outbox.CheckJSONB(p); err != nil {
 			return "payload cannot be stored as jsonb: " + err.Error() + "; send JSON without \\u0000 escapes, unpaired surrogates or out-of-range numbers"
 		}

@@ -33,6 +33,11 @@ func (s *Server) startSaga(w http.ResponseWriter, r *http.Request, a *admin.Admi
 	if !decodeOne(w, r, &b, "a start request", `{"saga": "…", "payload": {…}} with optional aggregate_id, idempotency_key, tenant_id`) {
 		return
 	}
+	if msg := unstorable(b.Payload, namedText{"saga", b.Saga}, namedText{"aggregate_id", b.AggregateID},
+		namedText{"idempotency_key", b.IdempotencyKey}); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
 	req := admin.StartRequest{Saga: b.Saga, Payload: b.Payload, AggregateID: b.AggregateID, IdempotencyKey: b.IdempotencyKey}
 	if b.TenantID != nil {
 		req.TenantID = *b.TenantID

@@ -69,6 +69,29 @@ func TestPostEventErrorsAreOurOwn(t *testing.T) {
 	}
 }
 
+// POST /v1/sagas refuses what PostgreSQL would refuse, as /v1/events does:
+// a 400 that names the field, never a 500 or the database's text.
+func TestStartSagaErrorsAreOurOwn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{token: token, configure: func(c *httpapi.Config) { c.OutboxTable = "outbox" }})
+	for _, c := range []struct{ body, want string }{
+		{`{"saga": "order", "payload": {"note": "a\u0000b"}}`, "payload cannot be stored as jsonb"},
+		{`{"saga": "order", "payload": {"note": "\ud800"}}`, "payload cannot be stored as jsonb"},
+		{"{\"saga\": \"order\", \"payload\": {\"note\": \"a\xffb\"}}", "payload cannot be stored as jsonb"},
+		{`{"saga": "order", "aggregate_id": "a\u0000", "payload": {}}`, "aggregate_id holds a NUL character"},
+		{`{"saga": "order", "idempotency_key": "k\u0000", "payload": {}}`, "idempotency_key holds a NUL character"},
+	} {
+		r := b.do(t, "POST", "/v1/sagas", c.body, bearer...)
+		msg := r.errorMessage(t)
+		if r.status != http.StatusBadRequest || !strings.Contains(msg, c.want) {
+			t.Errorf("%q: %d %s, want 400 %q", c.body, r.status, r.body, c.want)
+		}
+		if strings.Contains(msg, "SQLSTATE") {
+			t.Errorf("%q: the answer carries the database's text: %s", c.body, msg)
+		}
+	}
+}
+
 // The page shows the sinks (every tenant's counts and reasons) only to a
 // session of a token of every tenant, as GET /v1/sinks does.
 func TestPageShowsSinksOnlyToEveryTenantTokens(t *testing.T) {
