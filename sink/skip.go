@@ -55,10 +55,9 @@ const (
 
 // Errors of ListParked and Skip a caller can test with errors.Is.
 var (
-	// ErrNotParked: no event with that id is parked for that sink.
+	// ErrNotParked: no event with that id is parked for that sink (or, for
+	// a caller scoped to a tenant, none of that tenant's).
 	ErrNotParked = errors.New("not parked")
-	// ErrOtherTenant: the event belongs to a tenant the caller is not scoped to.
-	ErrOtherTenant = errors.New("belongs to another tenant")
 	// ErrInvalid: the request is malformed (no reason, a bad limit).
 	ErrInvalid = errors.New("invalid request")
 )
@@ -189,6 +188,15 @@ func Skip(ctx context.Context, db TxBeginner, req SkipRequest) (Skipped, error) 
 	}
 	var tenant string
 	err = tx.QueryRow(ctx, sqlSkipFind, req.Sink, req.EventID).Scan(&tenant)
+	// Another tenant's event answers as an unknown one does: a scoped
+	// caller learns nothing of other tenants' events, not even that they
+	// exist.
+	notParked := func() error {
+		return fmt.Errorf("sink %q: event %q is %w for it (see `relay sinks parked %s`)", req.Sink, req.EventID, ErrNotParked, req.Sink)
+	}
+	if errors.Is(err, pgx.ErrNoRows) && req.Tenant.Valid {
+		return out, notParked()
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		var others []string
 		if err := tx.QueryRow(ctx, sqlParkedElsewhere, req.EventID).Scan(&others); err != nil {
@@ -197,13 +205,13 @@ func Skip(ctx context.Context, db TxBeginner, req SkipRequest) (Skipped, error) 
 		if len(others) > 0 {
 			return out, fmt.Errorf("sink %q: event %q is %w for it (it is parked for sink %s; name that sink)", req.Sink, req.EventID, ErrNotParked, strings.Join(others, ", "))
 		}
-		return out, fmt.Errorf("sink %q: event %q is %w for it (see `relay sinks parked %s`)", req.Sink, req.EventID, ErrNotParked, req.Sink)
+		return out, notParked()
 	}
 	if err != nil {
 		return out, fmt.Errorf("sink: skip: %w", err)
 	}
 	if req.Tenant.Valid && tenant != req.Tenant.UUID.String() {
-		return out, fmt.Errorf("sink %q: event %q %w: this caller may skip the events of tenant %s only", req.Sink, req.EventID, ErrOtherTenant, req.Tenant.UUID)
+		return out, notParked()
 	}
 	err = tx.QueryRow(ctx, sqlSkip, req.Sink, req.EventID, req.Actor, req.Reason).Scan(&out.Sink, &out.EventID,
 		&out.AggregateType, &out.AggregateID, &out.EventType, &out.Reason, &out.Attempts, &out.ParkedAt,

@@ -386,9 +386,14 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 		},
 		"POST /v1/sinks/{name}/parked/{id}/skip": func(t *testing.T) {
 			s.seedParked(t)
+			// Another tenant's event answers as an unknown id does: 404,
+			// the same words, nothing that tells it exists.
+			unknown := s.call(t, acmeToken, "POST", "/v1/sinks/hook/parked/ev-unknown/skip", `{"reason": "r"}`)
 			for _, id := range []string{"ev-b1", "ev-none"} {
-				if r := s.call(t, acmeToken, "POST", "/v1/sinks/hook/parked/"+id+"/skip", `{"reason": "r"}`); r.status != http.StatusForbidden {
-					t.Errorf("tenant A skips %s: %d %s, want 403", id, r.status, r.body)
+				r := s.call(t, acmeToken, "POST", "/v1/sinks/hook/parked/"+id+"/skip", `{"reason": "r"}`)
+				if r.status != http.StatusNotFound || unknown.status != http.StatusNotFound ||
+					strings.ReplaceAll(string(r.body), id, "ID") != strings.ReplaceAll(string(unknown.body), "ev-unknown", "ID") {
+					t.Errorf("tenant A skips %s: %d %s; an unknown id: %d %s; want the same 404", id, r.status, r.body, unknown.status, unknown.body)
 				}
 			}
 			if r := s.call(t, readerToken, "POST", "/v1/sinks/hook/parked/ev-a1/skip", `{"reason": "r"}`); r.status != http.StatusForbidden {

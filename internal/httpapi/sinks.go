@@ -179,8 +179,6 @@ func (s *Server) skipParked(w http.ResponseWriter, r *http.Request, _ *admin.Adm
 	switch {
 	case errors.Is(err, sink.ErrUnknownSink), errors.Is(err, sink.ErrNotParked):
 		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, sink.ErrOtherTenant):
-		writeError(w, http.StatusForbidden, err.Error())
 	case errors.Is(err, sink.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case err != nil:
