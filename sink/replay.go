@@ -2,9 +2,14 @@ package sink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/internal/backoff"
@@ -21,6 +26,10 @@ type ReplayRequest struct {
 	EventType string
 	// DryRun only counts.
 	DryRun bool
+	// IncludeSkipped re-delivers the events an operator skipped for this
+	// sink (relay_sink_skipped) too; by default they are left out, since a
+	// skipped event is one someone decided must never be delivered.
+	IncludeSkipped bool
 	// Table and Columns name the outbox table (default: outbox, default
 	// columns).
 	Table   outbox.TableName
@@ -35,6 +44,82 @@ type ReplayResult struct {
 	Found     int  `json:"found"`
 	Delivered int  `json:"delivered"`
 	DryRun    bool `json:"dry_run"`
+	// Skipped counts the rows left out because an operator skipped them
+	// for this sink (see ReplayRequest.IncludeSkipped).
+	Skipped int `json:"skipped"`
+}
+
+// ErrReplayRunning: another replay of the same sink is under way (in this
+// relay or any other process on the database); one runs at a time.
+var ErrReplayRunning = errors.New("a replay of this sink is already running")
+
+// connAcquirer is a pool a replay can take a connection of its own from,
+// to hold the sink's replay lock for as long as it runs.
+type connAcquirer interface {
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
+}
+
+// sqlReplayLock and sqlReplayUnlock take and free a sink's replay lock: a
+// session advisory lock keyed by the sink's name, so that one replay of a
+// sink runs at a time across relays and the CLI, and a process that dies
+// frees it with its session.
+const (
+	sqlReplayLock   = `SELECT pg_try_advisory_lock(hashtextextended('compensa-sink-replay:' || $1, 0))`
+	sqlReplayUnlock = `SELECT pg_advisory_unlock(hashtextextended('compensa-sink-replay:' || $1, 0))`
+	// sqlSkippedOf lists which of the ids $2 an operator skipped for sink $1.
+	sqlSkippedOf = `SELECT event_id FROM relay_sink_skipped WHERE sink = $1 AND event_id = ANY($2::text[])`
+)
+
+// lockReplay takes the sink's replay lock on a connection of db's own, or
+// returns ErrReplayRunning; unlock frees it.
+func lockReplay(ctx context.Context, db cdc.Querier, name string) (unlock func(), err error) {
+	p, ok := db.(connAcquirer)
+	if !ok {
+		return func() {}, nil
+	}
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sink %s: replay: %w", name, err)
+	}
+	var got bool
+	if err := c.QueryRow(ctx, sqlReplayLock, name).Scan(&got); err != nil {
+		c.Release()
+		return nil, fmt.Errorf("sink %s: replay: take the replay lock: %w", name, err)
+	}
+	if !got {
+		c.Release()
+		return nil, fmt.Errorf("sink %s: %w; wait for it to end", name, ErrReplayRunning)
+	}
+	return func() {
+		if _, err := c.Exec(context.WithoutCancel(ctx), sqlReplayUnlock, name); err != nil {
+			// The lock must not go back into the pool with the connection.
+			c.Hijack().Close(context.WithoutCancel(ctx))
+			return
+		}
+		c.Release()
+	}, nil
+}
+
+// skippedOf returns the ids of evs an operator skipped for the sink.
+func skippedOf(ctx context.Context, db cdc.Querier, name string, evs []*Event) (map[string]bool, error) {
+	ids := make([]string, len(evs))
+	for i, ev := range evs {
+		ids[i] = ev.ID
+	}
+	rows, err := db.Query(ctx, sqlSkippedOf, name, ids)
+	if err != nil {
+		return nil, fmt.Errorf("sink %s: replay: read the skipped events: %w", name, err)
+	}
+	skipped := map[string]bool{}
+	var id string
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		skipped[id] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sink %s: replay: read the skipped events: %w", name, err)
+	}
+	return skipped, nil
 }
 
 // replayAttempts bounds the tries of one page before the replay stops with
@@ -61,6 +146,13 @@ func Replay(ctx context.Context, db cdc.Querier, d Destination, req ReplayReques
 	if !req.Until.IsZero() && !req.Until.After(req.Since) {
 		return res, fmt.Errorf("sink: the replay window is empty: --until %s is not after --since %s", req.Until.Format(time.RFC3339), req.Since.Format(time.RFC3339))
 	}
+	if !req.DryRun {
+		unlock, err := lockReplay(ctx, db, d.Spec.Name)
+		if err != nil {
+			return res, err
+		}
+		defer unlock()
+	}
 	table := req.Table
 	if table.Name == "" {
 		table = outbox.TableName{Name: outbox.DefaultTable}
@@ -79,6 +171,16 @@ func Replay(ctx context.Context, db cdc.Querier, d Destination, req ReplayReques
 					continue
 				}
 				evs = append(evs, ev)
+			}
+			if !req.IncludeSkipped && len(evs) > 0 {
+				skipped, err := skippedOf(ctx, db, d.Spec.Name, evs)
+				if err != nil {
+					return err
+				}
+				if len(skipped) > 0 {
+					evs = slices.DeleteFunc(evs, func(ev *Event) bool { return skipped[ev.ID] })
+					res.Skipped += len(skipped)
+				}
 			}
 			res.Found += len(evs)
 			if req.DryRun || len(evs) == 0 {

@@ -115,7 +115,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 // still in the table to one sink of a sinks file, beside the running relay.
 func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 	var since, until, aggType, eventType, file string
-	var dryRun, asJSON bool
+	var dryRun, asJSON, includeSkipped bool
 	cmd := &cobra.Command{
 		Use:   "replay NAME --since TIME",
 		Short: "Re-deliver the outbox rows still in the table to one sink (original ids, in order per aggregate)",
@@ -123,10 +123,12 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 			"the sink's match and --aggregate-type / --event-type select, in created_at order (then id), and\n" +
 			"delivers them to the sink named NAME in --sinks FILE with their original ids (the brokers' and\n" +
 			"endpoints' dedupe ids). It runs beside the relay and never holds its stream. --dry-run only counts.\n" +
+			"Events an operator skipped for the sink are left out unless --include-skipped; one replay of a\n" +
+			"sink runs at a time (across relays and this command).\n" +
 			"TIME is RFC 3339 (2026-01-02T15:04:05Z) or a date (2026-01-02, UTC).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := sink.ReplayRequest{AggregateType: aggType, EventType: eventType, DryRun: dryRun}
+			req := sink.ReplayRequest{AggregateType: aggType, EventType: eventType, DryRun: dryRun, IncludeSkipped: includeSkipped}
 			var err error
 			if since == "" {
 				return exitError{code: 2, msg: "--since is required: give the start of the window, e.g. --since 2026-01-02T15:04:05Z"}
@@ -185,6 +187,9 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 			} else {
 				fmt.Fprintf(out, "sink %s: %d rows found, %d delivered\n", res.Sink, res.Found, res.Delivered)
 			}
+			if !asJSON && res.Skipped > 0 {
+				fmt.Fprintf(out, "sink %s: %d skipped events left out (--include-skipped delivers them too)\n", res.Sink, res.Skipped)
+			}
 			return err
 		},
 	}
@@ -194,6 +199,7 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 	f.StringVar(&aggType, "aggregate-type", "", "only this aggregate type")
 	f.StringVar(&eventType, "event-type", "", "only event types matching this glob, e.g. 'order.*'")
 	f.BoolVar(&dryRun, "dry-run", false, "only count the rows")
+	f.BoolVar(&includeSkipped, "include-skipped", false, "deliver the events an operator skipped for this sink too")
 	f.StringVar(&file, "sinks", "", "the sinks file (env RELAY_SINKS)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -57,6 +57,8 @@ type replayBody struct {
 	AggregateType string     `json:"aggregate_type"`
 	EventType     string     `json:"event_type"`
 	DryRun        bool       `json:"dry_run"`
+	// IncludeSkipped delivers the events an operator skipped too.
+	IncludeSkipped bool `json:"include_skipped"`
 }
 
 // replaySink is POST /v1/sinks/{name}/replay: re-deliver the outbox rows
@@ -82,7 +84,7 @@ func (s *Server) replaySink(w http.ResponseWriter, r *http.Request, _ *admin.Adm
 		writeError(w, http.StatusBadRequest, `"since" is required: the start of the window on created_at, RFC 3339`)
 		return
 	}
-	req := sink.ReplayRequest{Since: b.Since, AggregateType: b.AggregateType, EventType: b.EventType, DryRun: b.DryRun}
+	req := sink.ReplayRequest{Since: b.Since, AggregateType: b.AggregateType, EventType: b.EventType, DryRun: b.DryRun, IncludeSkipped: b.IncludeSkipped}
 	if b.Until != nil {
 		req.Until = *b.Until
 	}
@@ -100,6 +102,8 @@ func (s *Server) replaySink(w http.ResponseWriter, r *http.Request, _ *admin.Adm
 	switch {
 	case errors.Is(err, sink.ErrUnknownSink):
 		writeError(w, http.StatusNotFound, "no sink named "+name+" (see GET /v1/sinks)")
+	case errors.Is(err, sink.ErrReplayRunning):
+		writeError(w, http.StatusConflict, "a replay of sink "+name+" is already running; one runs at a time: wait for it to end")
 	case err != nil:
 		s.log.Warn("replay sink", "sink", name, "found", res.Found, "delivered", res.Delivered, "err", err)
 		writeJSON(w, http.StatusBadGateway, map[string]any{"error": "the replay stopped: " + err.Error(), "sink": name,

@@ -240,3 +240,71 @@ func TestSinksReplay(t *testing.T) {
 	}
 	p.Stop(30 * time.Second)
 }
+
+// A replay leaves out what an operator skipped for the sink unless asked,
+// and runs once at a time per sink: while another holds the sink's replay
+// lock, `relay sinks replay` refuses with exit 1 and delivers nothing.
+func TestSinksReplaySkipsSkippedAndRunsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.NewDB(t)
+	rec := &hookRecorder{at: map[string][]time.Time{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: rec}
+	go srv.Serve(ln)
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "sinks.yaml")
+	writeFile(t, file, fmt.Sprintf("sinks:\n  - name: hook\n    webhook: { url: \"http://%s/events\", secret_env: REPLAY_SECRET, timeout: 5s }\n", ln.Addr()))
+	env := []string{"REPLAY_SECRET=whsec_" + base64.StdEncoding.EncodeToString([]byte("replay-test-secret-0123456789"))}
+
+	since := time.Now().Add(-time.Second)
+	var ids []string
+	var msgs []outbox.Message
+	for i := range 5 {
+		id := uuid.New()
+		ids = append(ids, id.String())
+		msgs = append(msgs, outbox.Message{ID: id, AggregateType: "order", AggregateID: fmt.Sprintf("o-%d", i), EventType: "replay.event", Payload: map[string]int{"n": i}})
+	}
+	writeMsgs(t, db.Pool, msgs...)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO relay_sink_skipped (sink, event_id, aggregate_key, event, reason, attempts, parked_at, skipped_by, skip_reason)
+		VALUES ('hook', $1, 'order/o-0', '{}', 'answered 422', 3, now(), 'test', 'the receiver cannot take it')`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"sinks", "replay", "hook", "--database-url", db.URL, "--sinks", file, "--since", since.UTC().Format(time.RFC3339Nano)}
+
+	// Another replay holds the sink's lock.
+	holder, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('compensa-sink-replay:hook', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	out, code := relaytest.Run(t, env, args...)
+	if code != 1 || !strings.Contains(out, "already running") {
+		t.Fatalf("replay while another runs: exit %d, want 1 naming the running replay\n%s", code, out)
+	}
+	if got, _ := rec.snapshot(); len(got) != 0 {
+		t.Fatalf("the refused replay delivered %d events", len(got))
+	}
+	holder.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+	holder.Release()
+
+	out, code = relaytest.Run(t, env, args...)
+	if code != 0 || !strings.Contains(out, "4 rows found, 4 delivered") || !strings.Contains(out, "1 skipped events left out") {
+		t.Fatalf("replay: exit %d, want 4 delivered and the skipped one left out\n%s", code, out)
+	}
+	if _, n := rec.snapshot(); n[ids[0]] != 0 {
+		t.Fatal("the skipped event was replayed")
+	}
+	out, code = relaytest.Run(t, env, append(args, "--include-skipped")...)
+	if code != 0 || !strings.Contains(out, "5 rows found, 5 delivered") {
+		t.Fatalf("replay --include-skipped: exit %d\n%s", code, out)
+	}
+	if _, n := rec.snapshot(); n[ids[0]] != 1 {
+		t.Fatalf("--include-skipped delivered the skipped event %d times, want 1", n[ids[0]])
+	}
+}
