@@ -163,6 +163,7 @@ func (p *plan) add(r routes, ev *outbox.Event) {
 			if keys == nil {
 				keys = make([]*string, len(defs))
 			}
+			k = c.ScopedKey(*ev, k)
 			keys[i] = &k
 		}
 		if d.DecodeState != nil {

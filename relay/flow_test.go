@@ -555,3 +555,78 @@ steps:
 		t.Errorf("%d calls over %.2fs, %d in the busiest second: want at most 21 a second, so at least 1.95s for 40", n, span, busiest)
 	}
 }
+
+// tenantKeyedSaga holds its key for an hour in a wait step, unless the
+// trigger says quick.
+const tenantKeyedSaga = `saga: per_customer
+version: 1
+triggers: [{event_type: customer.changed}]
+concurrency: {key: "${ trigger.payload.customer }", limit: 1}
+steps:
+  - name: hold
+    when: "${ trigger.payload.hold }"
+    wait: {duration: 1h}
+  - name: finish
+    sql: {query: "SELECT 1"}
+`
+
+// A concurrency key is scoped by tenant: tenant A holding cust-42 for an
+// hour does not delay tenant B's cust-42, while A's own second cust-42
+// waits its turn; with scope: global the key is shared by every tenant.
+func TestConcurrencyKeyIsPerTenant(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	dir := t.TempDir()
+	writeSaga(t, dir, "per_customer.yaml", tenantKeyedSaga)
+	writeSaga(t, dir, "shared_customer.yaml", strings.NewReplacer("per_customer", "shared_customer", "customer.changed", "shared.changed",
+		"limit: 1}", "limit: 1, scope: global}").Replace(tenantKeyedSaga))
+	r := flowRelay(t, db, dir)
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	tenantA, tenantB := uuid.New(), uuid.New()
+	write := func(tenant uuid.UUID, eventType, agg string, hold bool) {
+		err := pgx.BeginFunc(t.Context(), db.Pool, func(tx pgx.Tx) error {
+			return outbox.Write(t.Context(), tx, outbox.Message{TenantID: tenant, AggregateType: "customer", AggregateID: agg,
+				EventType: eventType, Payload: []byte(fmt.Sprintf(`{"customer": "cust-42", "hold": %t}`, hold))})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A takes cust-42 and holds it.
+	write(tenantA, "customer.changed", "a-hold", true)
+	write(tenantA, "shared.changed", "shared-a-hold", true)
+	waitHeld := func(agg string) {
+		for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var n int
+			db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM saga_instances i JOIN outbox o ON o.id = i.trigger_event_id
+				WHERE o.aggregate_id = $1 AND i.awaiting_until IS NOT NULL`, agg).Scan(&n)
+			if n == 1 {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("the instance of %s never started its wait", agg)
+			}
+		}
+	}
+	waitHeld("a-hold")
+	waitHeld("shared-a-hold")
+	// B's cust-42 runs at once; A's second waits behind A's first.
+	write(tenantB, "customer.changed", "b-quick", false)
+	write(tenantA, "customer.changed", "a-quick", false)
+	write(tenantB, "shared.changed", "shared-b-quick", false)
+	if status, _ := flowStatus(t, db, "b-quick", 30*time.Second); status != "COMPLETED" {
+		t.Fatalf("tenant B's cust-42: %s, want COMPLETED while tenant A holds its own cust-42", status)
+	}
+	time.Sleep(time.Second) // a claim round or more
+	for _, agg := range []string{"a-quick", "shared-b-quick"} {
+		var status string
+		var steps int
+		if err := db.Pool.QueryRow(t.Context(), `SELECT i.status::text, (SELECT count(*) FROM saga_steps s WHERE s.saga_instance_id = i.id)
+			FROM saga_instances i JOIN outbox o ON o.id = i.trigger_event_id WHERE o.aggregate_id = $1`, agg).Scan(&status, &steps); err != nil {
+			t.Fatal(err)
+		}
+		if status != "RUNNING" || steps != 0 {
+			t.Errorf("%s: %s with %d steps run, want RUNNING and waiting for the key", agg, status, steps)
+		}
+	}
+}

@@ -53,6 +53,19 @@ type Concurrency struct {
 	Key func(ev outbox.Event) (string, error)
 	// Limit is at least 1.
 	Limit int
+	// Global shares the key between every tenant. By default the limit
+	// holds per tenant and key: the stored key is the trigger's tenant and
+	// Key's result, so one tenant's instances never hold another's back.
+	Global bool
+}
+
+// ScopedKey is the concurrency key stored on an instance that event ev
+// starts, for the key Key gave: per tenant unless c is Global.
+func (c *Concurrency) ScopedKey(ev outbox.Event, key string) string {
+	if c.Global {
+		return key
+	}
+	return ev.TenantID.String() + "/" + key
 }
 
 // Trigger matches events that start a saga. Empty AggregateType and a nil

@@ -142,7 +142,7 @@ func (s *Saga) Definition(rt *Runtime) saga.Definition {
 		d.Steps = append(d.Steps, st.runnerStep(s, rt, eg))
 	}
 	if c := s.Concurrency; c != nil {
-		d.Concurrency = &saga.Concurrency{Limit: c.Limit, Key: func(ev outbox.Event) (string, error) {
+		d.Concurrency = &saga.Concurrency{Limit: c.Limit, Global: c.Global, Key: func(ev outbox.Event) (string, error) {
 			raw, err := StartState(ev)
 			if err != nil {
 				return "", err

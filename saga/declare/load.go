@@ -50,10 +50,13 @@ type Saga struct {
 }
 
 // ConcurrencyLimit is a saga's concurrency: at most Limit instances with
-// the same Key (evaluated on the trigger) run at a time.
+// the same Key (evaluated on the trigger) run at a time, per tenant unless
+// Global.
 type ConcurrencyLimit struct {
 	Key   *template
 	Limit int
+	// Global: scope: global, the key shared by every tenant.
+	Global bool
 }
 
 // Step is one compiled step.
@@ -804,6 +807,7 @@ func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *r
 		r.add(nodeAt(kn), "concurrency.key %q is the same for every instance, so they would all run one after the other; key it by the event, e.g. key: \"${ trigger.aggregate_id }\"", kn.Value)
 		return nil
 	}
+	c.Global = cm.str("scope") == "global"
 	sc := &scope{place: "concurrency.key", noSteps: true, contracts: contracts}
 	c.Key = compileTemplate(kn, file, sc, r)
 	if c.Key == nil {

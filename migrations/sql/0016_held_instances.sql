@@ -1,4 +1,4 @@
--- 0015: instances held by an error that is not the step's answer (a missing
+-- 0016: instances held by an error that is not the step's answer (a missing
 -- privilege, table or column, a connection failure, a serialization
 -- failure): held_since is when the current run of such failures began; the
 -- runner retries them without counting attempts and never compensates
