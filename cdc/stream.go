@@ -279,14 +279,26 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			return false, err
 		}
 	}
+	pending, err := s.readPendingResync(ctx, pool)
+	if err != nil {
+		return false, err
+	}
+	if pending != nil {
+		resume, err := s.resumeResync(ctx, pool, pending, ckpt, hasCkpt)
+		if err != nil {
+			return false, err
+		}
+		if resume {
+			// Whatever OnSlotLost says now: the resync began, and the slot
+			// it left cannot be streamed from without its window.
+			return s.resync(ctx, pool, t, major, ckpt, hasCkpt, slot != nil, pending)
+		}
+	}
 	switch {
 	case slot != nil && slot.lost() && s.cfg.OnSlotLost == SlotLostResync:
-		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
-			return false, fmt.Errorf("cdc: drop invalidated slot %q: %w", s.cfg.Slot, err)
-		}
-		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt, true, nil)
 	case slot == nil && hasCkpt && s.cfg.OnSlotLost == SlotLostResync:
-		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt, false, nil)
 	case slot != nil && slot.lost():
 		if !s.cfg.RecreateSlot {
 			return false, slotLostError(s.cfg.Slot, slot, ckpt, hasCkpt)
