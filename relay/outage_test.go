@@ -2,6 +2,11 @@ package relay_test
 
 import (
 	"context"
+	"html"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,4 +148,102 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 	if n := outboxRows(); n != rows {
 		t.Fatalf("%d outbox rows after the outage, %d before: the recovery must not need a new one", n, rows)
 	}
+}
+
+// With the database stopped, the page answers with what the relay knows:
+// 503, the page rendered with a banner saying the database is unreachable
+// and the reasons /readyz gives, and nothing of the database's error nor
+// the URL's password.
+func TestPageDuringDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, dsn := haltableDB(t, "pagedown")
+	const password = "pw-Zq7TUQ1vN3xR" // trust auth ignores it; it must not show
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.Exec(ctx, `CREATE ROLE pager LOGIN SUPERUSER PASSWORD '`+password+`'`)
+	admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(dsn)
+	u.User = url.UserPassword("pager", password)
+	const token = "page-outage-token-6f1c2b9e8d7a4c3b"
+	r := startRelay(t, relay.Config{
+		DatabaseURL: u.String(), Registry: orderRegistry(t), Workers: 1,
+		StatusInterval: 200 * time.Millisecond, StallAfter: 2 * time.Second,
+		HTTPAddr: "127.0.0.1:0", APIToken: token, Logger: (&logLines{}).logger(),
+	})
+	base := "http://" + r.Addr()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.PostForm(base+"/login", url.Values{"token": {token}, "next": {"/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cookie := strings.SplitN(resp.Header.Get("Set-Cookie"), ";", 2)[0]
+	if resp.StatusCode != http.StatusSeeOther || cookie == "" {
+		t.Fatalf("sign in: %d, cookie %q", resp.StatusCode, cookie)
+	}
+	get := func(path string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		req.Header.Set("Cookie", cookie)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if st, body := get("/"); st != http.StatusOK {
+		t.Fatalf("page with the database up: %d\n%s", st, body)
+	}
+
+	if err := c.Halt(true); err != nil {
+		t.Fatal(err)
+	}
+	// Once the stream's own reason is there (after StallAfter), the page
+	// must carry it as /readyz does.
+	var ready readiness
+	waitUntil(t, 30*time.Second, "/readyz to give the database's and the stream's reasons", func() bool {
+		ready = probe(t, r.Addr())
+		return ready.status == http.StatusServiceUnavailable && len(ready.reasons) >= 2
+	})
+	st, page := get("/")
+	if st != http.StatusServiceUnavailable {
+		t.Fatalf("page with the database down: %d, want 503 with the page\n%s", st, page)
+	}
+	if !strings.Contains(page, `id="outage-banner"`) || !strings.Contains(page, "The database is unreachable") {
+		t.Errorf("no outage banner on the page:\n%s", page)
+	}
+	for _, reason := range ready.reasons {
+		// A reason may name how long the stream has been down: compare
+		// what comes before the duration.
+		want, _, _ := strings.Cut(reason, " for ")
+		if !strings.Contains(page, html.EscapeString(want)) {
+			t.Errorf("the page lacks the readiness reason %q:\n%s", want, page)
+		}
+	}
+	for _, leak := range []string{password, "SQLSTATE", "internal error"} {
+		if strings.Contains(page, leak) {
+			t.Errorf("the page shows %q:\n%s", leak, page)
+		}
+	}
+	if st, page := get("/search?q=0123456789ab"); st != http.StatusServiceUnavailable || !strings.Contains(page, `id="outage-banner"`) {
+		t.Errorf("search page with the database down: %d\n%s", st, page)
+	}
+
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = c.Resume(rctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("start PostgreSQL again: %v", err)
+	}
+	waitUntil(t, 45*time.Second, "the page to answer 200 again", func() bool {
+		st, _ := get("/")
+		return st == http.StatusOK
+	})
 }
