@@ -20,11 +20,14 @@ import (
 // start would stream from the new slot and never see those rows.
 func TestResyncKilledMidwayResumes(t *testing.T) {
 	t.Parallel()
+	relaytest.Binary(t) // built once per test binary: not this test's time
+	began := time.Now()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	args := relayArgs(db, "--on-slot-lost", "resync", "--resync-margin", "1m")
 
 	p := relaytest.Start(t, nil, args...)
+	t.Logf("first relay serving after %s", time.Since(began).Round(time.Millisecond))
 	first := createBrief(t, db, "before the slot is lost", true)
 	waitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, first) == 1 })
 	p.Stop(30 * time.Second)
@@ -43,6 +46,7 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 	if _, exited := crashing.Wait(60 * time.Second); !exited {
 		t.Fatalf("the relay with the failpoint did not die\n%s", crashing.Output())
 	}
+	t.Logf("the relay killed itself mid-resync after %s", time.Since(began).Round(time.Millisecond))
 	if !strings.Contains(crashing.Output(), "replication slot lost: re-creating it") {
 		t.Fatalf("the relay died before its resync began\n%s", crashing.Output())
 	}
@@ -62,6 +66,7 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 	waitFor(t, 45*time.Second, "every row of the window to start its saga", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = ANY($1)`, window) >= len(window)
 	})
+	t.Logf("the window's sagas started after %s", time.Since(began).Round(time.Millisecond))
 	for _, ev := range append([]uuid.UUID{first}, window...) {
 		if n := instancesFor(t, db, ev); n != 1 {
 			t.Errorf("trigger %s started %d sagas, want 1", ev, n)
