@@ -32,9 +32,11 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 	waitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, first) == 1 })
 	p.Stop(30 * time.Second)
 
-	if _, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot); err != nil {
-		t.Fatalf("drop the slot: %v", err)
-	}
+	// The walsender of the stopped relay may linger a moment.
+	waitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
+		_, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
+		return err == nil
+	})
 	var window []uuid.UUID
 	for range 20 {
 		window = append(window, createBrief(t, db, "written while the slot is lost", true))
