@@ -38,7 +38,14 @@
 //
 // Transient failures (server restart, walsender terminated, connection cut,
 // a sink error) end the current session; Run reconnects with capped
-// exponential backoff and resumes from the slot's confirmed position.
+// exponential backoff and resumes from the slot's confirmed position. It logs
+// the recovery once, when it streams again (after a sink error, when a batch
+// commits again).
+//
+// A resync (OnSlotLost "resync") records its window in the slot's row of
+// relay_checkpoints before it replaces the lost slot and clears it once the
+// window was re-read; a Run that finds the marker re-reads that window
+// before it streams, so a process killed in the middle loses nothing.
 //
 // # Least privilege
 //
@@ -47,6 +54,7 @@
 //	CREATE ROLE relay LOGIN REPLICATION PASSWORD '...';
 //	GRANT SELECT ON outbox, relay_checkpoints TO relay; -- first-start read, checkpoint
 //	GRANT DELETE ON outbox TO relay;                     -- only with Retention
+//	GRANT UPDATE ON relay_checkpoints TO relay;          -- only with OnSlotLost "resync": its marker
 //
 // plus the correlator's grants on its own tables. The publication is created
 // by Run when the role may (it must own the outbox table and have CREATE on

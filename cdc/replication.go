@@ -166,6 +166,9 @@ func (s *Stream) replicate(ctx context.Context, pool *pgxpool.Pool, repl *pgconn
 	if serverMajor(repl) >= failoverMajor {
 		r.gate = newStandbyGate(ctx, pool, start)
 	}
+	if !s.sinkFailed.Load() {
+		s.throttle.Recovered(keySession, "stream recovered: streaming again", "from", start.String())
+	}
 	s.sessionInfo("streaming", "from", start.String())
 	s.health.streaming()
 

@@ -43,6 +43,9 @@ type Stream struct {
 	serverLSN  atomic.Uint64 // newest server WAL position seen
 	lastCommit atomic.Int64  // unix nanoseconds, source commit time
 	resyncs    atomic.Uint64 // slots re-created with a resync from the outbox
+	// sinkFailed: the last session ended because the sink failed. Its
+	// recovery is then a batch that commits, not the reconnect.
+	sinkFailed atomic.Bool
 
 	// unhandled lists the transactions received for the sink and not yet
 	// committed by it, oldest first: their age is the lag.
@@ -160,6 +163,8 @@ func (s *Stream) Run(ctx context.Context) error {
 		if progressed {
 			attempt = 0
 		}
+		var sf *sinkFailure
+		s.sinkFailed.Store(errors.As(err, &sf))
 		wait := backoff(attempt, s.cfg.MaxReconnectWait)
 		attempt++
 		s.health.sessionEnded(errText(err), time.Now())
@@ -179,8 +184,10 @@ func backoff(attempt int, limit time.Duration) time.Duration {
 	return backoffpkg.Policy{Base: 100 * time.Millisecond, Factor: 2, Max: limit, Jitter: 0.5}.Delay(attempt)
 }
 
-// keySession is the throttled failure of the stream's sessions: it ends
-// when a batch commits again.
+// keySession is the throttled failure of the stream's sessions. It ends
+// when the stream streams again (the database, the network or the slot came
+// back: logged at the reconnect, idle outbox or not), or, when the last
+// session ended because the sink failed, when a batch commits again.
 const keySession = "session"
 
 func errText(err error) string {
@@ -279,14 +286,26 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			return false, err
 		}
 	}
+	pending, err := s.readPendingResync(ctx, pool)
+	if err != nil {
+		return false, err
+	}
+	if pending != nil {
+		resume, err := s.resumeResync(ctx, pool, pending, ckpt, hasCkpt)
+		if err != nil {
+			return false, err
+		}
+		if resume {
+			// Whatever OnSlotLost says now: the resync began, and the slot
+			// it left cannot be streamed from without its window.
+			return s.resync(ctx, pool, t, major, ckpt, hasCkpt, slot != nil, pending)
+		}
+	}
 	switch {
 	case slot != nil && slot.lost() && s.cfg.OnSlotLost == SlotLostResync:
-		if _, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.cfg.Slot); err != nil {
-			return false, fmt.Errorf("cdc: drop invalidated slot %q: %w", s.cfg.Slot, err)
-		}
-		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt, true, nil)
 	case slot == nil && hasCkpt && s.cfg.OnSlotLost == SlotLostResync:
-		return s.resync(ctx, pool, t, major, ckpt, hasCkpt)
+		return s.resync(ctx, pool, t, major, ckpt, hasCkpt, false, nil)
 	case slot != nil && slot.lost():
 		if !s.cfg.RecreateSlot {
 			return false, slotLostError(s.cfg.Slot, slot, ckpt, hasCkpt)

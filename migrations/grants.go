@@ -78,6 +78,8 @@ var Grants = []Grant{
 	{FeatureRunner, "saga_step_rates", false, []string{"SELECT", "INSERT", "UPDATE"}},
 
 	{FeatureStream, "", true, []string{"SELECT"}}, // the first start's snapshot
+	// UPDATE: the checkpoint, and the resync marker (resync_since,
+	// resync_checkpoint) written and cleared by --on-slot-lost=resync.
 	{FeatureStream, "relay_checkpoints", false, []string{"SELECT", "INSERT", "UPDATE"}},
 	{FeatureStream, "saga_instances", false, []string{"SELECT", "INSERT", "UPDATE"}},
 	{FeatureStream, "saga_events", false, []string{"SELECT", "INSERT"}},

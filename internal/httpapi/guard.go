@@ -170,6 +170,9 @@ type readinessCache struct {
 type readyResult struct {
 	status int
 	body   map[string]any
+	// databaseDown: the check could not query the database (or found no
+	// primary); the page then shows its outage form.
+	databaseDown bool
 }
 
 func (c *readinessCache) get(ctx context.Context, maxAge time.Duration, check func() readyResult) (readyResult, bool) {

@@ -185,6 +185,9 @@ type indexData struct {
 	Overview      *admin.Overview
 	OverviewChart overviewChart
 	OverviewErr   string
+	// Outage: the database is unreachable; the page shows what the relay
+	// knows without it (ErrorOnly is set too).
+	Outage *outage
 	// Matched counts every instance the filter matches; Retryable and
 	// Cancellable those a retry or a cancel can act on ("Retry all N",
 	// "Cancel all N"); FilterJSON is the filter as the bulk API takes it.
@@ -277,6 +280,7 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 			d.SinksErr = "cannot read the sinks' state; see the relay's log"
 		}
 	}
+	s.throttle.Recovered("page", "page: the database answers the page again")
 	s.render(w, r, s.page.index, http.StatusOK, d)
 }
 
@@ -408,10 +412,42 @@ func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, saga.ErrNotFound):
 		status, msg = http.StatusNotFound, err.Error()
 	default:
+		if s.outagePage(w, r, err) {
+			return
+		}
 		s.log.Error("page request failed", "path", r.URL.Path, "err", err)
 	}
 	d := indexData{layoutData: s.layout(r, "Compensa monitor"), Error: msg, ErrorOnly: true}
 	s.render(w, r, s.page.index, status, d)
+}
+
+// outage is what the page shows while the database is unreachable.
+type outage struct {
+	// Reasons are /readyz's reasons, which say nothing the relay's log
+	// alone should hold (no query error; the stream's error without the
+	// password).
+	Reasons []string
+}
+
+// outagePage answers a page whose query failed while the readiness check
+// finds the database unreachable: 503 with a banner, the reasons /readyz
+// gives and the lag samples kept in memory, instead of a bare internal
+// error. The query's error goes to the log, once per interval while the
+// outage lasts. It reports false when the database is reachable: the
+// failure is the page's own.
+func (s *Server) outagePage(w http.ResponseWriter, r *http.Request, err error) bool {
+	res, ok := s.ready.get(r.Context(), s.cfg.ReadinessMaxAge, s.checkReady)
+	if !ok || !res.databaseDown {
+		return false
+	}
+	s.throttle.Warn("page", "page: the database is unreachable; serving what the relay knows without it", "path", r.URL.Path, "err", err)
+	reasons, _ := res.body["reasons"].([]string)
+	d := indexData{layoutData: s.layout(r, "Compensa monitor: database unreachable"), ErrorOnly: true, Outage: &outage{Reasons: reasons}}
+	if s.cfg.Replication != nil {
+		d.Chart = newChart(s.lag.samples())
+	}
+	s.render(w, r, s.page.index, http.StatusServiceUnavailable, d)
+	return true
 }
 
 type loginData struct {

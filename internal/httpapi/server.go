@@ -375,8 +375,9 @@ func (s *Server) checkReady() readyResult {
 	defer cancel()
 	var reasons []string
 	out := map[string]any{"status": "ok", "database": "ok"}
-	var standby bool
+	var standby, down bool
 	if err := s.cfg.Pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+		down = true
 		s.throttle.Warn("database", "readyz: database unreachable", "err", err)
 		if strings.Contains(err.Error(), "read only connection") {
 			// target_session_attrs=read-write found only standbys.
@@ -409,7 +410,7 @@ func (s *Server) checkReady() readyResult {
 		reasons = append(reasons, s.cfg.Health()...)
 	}
 	if len(reasons) > 0 {
-		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"status": "unready", "reasons": reasons}}
+		return readyResult{status: http.StatusServiceUnavailable, body: map[string]any{"status": "unready", "reasons": reasons}, databaseDown: down}
 	}
 	return readyResult{status: http.StatusOK, body: out}
 }
