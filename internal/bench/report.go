@@ -260,6 +260,10 @@ type SoakRun struct {
 	TableBytesAtReference int64    `json:"table_bytes_at_reference"`
 	TableBytesEnd         int64    `json:"table_bytes_end"`
 	TableBytesGrowth      *float64 `json:"table_bytes_growth"`
+	// TableBytesGrowthFromTenth is the end's bytes over those at the end of
+	// the first tenth of the producer's time: with retention, what grows
+	// once the janitor and autovacuum have reached their steady state.
+	TableBytesGrowthFromTenth *float64 `json:"table_bytes_growth_from_tenth"`
 	// TableBytesEndByTable: each table's bytes at the end.
 	TableBytesEndByTable map[string]int64 `json:"table_bytes_end_by_table"`
 	// RSSMBMax is the bench process's (the relay's, with the producer and
@@ -387,6 +391,7 @@ type Summary struct {
 	SoakRate                  *int       `json:"soak_rate"`
 	SoakThroughputRatio       *float64   `json:"soak_throughput_ratio"`
 	SoakTableBytesGrowth      *float64   `json:"soak_table_bytes_growth"`
+	SoakTableGrowthFromTenth  *float64   `json:"soak_table_bytes_growth_from_tenth"`
 	SoakTableMBEnd            *float64   `json:"soak_table_mb_end"`
 	SoakEndP99Ms              []*float64 `json:"soak_end_p99_ms"`
 	SoakRSSMBMax              *float64   `json:"soak_rss_mb_max"`
@@ -395,6 +400,7 @@ type Summary struct {
 	SoakNoretRate             *int       `json:"soak_noret_rate"`
 	SoakNoretThroughputRatio  *float64   `json:"soak_noret_throughput_ratio"`
 	SoakNoretTableBytesGrowth *float64   `json:"soak_noret_table_bytes_growth"`
+	SoakNoretGrowthFromTenth  *float64   `json:"soak_noret_table_bytes_growth_from_tenth"`
 	SoakNoretTableMBEnd       *float64   `json:"soak_noret_table_mb_end"`
 	SoakNoretEndP99Ms         []*float64 `json:"soak_noret_end_p99_ms"`
 	SoakNoretRSSMBMax         *float64   `json:"soak_noret_rss_mb_max"`
@@ -522,12 +528,14 @@ func (r *Report) Summary() Summary {
 		}
 		for _, run := range k.Runs {
 			sagas, rt := run.Sagas, run.Rate
-			keys := soakKeys{&s.SoakSagas, &s.SoakRate, &s.SoakThroughputRatio, &s.SoakTableBytesGrowth, &s.SoakTableMBEnd, &s.SoakEndP99Ms, &s.SoakRSSMBMax, &s.SoakLoadMax}
+			keys := soakKeys{&s.SoakSagas, &s.SoakRate, &s.SoakThroughputRatio, &s.SoakTableBytesGrowth, &s.SoakTableGrowthFromTenth,
+				&s.SoakTableMBEnd, &s.SoakEndP99Ms, &s.SoakRSSMBMax, &s.SoakLoadMax}
 			if !run.Retention {
-				keys = soakKeys{&s.SoakNoretSagas, &s.SoakNoretRate, &s.SoakNoretThroughputRatio, &s.SoakNoretTableBytesGrowth, &s.SoakNoretTableMBEnd, &s.SoakNoretEndP99Ms, &s.SoakNoretRSSMBMax, &s.SoakNoretLoadMax}
+				keys = soakKeys{&s.SoakNoretSagas, &s.SoakNoretRate, &s.SoakNoretThroughputRatio, &s.SoakNoretTableBytesGrowth, &s.SoakNoretGrowthFromTenth,
+					&s.SoakNoretTableMBEnd, &s.SoakNoretEndP99Ms, &s.SoakNoretRSSMBMax, &s.SoakNoretLoadMax}
 			}
 			*keys.sagas, *keys.rate = &sagas, &rt
-			*keys.ratio, *keys.growth = run.ThroughputRatio, run.TableBytesGrowth
+			*keys.ratio, *keys.growth, *keys.growthTenth = run.ThroughputRatio, run.TableBytesGrowth, run.TableBytesGrowthFromTenth
 			*keys.tableMB = f64(float64(run.TableBytesEnd) / (1 << 20))
 			*keys.p99 = run.TenthEndP99Ms
 			*keys.rss, *keys.load = f64(run.RSSMBMax), f64(run.LoadMax)
@@ -536,12 +544,20 @@ func (r *Report) Summary() Summary {
 	return s
 }
 
+// fromTenth shows the growth from the end of the first tenth.
+func fromTenth(g *float64) string {
+	if g == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (from the first tenth's end %.2f)", *g)
+}
+
 // soakKeys are one soak run's fields of the Summary (soak_ or soak_noret_).
 type soakKeys struct {
-	sagas, rate            **int
-	ratio, growth, tableMB **float64
-	p99                    *[]*float64
-	rss, load              **float64
+	sagas, rate                         **int
+	ratio, growth, growthTenth, tableMB **float64
+	p99                                 *[]*float64
+	rss, load                           **float64
 }
 
 // WriteJSON writes the summary as one line.
@@ -735,7 +751,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			tr := deref(run.ThroughputRatio)
 			fmt.Fprintf(tw, "\t%s\t%d\t%d → %.0f\t%.1f\t%.2f %s\t%.1f → %.1f (ref %.0f s)\t%s %s\t%s%.1f/%.1f/%.1f\t%.0f\t%.2f\n",
 				run.Name, run.Sagas, run.Rate, run.AchievedRate, run.Seconds/60, tr, mark(tr >= 0.9),
-				float64(run.TableBytesAtReference)/(1<<20), float64(run.TableBytesEnd)/(1<<20), run.ReferenceSec, growth, ok,
+				float64(run.TableBytesAtReference)/(1<<20), float64(run.TableBytesEnd)/(1<<20), run.ReferenceSec, growth+fromTenth(run.TableBytesGrowthFromTenth), ok,
 				lowerBound(run.EndUnfinished), run.End.P50, run.End.P99, run.End.Max, run.RSSMBMax, run.LoadMax)
 			fmt.Fprintf(tw, "\t\tend p99 ms per tenth %s; sagas/s per tenth %s; as `%s`\n", roundAll(derefAll(run.TenthEndP99Ms), 1), roundAll(run.TenthSagasPerSec, 0), run.Command)
 		}

@@ -262,6 +262,7 @@ func (r *run) soakRun(ctx context.Context, name string, plan soakPlan, perSec in
 	out.End = summarize(all)
 	out.Samples = smp.samples
 	out.TableBytesAtReference, out.TableBytesEnd, out.TableBytesGrowth = tableGrowth(out.Samples, plan.keep)
+	_, _, out.TableBytesGrowthFromTenth = tableGrowth(out.Samples, time.Duration(out.Seconds*float64(time.Second)/10))
 	out.RSSMBMax = usage.PeakRSSMB()
 	for _, s := range out.Samples {
 		out.RSSMBMax = max(out.RSSMBMax, s.RSSMB)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"math"
 	"slices"
 	"strings"
@@ -123,5 +124,29 @@ func TestSoakPlotDrawsALinePerRunInEachPanel(t *testing.T) {
 	}
 	if !strings.Contains(svg, "soak-noretention") {
 		t.Fatal("the legend does not name the second run")
+	}
+}
+
+func TestSummaryNamesEachSoakRunsFiguresByItsRetention(t *testing.T) {
+	t.Parallel()
+	one, two := 1.0, 2.0
+	r := &Report{Soak: &SoakResult{CapacitySagasPerSec: 500, Runs: []SoakRun{
+		{Name: "soak", Retention: true, Sagas: 10, Rate: 5, ThroughputRatio: &one, TableBytesGrowth: &one, TableBytesEnd: 1 << 20,
+			TenthEndP99Ms: []*float64{&one, nil}, RSSMBMax: 100},
+		{Name: "soak-noretention", Sagas: 20, Rate: 5, ThroughputRatio: &two, TableBytesGrowth: &two, TableBytesEnd: 2 << 20, RSSMBMax: 200},
+	}}}
+	s := r.Summary()
+	if s.SoakSagas == nil || *s.SoakSagas != 10 || s.SoakNoretSagas == nil || *s.SoakNoretSagas != 20 {
+		t.Fatalf("soak_sagas %v, soak_noret_sagas %v; want 10 and 20", s.SoakSagas, s.SoakNoretSagas)
+	}
+	if *s.SoakTableBytesGrowth != 1 || *s.SoakNoretTableBytesGrowth != 2 || *s.SoakTableMBEnd != 1 || *s.SoakNoretTableMBEnd != 2 {
+		t.Fatalf("growths %v, %v and MB %v, %v; want 1, 2, 1, 2", *s.SoakTableBytesGrowth, *s.SoakNoretTableBytesGrowth, *s.SoakTableMBEnd, *s.SoakNoretTableMBEnd)
+	}
+	if len(s.SoakEndP99Ms) != 2 || s.SoakEndP99Ms[1] != nil || *s.SoakRSSMBMax != 100 || *s.SoakNoretRSSMBMax != 200 {
+		t.Fatalf("soak_end_p99_ms %v, RSS %v and %v", s.SoakEndP99Ms, *s.SoakRSSMBMax, *s.SoakNoretRSSMBMax)
+	}
+	// Not measured is null, not omitted.
+	if b, _ := json.Marshal((&Report{}).Summary()); !bytes.Contains(b, []byte(`"soak_throughput_ratio":null`)) || !bytes.Contains(b, []byte(`"soak_noret_end_p99_ms":null`)) {
+		t.Fatalf("an unmeasured soak's keys are not null: %s", b)
 	}
 }
