@@ -753,7 +753,11 @@ func (r *Report) WriteTable(w io.Writer) {
 				run.Name, run.Sagas, run.Rate, run.AchievedRate, run.Seconds/60, tr, mark(tr >= 0.9),
 				float64(run.TableBytesAtReference)/(1<<20), float64(run.TableBytesEnd)/(1<<20), run.ReferenceSec, growth+fromTenth(run.TableBytesGrowthFromTenth), ok,
 				lowerBound(run.EndUnfinished), run.End.P50, run.End.P99, run.End.Max, run.RSSMBMax, run.LoadMax)
-			fmt.Fprintf(tw, "\t\tend p99 ms per tenth %s; sagas/s per tenth %s; as `%s`\n", roundAll(derefAll(run.TenthEndP99Ms), 1), roundAll(run.TenthSagasPerSec, 0), run.Command)
+		}
+		// After the rows: a line with fewer cells would end tabwriter's
+		// column blocks and misalign the next run's row.
+		for _, run := range k.Runs {
+			fmt.Fprintf(tw, "\t%s: end p99 ms per tenth %s; sagas/s per tenth %s; as `%s`\n", run.Name, roundAll(derefAll(run.TenthEndP99Ms), 1), roundAll(run.TenthSagasPerSec, 0), run.Command)
 		}
 		if k.Plot != "" {
 			fmt.Fprintf(tw, "\t(plot: %s; series beside it in .json)\n", k.Plot)
