@@ -17,6 +17,11 @@ func newBenchCmd(opts *rootOptions) *cobra.Command {
 		quick, asJSON    bool
 		only, cpuprofile string
 		peers            string
+		soak             struct {
+			sagas, rate int
+			retention   time.Duration
+			plot        string
+		}
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -43,6 +48,7 @@ func newBenchCmd(opts *rootOptions) *cobra.Command {
 				ChildCommand: []string{exe, "bench", "consume"},
 				CPUProfile:   cpuprofile,
 				Peers:        peers,
+				SoakSagas:    soak.sagas, SoakRate: soak.rate, SoakRetention: soak.retention, SoakPlot: soak.plot,
 			}
 			report, err := bench.Run(cmd.Context(), cfg)
 			if err != nil {
@@ -63,7 +69,11 @@ func newBenchCmd(opts *rootOptions) *cobra.Command {
 	f := cmd.Flags()
 	f.BoolVar(&quick, "quick", false, "small sizes: a smoke test that finishes in well under two minutes")
 	f.BoolVar(&asJSON, "json", false, "print the headline figures as one JSON object on the last line")
-	f.StringVar(&only, "only", "", "run one scenario: stream, sinks, sinklatency, latency, steps, capacity, declared, claim or curve")
+	f.StringVar(&only, "only", "", "run these scenarios only, comma-separated: stream, sinks, sinklatency, latency, steps, capacity, declared, claim, curve; soak and soak-noretention run only when named")
+	f.IntVar(&soak.sagas, "soak-sagas", 0, "sagas per soak run (default 1,000,000; 20,000 with --quick)")
+	f.IntVar(&soak.rate, "soak-rate", 0, "the soak's rate in sagas/s (default: 75 % of the sustainable rate, measured first)")
+	f.DurationVar(&soak.retention, "soak-retention", 0, "the soak's --saga-retention (default 2m; 10s with --quick); the outbox keeps half of it")
+	f.StringVar(&soak.plot, "soak-plot", "soak.svg", "where the soak scenarios write their plot (SVG); their series go beside it (.json)")
 	f.StringVar(&peers, "peers", "", "the bench/peers binary (make bench-peers builds bin/peers): run DBOS Transact and River between the step runs")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (child relays write FILE.consume-N)")
 	cmd.AddCommand(newBenchConsumeCmd(opts))

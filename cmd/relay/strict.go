@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/compensa/compensa/internal/bench"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -307,11 +308,25 @@ func (v *checkedValue) Set(s string) error {
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
 	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
-	"only":      {"stream", "sinks", "sinklatency", "latency", "steps", "capacity", "declared", "claim", "curve"},
 }
 
 // stringChecks check free-text flags that still have a form.
 var stringChecks = map[string]func(string) error{
+	// relay bench --only: a comma-separated list of scenarios.
+	"only": func(s string) error {
+		words := append(slices.Clone(bench.Scenarios), bench.OptInScenarios...)
+		for _, name := range strings.Split(s, ",") {
+			if s == "" || slices.Contains(words, strings.TrimSpace(name)) {
+				continue
+			}
+			want := "want one or more of " + strings.Join(words, ", ") + ", comma-separated"
+			if hint := closest(strings.TrimSpace(name), words, "", ""); hint != "" {
+				want += "; " + hint
+			}
+			return errors.New(want)
+		}
+		return nil
+	},
 	"outbox-table": func(s string) error {
 		if _, err := outbox.ParseTableName(s); err != nil {
 			return fmt.Errorf("want a table name such as outbox or events.outbox (%v)", err)

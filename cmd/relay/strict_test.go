@@ -117,6 +117,8 @@ func badValues(f *pflag.Flag) []string {
 			return []string{"8080", "localhost:http-ish"}
 		case "slot":
 			return []string{"Has-Dash", ""}
+		case "only":
+			return []string{"bogus-word", "stream,bogus-word"}
 		}
 	}
 	return nil

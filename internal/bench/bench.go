@@ -27,7 +27,8 @@ type Config struct {
 	// Quick runs every scenario at a small size (a smoke test, well under
 	// two minutes).
 	Quick bool
-	// Only runs one scenario (see Scenarios); empty runs them all.
+	// Only runs the scenarios named, comma-separated (see Scenarios and
+	// OptInScenarios); empty runs every one of Scenarios.
 	Only string
 	// Out receives the results table; Progress receives one line per step
 	// of the run. Nil discards.
@@ -46,10 +47,24 @@ type Config struct {
 	// bin/peers): the step scenario runs it after each of its runs, on the
 	// same server, for DBOS Transact's and River's steps/s.
 	Peers string
+
+	// The soak scenarios (OptInScenarios): how many sagas each run
+	// (default 1,000,000; 20,000 with Quick), at what rate (sagas/s;
+	// 0: 75 % of the sustainable rate, measured first), with what
+	// --saga-retention (default 2m; 10s with Quick), and where the plot
+	// goes (default soak.svg; the series go beside it, .json).
+	SoakSagas     int
+	SoakRate      int
+	SoakRetention time.Duration
+	SoakPlot      string
 }
 
 // Scenarios are the names --only accepts, in the order a full run runs them.
 var Scenarios = []string{"stream", "sinks", "sinklatency", "latency", "steps", "capacity", "declared", "claim", "curve"}
+
+// OptInScenarios run only when --only names them, after the others: each
+// holds a rate for many minutes.
+var OptInScenarios = []string{"soak", "soak-noretention"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
@@ -136,8 +151,15 @@ func (r *run) progress(format string, args ...any) {
 // fails is recorded in Report.Errors and the others still run; Run returns
 // an error only when nothing could be measured (no database) or ctx ended.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	if cfg.Only != "" && !slices.Contains(Scenarios, cfg.Only) {
-		return nil, fmt.Errorf("bench: unknown scenario %q for --only: choose one of %s", cfg.Only, strings.Join(Scenarios, ", "))
+	only := map[string]bool{}
+	if cfg.Only != "" {
+		for _, name := range strings.Split(cfg.Only, ",") {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(Scenarios, name) && !slices.Contains(OptInScenarios, name) {
+				return nil, fmt.Errorf("bench: unknown scenario %q for --only: choose among %s", name, strings.Join(append(slices.Clone(Scenarios), OptInScenarios...), ", "))
+			}
+			only[name] = true
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -185,9 +207,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		"declared":    r.declaredScenario,
 		"claim":       r.claimScenario,
 		"curve":       r.curveScenario,
+
+		"soak":             r.soakScenario,
+		"soak-noretention": r.soakNoRetentionScenario,
 	}
-	for _, name := range Scenarios {
-		if cfg.Only != "" && cfg.Only != name {
+	for _, name := range append(slices.Clone(Scenarios), OptInScenarios...) {
+		if len(only) > 0 && !only[name] || len(only) == 0 && slices.Contains(OptInScenarios, name) {
 			continue
 		}
 		load := loadAverage()

@@ -2,7 +2,9 @@
 // ceilings, in one run on one database, for `relay bench` and BENCHMARKS.md.
 //
 // It owns the scenarios (stream throughput, latency under a fixed rate, step
-// throughput, resources and the cost curve), the data loaders, the
+// throughput, resources and the cost curve; and, only when named, the soak:
+// a million sagas at 75 % of the sustainable rate with and without
+// retention, plotted over time), the data loaders, the
 // pg_recvlogical and pgbench baselines and the measurement helpers (latency
 // percentiles from sorted samples, peak RSS, CPU seconds).
 //

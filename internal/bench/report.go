@@ -29,6 +29,7 @@ type Report struct {
 	Overload        *LatencyCase      `json:"overload,omitempty"`
 	Claim           []ClaimCase       `json:"claim,omitempty"`
 	Curve           []CurvePoint      `json:"curve,omitempty"`
+	Soak            *SoakResult       `json:"soak,omitempty"`
 
 	LoadAverage []ScenarioLoad `json:"load_average"`
 	Notes       []string       `json:"notes,omitempty"`
@@ -216,6 +217,92 @@ type CurvePoint struct {
 	InProcess bool `json:"in_process"`
 }
 
+// SoakResult is the soak scenarios: the rate they held and one run each.
+type SoakResult struct {
+	// CapacitySagasPerSec is the sustainable rate the offered rate is a
+	// share of (soakShare %), from the capacity ramp (Ramp) or the capacity
+	// scenario; RateGiven: Config.SoakRate set the rate instead.
+	CapacitySagasPerSec float64    `json:"capacity_sagas_per_sec,omitempty"`
+	RateGiven           bool       `json:"rate_given,omitempty"`
+	Ramp                []RampStep `json:"ramp,omitempty"`
+	Runs                []SoakRun  `json:"runs"`
+	// Plot is where the plot was written.
+	Plot string `json:"plot,omitempty"`
+}
+
+// SoakRun is one soak run (with or without retention).
+type SoakRun struct {
+	Name      string `json:"name"`
+	Retention bool   `json:"retention"`
+	Sagas     int    `json:"sagas"`
+	// Rate is the offered rate (sagas/s), AchievedRate what the producer
+	// committed over Seconds.
+	Rate         int     `json:"rate"`
+	AchievedRate float64 `json:"achieved_rate"`
+	Seconds      float64 `json:"seconds"`
+	// The retention held (0: none), and the `relay run` flags it stands for.
+	SagaRetentionSec   float64 `json:"saga_retention_s"`
+	OutboxRetentionSec float64 `json:"outbox_retention_s"`
+	DedupeWindowSec    float64 `json:"dedupe_window_s"`
+	Command            string  `json:"command"`
+	// TenthSagasPerSec: sagas COMPLETED per second in each tenth of the
+	// producer's time; ThroughputRatio the last tenth's over the first's.
+	TenthSagasPerSec []float64 `json:"tenth_sagas_per_sec"`
+	ThroughputRatio  *float64  `json:"throughput_ratio"`
+	// TenthEndP99Ms: p99 of trigger commit → COMPLETED of each tenth of
+	// the triggers (by sequence); End over all of them.
+	TenthEndP99Ms []*float64     `json:"tenth_end_p99_ms"`
+	End           LatencySummary `json:"end"`
+	EndUnfinished int            `json:"end_unfinished"`
+	// The relay's tables' bytes ReferenceSec (one retention) after the
+	// producer started and at the end, and the end's over the former.
+	ReferenceSec          float64  `json:"reference_s"`
+	TableBytesAtReference int64    `json:"table_bytes_at_reference"`
+	TableBytesEnd         int64    `json:"table_bytes_end"`
+	TableBytesGrowth      *float64 `json:"table_bytes_growth"`
+	// TableBytesGrowthFromTenth is the end's bytes over those at the end of
+	// the first tenth of the producer's time: with retention, what grows
+	// once the janitor and autovacuum have reached their steady state.
+	TableBytesGrowthFromTenth *float64 `json:"table_bytes_growth_from_tenth"`
+	// TableBytesEndByTable: each table's bytes at the end.
+	TableBytesEndByTable map[string]int64 `json:"table_bytes_end_by_table"`
+	// RSSMBMax is the bench process's (the relay's, with the producer and
+	// the timeline) resident high-water mark during the run; CPUSeconds its
+	// CPU time.
+	RSSMBMax   float64 `json:"rss_mb_max"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+	LoadMax    float64 `json:"load_max"`
+	// Samples are taken every few seconds; Buckets are the plot's lines.
+	Samples []SoakSample `json:"samples"`
+	Buckets []SoakBucket `json:"buckets"`
+}
+
+// SoakSample is one sample of a soak run, T seconds after the producer
+// started.
+type SoakSample struct {
+	T          float64 `json:"t"`
+	Completed  int64   `json:"completed"`
+	TableBytes int64   `json:"table_bytes"`
+	RSSMB      float64 `json:"rss_mb"`
+	Load       float64 `json:"load"`
+	// Estimates from pg_stat_user_tables over the same tables: live rows of
+	// saga_instances and of all, dead rows, autovacuum runs so far.
+	InstanceRows int64 `json:"instance_rows"`
+	LiveRows     int64 `json:"live_rows"`
+	DeadRows     int64 `json:"dead_rows"`
+	Autovacuums  int64 `json:"autovacuums"`
+}
+
+// SoakBucket is one window of the producer's time: the sagas completed in
+// it per second, and the p99 end latency of the triggers committed in it.
+type SoakBucket struct {
+	T           float64  `json:"t"`
+	SagasPerSec float64  `json:"sagas_per_sec"`
+	EndP99Ms    *float64 `json:"end_p99_ms"`
+}
+
 // Summary is the one-line JSON object `relay bench --json` prints last. A
 // figure that was not measured (--only, a failed scenario) is null.
 type Summary struct {
@@ -295,10 +382,33 @@ type Summary struct {
 	PeakRSSEvents           *int      `json:"peak_rss_events"`
 	ResourcesInProcess      *bool     `json:"resources_in_process"`
 	CurveEventsPerSec       []float64 `json:"curve_events_per_sec,omitempty"`
-	Quick                   bool      `json:"quick"`
-	LoadAverageStart        float64   `json:"load_average_start"`
-	LoadAverageEnd          float64   `json:"load_average_end"`
-	Errors                  []string  `json:"errors,omitempty"`
+	// The soak with retention (soak_) and without (soak_noret_): sagas
+	// run, the offered rate, sagas/s completed in the last tenth over the
+	// first, the tables' bytes at the end over one retention after the
+	// start, p99 end latency per tenth, the process's RSS high-water mark.
+	SoakCapacitySagasPerSec   *float64   `json:"soak_capacity_sagas_per_sec"`
+	SoakSagas                 *int       `json:"soak_sagas"`
+	SoakRate                  *int       `json:"soak_rate"`
+	SoakThroughputRatio       *float64   `json:"soak_throughput_ratio"`
+	SoakTableBytesGrowth      *float64   `json:"soak_table_bytes_growth"`
+	SoakTableGrowthFromTenth  *float64   `json:"soak_table_bytes_growth_from_tenth"`
+	SoakTableMBEnd            *float64   `json:"soak_table_mb_end"`
+	SoakEndP99Ms              []*float64 `json:"soak_end_p99_ms"`
+	SoakRSSMBMax              *float64   `json:"soak_rss_mb_max"`
+	SoakLoadMax               *float64   `json:"soak_load_max"`
+	SoakNoretSagas            *int       `json:"soak_noret_sagas"`
+	SoakNoretRate             *int       `json:"soak_noret_rate"`
+	SoakNoretThroughputRatio  *float64   `json:"soak_noret_throughput_ratio"`
+	SoakNoretTableBytesGrowth *float64   `json:"soak_noret_table_bytes_growth"`
+	SoakNoretGrowthFromTenth  *float64   `json:"soak_noret_table_bytes_growth_from_tenth"`
+	SoakNoretTableMBEnd       *float64   `json:"soak_noret_table_mb_end"`
+	SoakNoretEndP99Ms         []*float64 `json:"soak_noret_end_p99_ms"`
+	SoakNoretRSSMBMax         *float64   `json:"soak_noret_rss_mb_max"`
+	SoakNoretLoadMax          *float64   `json:"soak_noret_load_max"`
+	Quick                     bool       `json:"quick"`
+	LoadAverageStart          float64    `json:"load_average_start"`
+	LoadAverageEnd            float64    `json:"load_average_end"`
+	Errors                    []string   `json:"errors,omitempty"`
 }
 
 func f64(v float64) *float64 {
@@ -412,7 +522,42 @@ func (r *Report) Summary() Summary {
 		inproc := largest.InProcess
 		s.ResourcesInProcess = &inproc
 	}
+	if k := r.Soak; k != nil {
+		if k.CapacitySagasPerSec > 0 {
+			s.SoakCapacitySagasPerSec = f64(k.CapacitySagasPerSec)
+		}
+		for _, run := range k.Runs {
+			sagas, rt := run.Sagas, run.Rate
+			keys := soakKeys{&s.SoakSagas, &s.SoakRate, &s.SoakThroughputRatio, &s.SoakTableBytesGrowth, &s.SoakTableGrowthFromTenth,
+				&s.SoakTableMBEnd, &s.SoakEndP99Ms, &s.SoakRSSMBMax, &s.SoakLoadMax}
+			if !run.Retention {
+				keys = soakKeys{&s.SoakNoretSagas, &s.SoakNoretRate, &s.SoakNoretThroughputRatio, &s.SoakNoretTableBytesGrowth, &s.SoakNoretGrowthFromTenth,
+					&s.SoakNoretTableMBEnd, &s.SoakNoretEndP99Ms, &s.SoakNoretRSSMBMax, &s.SoakNoretLoadMax}
+			}
+			*keys.sagas, *keys.rate = &sagas, &rt
+			*keys.ratio, *keys.growth, *keys.growthTenth = run.ThroughputRatio, run.TableBytesGrowth, run.TableBytesGrowthFromTenth
+			*keys.tableMB = f64(float64(run.TableBytesEnd) / (1 << 20))
+			*keys.p99 = run.TenthEndP99Ms
+			*keys.rss, *keys.load = f64(run.RSSMBMax), f64(run.LoadMax)
+		}
+	}
 	return s
+}
+
+// fromTenth shows the growth from the end of the first tenth.
+func fromTenth(g *float64) string {
+	if g == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (from the first tenth's end %.2f)", *g)
+}
+
+// soakKeys are one soak run's fields of the Summary (soak_ or soak_noret_).
+type soakKeys struct {
+	sagas, rate                         **int
+	ratio, growth, growthTenth, tableMB **float64
+	p99                                 *[]*float64
+	rss, load                           **float64
 }
 
 // WriteJSON writes the summary as one line.
@@ -584,6 +729,38 @@ func (r *Report) WriteTable(w io.Writer) {
 				where = "in the bench process"
 			}
 			fmt.Fprintf(tw, "\t%d\t%d\t%.1f\t%.0f\t%.1f\t%.1f\t%.2f\t%s\n", p.Events, p.RowsPerTx, p.Seconds, p.EventsPerSec, p.PeakRSSMB, p.CPUSeconds, p.CPUPer100k, where)
+		}
+	}
+	if k := r.Soak; k != nil && len(k.Runs) > 0 {
+		how := fmt.Sprintf("%d %% of %.0f sagas/s sustained", soakShare, k.CapacitySagasPerSec)
+		if k.RateGiven {
+			how = "rate given"
+		}
+		fmt.Fprintf(tw, "\n6. soak (3-step sagas, %s)\trun\tsagas\trate asked → achieved\tminutes\tsagas/s last/first tenth (≥0.9)\ttable MB at ref → end\tgrowth (≤1.25 with retention)\tend p50/p99/max ms\tRSS max MB\tload max\n", how)
+		for _, run := range k.Runs {
+			growth, ok := "-", "MISSED"
+			if g := run.TableBytesGrowth; g != nil {
+				growth = fmt.Sprintf("%.2f", *g)
+				if *g <= 1.25 {
+					ok = "ok"
+				}
+			}
+			if !run.Retention {
+				ok = "(none kept down)"
+			}
+			tr := deref(run.ThroughputRatio)
+			fmt.Fprintf(tw, "\t%s\t%d\t%d → %.0f\t%.1f\t%.2f %s\t%.1f → %.1f (ref %.0f s)\t%s %s\t%s%.1f/%.1f/%.1f\t%.0f\t%.2f\n",
+				run.Name, run.Sagas, run.Rate, run.AchievedRate, run.Seconds/60, tr, mark(tr >= 0.9),
+				float64(run.TableBytesAtReference)/(1<<20), float64(run.TableBytesEnd)/(1<<20), run.ReferenceSec, growth+fromTenth(run.TableBytesGrowthFromTenth), ok,
+				lowerBound(run.EndUnfinished), run.End.P50, run.End.P99, run.End.Max, run.RSSMBMax, run.LoadMax)
+		}
+		// After the rows: a line with fewer cells would end tabwriter's
+		// column blocks and misalign the next run's row.
+		for _, run := range k.Runs {
+			fmt.Fprintf(tw, "\t%s: end p99 ms per tenth %s; sagas/s per tenth %s; as `%s`\n", run.Name, roundAll(derefAll(run.TenthEndP99Ms), 1), roundAll(run.TenthSagasPerSec, 0), run.Command)
+		}
+		if k.Plot != "" {
+			fmt.Fprintf(tw, "\t(plot: %s; series beside it in .json)\n", k.Plot)
 		}
 	}
 	tw.Flush()

@@ -101,8 +101,20 @@ type pipeline struct {
 	tl        *timeline
 	prod      *producer
 	steps     atomic.Int64 // step commits (not compensations)
+	ended     atomic.Int64 // sagas COMPLETED (the warm-up's included)
 	streamErr chan error
 	closers   []func()
+}
+
+// pipelineOptions add to the pipeline what `relay run` adds with its
+// retention flags; the zero value is the latency scenario's pipeline.
+type pipelineOptions struct {
+	// OutboxRetention is --outbox-retention (0: the stream deletes none).
+	OutboxRetention time.Duration
+	// Janitor, when set, runs the retention janitor beside the runner as
+	// `relay run` does (History 0 and DedupeWindow 0 is --saga-retention 0
+	// --dedupe-window 0: it then only folds the status counts).
+	Janitor *pgjournal.RetentionConfig
 }
 
 func (p *pipeline) close() {
@@ -111,7 +123,11 @@ func (p *pipeline) close() {
 	}
 }
 
-func (r *run) openPipeline(ctx context.Context, n int) (_ *pipeline, err error) {
+func (r *run) openPipeline(ctx context.Context, n int) (*pipeline, error) {
+	return r.openPipelineWith(ctx, n, pipelineOptions{})
+}
+
+func (r *run) openPipelineWith(ctx context.Context, n int, opts pipelineOptions) (_ *pipeline, err error) {
 	e := r.env
 	p := &pipeline{tl: newTimeline(n), streamErr: make(chan error, 1)}
 	defer func() {
@@ -159,6 +175,9 @@ func (r *run) openPipeline(ctx context.Context, n int) (_ *pipeline, err error) 
 				tl.mark(tl.step, seq.(int64))
 			}
 		}, OnTerminal: func(ev saga.TerminalEvent) {
+			if ev.Status == saga.StatusCompleted {
+				p.ended.Add(1)
+			}
 			if seq, ok := endSeq.LoadAndDelete(ev.InstanceID); ok && ev.Status == saga.StatusCompleted {
 				tl.mark(tl.end, seq.(int64))
 			}
@@ -179,8 +198,14 @@ func (r *run) openPipeline(ctx context.Context, n int) (_ *pipeline, err error) 
 			}
 		}
 	}
-	stream, err := cdc.NewStream(cdc.Config{DatabaseURL: e.url, Slot: slot, Publication: e.pub,
-		Logger: r.log.With("component", "cdc")}, sink)
+	scfg := cdc.Config{DatabaseURL: e.url, Slot: slot, Publication: e.pub, Logger: r.log.With("component", "cdc")}
+	if opts.OutboxRetention > 0 {
+		scfg.Retention = opts.OutboxRetention
+		// `relay run` deletes every minute; a retention shorter than two
+		// minutes (the quick soak's) needs rounds to match.
+		scfg.RetentionInterval = max(time.Second, min(cdc.DefaultRetentionInterval, opts.OutboxRetention/2))
+	}
+	stream, err := cdc.NewStream(scfg, sink)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +225,13 @@ func (r *run) openPipeline(ctx context.Context, n int) (_ *pipeline, err error) 
 		defer c()
 		runner.Stop(stopCtx)
 	})
+	if opts.Janitor != nil {
+		stop, err := startJanitor(runCtx, pool, journal, reg, *opts.Janitor)
+		if err != nil {
+			return nil, err
+		}
+		p.closers = append(p.closers, func() { cancel(); stop() })
+	}
 
 	prod, err := newProducer(ctx, e.url, tl)
 	if err != nil {
