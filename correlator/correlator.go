@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -241,6 +243,14 @@ func (c *Correlator) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		c.cfg.Logger.Warn("PostgreSQL refused a batch for what an event holds: applying its events one by one and parking those refused",
 			"slot", b.Slot, "lsn", b.EndLSN.String(), "err", err)
 		p, out, err = c.commitOneByOne(ctx, b)
+	}
+	if err != nil && connectionLost(err) {
+		// The database restarted or the network broke: every connection
+		// the pool holds from before is as dead as this one was. Dropping
+		// them all now lets the replay of this batch, and the runner, start
+		// on fresh connections instead of finding the dead ones one failed
+		// batch (and one stream reconnect) at a time.
+		c.pool.Reset()
 	}
 	if err != nil {
 		return err
@@ -689,4 +699,16 @@ func waitVisible(ctx context.Context, tx pgx.Tx, xids []int64, limit time.Durati
 		}
 		pause = min(pause*2, 20*time.Millisecond)
 	}
+}
+
+// connectionLost reports whether err says the connection it ran on is gone
+// (a server that shut down or restarted, a broken network), rather than
+// that the batch was refused.
+func connectionLost(err error) bool {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return strings.HasPrefix(pg.Code, "08") || strings.HasPrefix(pg.Code, "57P")
+	}
+	return saga.Unreachable(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		strings.Contains(err.Error(), "conn closed")
 }

@@ -79,9 +79,12 @@ type Process struct {
 // and exit code.
 func Run(t testing.TB, env []string, args ...string) (string, int) {
 	t.Helper()
+	// Built first: the first build of a test binary (with -race, on a busy
+	// machine) can take minutes, which are not the command's.
+	bin := Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, Binary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(cleanEnv(), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
