@@ -902,3 +902,58 @@ func TestVersionPrintsTheCommitMakeBuildPassesIn(t *testing.T) {
 		t.Fatalf("version line %q: want commit unknown when nothing gave one", line)
 	}
 }
+
+// The pods the project owns (the standalone relay, the migrate Job) mount
+// no service account token, and a NetworkPolicy admits traffic to the
+// standalone relay's monitor only from pods labelled for it.
+func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
+	var policies int
+	for _, o := range manifests(t) {
+		var obj struct {
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Automount *bool `yaml:"automountServiceAccountToken"`
+					} `yaml:"spec"`
+				} `yaml:"template"`
+				PodSelector struct {
+					MatchLabels map[string]string `yaml:"matchLabels"`
+				} `yaml:"podSelector"`
+				Ingress []struct {
+					From []struct {
+						PodSelector struct {
+							MatchLabels map[string]string `yaml:"matchLabels"`
+						} `yaml:"podSelector"`
+					} `yaml:"from"`
+					Ports []struct {
+						Port string `yaml:"port"`
+					} `yaml:"ports"`
+				} `yaml:"ingress"`
+			} `yaml:"spec"`
+		}
+		if err := o.node.Decode(&obj); err != nil {
+			t.Fatalf("%s %s: %v", o.file, o.Metadata.Name, err)
+		}
+		switch {
+		case o.file != "sidecar.yaml" && (o.Kind == "Deployment" || o.Kind == "Job"):
+			if a := obj.Spec.Template.Spec.Automount; a == nil || *a {
+				t.Errorf("%s %s: set automountServiceAccountToken: false (the relay never calls the Kubernetes API)", o.file, o.Metadata.Name)
+			}
+		case o.Kind == "NetworkPolicy":
+			policies++
+			if obj.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "compensa-relay" {
+				t.Errorf("%s %s: selects %v, not the relay's pods", o.file, o.Metadata.Name, obj.Spec.PodSelector.MatchLabels)
+			}
+			for _, in := range obj.Spec.Ingress {
+				for _, p := range in.Ports {
+					if p.Port == "monitor" && (len(in.From) == 0 || len(in.From[0].PodSelector.MatchLabels) == 0) {
+						t.Errorf("%s %s: the monitor port is open to every pod", o.file, o.Metadata.Name)
+					}
+				}
+			}
+		}
+	}
+	if policies == 0 {
+		t.Error("no NetworkPolicy limits what reaches the standalone relay")
+	}
+}
