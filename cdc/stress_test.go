@@ -69,6 +69,13 @@ func TestStartStopStress(t *testing.T) {
 	startStream(t, cfg, sink)
 	waitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
+	// The stream reports a batch after the sink committed it: the last
+	// batch's report may come a moment after its rows are visible.
+	waitFor(t, 10*time.Second, "the last batch's report", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.events >= len(ids)
+	})
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t.Logf("%d events over %d start/stop cycles; metrics: %d batches, %d events, %d lag reports, %d/%d leadership changes",

@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/compensa/compensa/internal/pgcluster"
-	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/relay"
 )
 
@@ -29,37 +26,7 @@ var dbDown = flag.Duration("relay.db-down", 10*time.Second,
 func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	c, err := pgcluster.Start(sctx, pgcluster.Options{})
-	cancel()
-	if err != nil {
-		t.Fatalf("start a cluster of its own: %v", err)
-	}
-	t.Cleanup(func() { c.Stop() })
-	if c.Kind != pgcluster.KindLocal {
-		t.Fatalf("this test stops and starts PostgreSQL itself: it needs a local cluster, got %s (unset %s)", c.Kind, pgcluster.EnvURL)
-	}
-	admin, err := pgx.Connect(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE dbdown"); err != nil {
-		t.Fatal(err)
-	}
-	admin.Close(ctx)
-	url := c.DSN("dbdown")
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = migrations.Apply(ctx, conn, migrations.Options{})
-	if err == nil {
-		_, err = conn.Exec(ctx, `CREATE TABLE relay_test_steps (order_id text, step text)`)
-	}
-	conn.Close(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, url := haltableDB(t, "dbdown")
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)

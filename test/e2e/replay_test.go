@@ -58,6 +58,21 @@ func (h *hookRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(204)
 }
 
+// serveHook serves a new hookRecorder on a free port until the test ends
+// and returns it with its address.
+func serveHook(t *testing.T) (*hookRecorder, net.Addr) {
+	t.Helper()
+	rec := &hookRecorder{at: map[string][]time.Time{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: rec}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return rec, ln.Addr()
+}
+
 func (h *hookRecorder) snapshot() ([]string, map[string]int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -77,20 +92,13 @@ func (h *hookRecorder) snapshot() ([]string, map[string]int) {
 func TestSinksReplay(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
-	rec := &hookRecorder{at: map[string][]time.Time{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: rec}
-	go srv.Serve(ln)
-	defer srv.Close()
+	rec, addr := serveHook(t)
 	file := filepath.Join(t.TempDir(), "sinks.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
   - name: hook
     match: { event_types: ["replay.*"] }
     webhook: { url: "http://%s/events", secret_env: REPLAY_SECRET, timeout: 5s }
-`, ln.Addr())), 0o600)
+`, addr)), 0o600)
 	env := []string{"REPLAY_SECRET=whsec_" + base64.StdEncoding.EncodeToString([]byte("replay-test-secret-0123456789"))}
 	const apiToken = "5f0c9a1e7b3d4c2a8e6f1b0d9c7a5e3f2b4d6c8a0e1f3b5d7c9a2e4f6b8d0c1a"
 	p := relaytest.Start(t, env, relayArgs(db, "--sinks", file, "--api-token", apiToken)...)
@@ -248,16 +256,9 @@ func TestSinksReplaySkipsSkippedAndRunsAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.NewDB(t)
-	rec := &hookRecorder{at: map[string][]time.Time{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: rec}
-	go srv.Serve(ln)
-	defer srv.Close()
+	rec, addr := serveHook(t)
 	file := filepath.Join(t.TempDir(), "sinks.yaml")
-	writeFile(t, file, fmt.Sprintf("sinks:\n  - name: hook\n    webhook: { url: \"http://%s/events\", secret_env: REPLAY_SECRET, timeout: 5s }\n", ln.Addr()))
+	writeFile(t, file, fmt.Sprintf("sinks:\n  - name: hook\n    webhook: { url: \"http://%s/events\", secret_env: REPLAY_SECRET, timeout: 5s }\n", addr))
 	env := []string{"REPLAY_SECRET=whsec_" + base64.StdEncoding.EncodeToString([]byte("replay-test-secret-0123456789"))}
 
 	since := time.Now().Add(-time.Second)
