@@ -34,21 +34,10 @@ func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	var logs logLines
-	r, err := relay.New(ctx, relay.Config{
+	r := startRelay(t, relay.Config{
 		DatabaseURL: url, Registry: orderRegistry(t), Workers: 2,
 		StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 		HTTPAddr: "127.0.0.1:0", StallAfter: 5 * time.Second, Logger: logs.logger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.Stop(sctx)
 	})
 	steps := func() int {
 		var n int

@@ -186,21 +186,10 @@ func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
 	role, dsn := leastRole(t, db)
 	const stallAfter = 2 * time.Second
 	var logs logLines
-	r, err := relay.New(ctx, relay.Config{
+	r := startRelay(t, relay.Config{
 		DatabaseURL: dsn, Registry: orderRegistry(t), Slot: db.Slot, Publication: db.Publication,
 		Workers: 2, StatusInterval: 200 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 		HTTPAddr: "127.0.0.1:0", StallAfter: stallAfter, Logger: logs.logger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		r.Stop(sctx)
 	})
 	stepsDone := func(n int) bool {
 		var got int
