@@ -94,10 +94,7 @@ func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
 
 // RetryAfterOf returns the wait a RetryAfter in err asks for.
-func RetryAfterOf(err error) (time.Duration, bool) { return retryAfterOf(err) }
-
-// retryAfterOf returns the wait a RetryAfter in err asks for.
-func retryAfterOf(err error) (time.Duration, bool) {
+func RetryAfterOf(err error) (time.Duration, bool) {
 	var ra *retryAfterError
 	if errors.As(err, &ra) {
 		return ra.after, true

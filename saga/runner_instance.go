@@ -778,7 +778,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
-		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+		if d, ok := RetryAfterOf(err); ok && d > ev.RetryIn {
 			ev.RetryIn = d // the service asked for at least this much
 		}
 		ev.RetryIn = w.capToDeadline(ev.RetryIn)
@@ -806,7 +806,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 // the package's heldDelay), at least what a Retry-After in err asks for.
 func (w *work) heldDelay(pol RetryPolicy, err error) time.Duration {
 	d := heldDelay(pol, w.inst.HeldSince, w.now())
-	if ra, ok := retryAfterOf(err); ok && ra > d {
+	if ra, ok := RetryAfterOf(err); ok && ra > d {
 		d = ra
 	}
 	return d
@@ -1070,7 +1070,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
 		ev.RetryIn = pol.Delay(attempt)
-		if d, ok := retryAfterOf(err); ok && d > ev.RetryIn {
+		if d, ok := RetryAfterOf(err); ok && d > ev.RetryIn {
 			ev.RetryIn = d
 		}
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
