@@ -83,13 +83,13 @@ bench-peers: postgres
 
 .PHONY: chaos
 chaos: postgres
-	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)
+	$(if $(QUICK),,RELAY_TEST_HEAVY=1) $(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos $(if $(CHAOS_FLAGS),-args $(CHAOS_FLAGS))
 
 # `make test-declared` runs the declared-saga kill test in full: three SIGKILLs
 # of the relay under load, 300 orders (make test runs one kill, 30 orders).
 .PHONY: test-declared
 test-declared: postgres
-	DECLARED_FULL=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
+	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
 
 # `make example-orders` runs examples/orders (README "Sagas without Go"): a
 # throwaway PostgreSQL, the Python payment service, the relay with --sagas.
@@ -117,7 +117,7 @@ overview-bench: postgres
 # `make test` runs the same test with a 10 s outage.
 .PHONY: test-db-down
 test-db-down: postgres
-	$(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay -args -relay.db-down=60s
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay
 
 # `make test-sinks` is the sink fault suite (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
@@ -137,12 +137,12 @@ test-failover:
 ifdef QUICK
 	$(GO) test -count=1 -timeout 15m ./test/failover
 else
-	$(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover -args -failover.full
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover
 endif
 
 .PHONY: test-sinks
 test-sinks: postgres
-	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full
+	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks
 
 # `make test-lag-idle` watches an idle relay's lag for a full minute (go test
 # watches for 15 s): the stream's and QueryLag's lag_seconds, and the
@@ -150,5 +150,5 @@ test-sinks: postgres
 # $TMPDIR/compensa-artifacts).
 .PHONY: test-lag-idle
 test-lag-idle: postgres chromium
-	$(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc -args -cdc.lag-idle=60s
-	$(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi -args -httpapi.lag-idle=60s
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi
