@@ -9,12 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // With a standby named in synchronized_standby_slots, a position is passed
 // only once that standby's physical slot has flushed the WAL written when
 // the position was offered; without one, every position passes at once.
 func TestStandbyGateHoldsBackUntilTheStandbyHasTheWAL(t *testing.T) {
+	testkit.SkipShort(t, "needs PostgreSQL 17 from npm")
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -20,10 +20,7 @@ import (
 //
 // Set COMPENSA_SCREENSHOTS=dir to keep a screenshot of the page.
 func TestBrowserDefinitionsPicture(t *testing.T) {
-	chromium := chromiumPath()
-	if chromium == "" {
-		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
-	}
+	chromium := requireChromium(t)
 	declared := declaredDefinitions(t)
 	b := setup(t, options{configure: func(c *httpapi.Config) {
 		c.Definitions = func() []httpapi.Definition { return declared }

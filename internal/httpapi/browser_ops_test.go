@@ -20,10 +20,7 @@ import (
 // by timeout for the steps that follow.
 func browser(t *testing.T, url string, timeout time.Duration) context.Context {
 	t.Helper()
-	chromium := chromiumPath()
-	if chromium == "" {
-		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
-	}
+	chromium := requireChromium(t)
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
 		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
@@ -61,9 +58,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 // overview (counts and the per-minute chart), a filtered list's "Retry all
 // N" with its confirm showing N, and the search box with each kind of id.
 func TestBrowserOperations(t *testing.T) {
-	if chromiumPath() == "" {
-		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
-	}
+	requireChromium(t)
 	const failedN = 30
 	b := setup(t, options{token: token})
 	journal, err := pgjournal.New(b.db.Pool, nil)

@@ -57,10 +57,7 @@ func artefactDir(t *testing.T) string {
 // replication chart of an idle relay, flat at 0 s across many heartbeats.
 // Screenshots of the three go to artefactDir.
 func TestBrowserListTimelineAndIdleLag(t *testing.T) {
-	chromium := chromiumPath()
-	if chromium == "" {
-		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
-	}
+	chromium := requireChromium(t)
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
 	reg := saga.NewRegistry()

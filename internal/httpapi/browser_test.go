@@ -16,7 +16,20 @@ import (
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/testkit"
 )
+
+// requireChromium returns Debian's chromium, or skips t: in the quick tier
+// (-short), and where there is none (`make test` installs it).
+func requireChromium(t *testing.T) string {
+	t.Helper()
+	testkit.SkipShort(t, "a browser test, which needs Chromium")
+	p := chromiumPath()
+	if p == "" {
+		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
+	}
+	return p
+}
 
 // chromiumPath finds Debian's chromium. The browser test skips only when
 // there is none: `make test` installs it.
@@ -39,10 +52,7 @@ func chromiumPath() string {
 //
 // Set COMPENSA_SCREENSHOTS=dir to keep screenshots of the pages.
 func TestBrowserRetry(t *testing.T) {
-	chromium := chromiumPath()
-	if chromium == "" {
-		t.Skip("browser test skipped: no chromium binary (/usr/bin/chromium); install Debian's chromium package (make test does)")
-	}
+	chromium := requireChromium(t)
 	b := setup(t, options{token: token})
 	journal, err := pgjournal.New(b.db.Pool, nil)
 	if err != nil {

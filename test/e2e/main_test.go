@@ -15,9 +15,11 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) {
+	testkit.SkipSuiteInShort("end-to-end tests of the relay binary")
 	code := pgtest.Main(m)
 	relaytest.Cleanup()
 	os.Exit(code)

@@ -45,6 +45,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	testkit.SkipSuiteInShort("promotions on PostgreSQL 17 and 18, installed from npm")
 	flag.Parse()
 	code := m.Run()
 	relaytest.Cleanup()

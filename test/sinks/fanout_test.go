@@ -27,9 +27,11 @@ import (
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) {
+	testkit.SkipSuiteInShort("the relay binary against real brokers and their faults")
 	code := pgtest.Main(m)
 	relaytest.Cleanup()
 	os.Exit(code)

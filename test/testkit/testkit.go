@@ -15,6 +15,8 @@
 package testkit
 
 import (
+	"flag"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -48,5 +50,17 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %s waiting for %s", limit, what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// SkipSuiteInShort, called first in a TestMain, ends the test binary in the
+// quick tier for a suite that runs the relay as a process throughout (the
+// end-to-end, sink-fault, failover and tracing suites), saying so; make test
+// runs it.
+func SkipSuiteInShort(why string) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Printf("quick tier (-short): skipping the suite: %s; make test runs it\n", why)
+		os.Exit(0)
 	}
 }

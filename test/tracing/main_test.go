@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) {
+	testkit.SkipSuiteInShort("traces across relay processes")
 	os.Exit(pgtest.Main(m))
 }
