@@ -13,32 +13,7 @@ import (
 // in Go) is refused: one name, one source. On any problem nothing is
 // registered and the error is Problems.
 func Install(ctx context.Context, db Beginner, reg *saga.Registry, dir string, rt *Runtime) ([]*Saga, error) {
-	loaded, err := LoadDir(dir, Options{RequireSecrets: true, LookupEnv: rtLookup(rt)})
-	if err != nil {
-		return nil, err
-	}
-	var probs Problems
-	for _, s := range loaded {
-		if _, taken := reg.Latest(s.Name); taken {
-			probs = append(probs, Problem{File: s.File, Line: s.namePos.Line, Col: s.namePos.Col,
-				Msg: fmt.Sprintf("saga %s is also defined in Go in this relay; rename one of them (a name has one source)", s.Name)})
-		}
-	}
-	if len(probs) > 0 {
-		return nil, probs.sorted()
-	}
-	all, err := Pin(ctx, db, loaded)
-	if err != nil {
-		return nil, err
-	}
-	defs := make([]saga.Definition, len(all))
-	for i, s := range all {
-		defs[i] = s.Definition(rt)
-	}
-	if err := reg.Register(defs...); err != nil {
-		return nil, err
-	}
-	return all, nil
+	return Reload(ctx, db, reg, dir, rt, nil)
 }
 
 func rtLookup(rt *Runtime) func(string) (string, bool) {
@@ -49,7 +24,8 @@ func rtLookup(rt *Runtime) func(string) (string, bool) {
 }
 
 // Reload re-reads dir and, when the whole set is valid and pinned, replaces
-// the declared sagas of prev in reg with it in one step (saga.Registry.Swap):
+// the declared sagas of prev (none for Install) in reg with it in one step
+// (saga.Registry.Swap):
 // new triggers route to the new set from the next batch on. On any problem
 // nothing changes, prev keeps running, and the error is Problems (or a
 // database error). It returns the new set.
