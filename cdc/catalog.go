@@ -126,16 +126,12 @@ func inspectTable(ctx context.Context, q Querier, cfg *Config) (*tableInfo, erro
 	if err != nil {
 		return nil, fmt.Errorf("cdc: read the columns of %s: %w", t.quoted(), err)
 	}
-	for rows.Next() {
-		var name string
-		var c columnInfo
-		if err := rows.Scan(&name, &c.typ, &c.base, &c.baseOID); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("cdc: read the columns of %s: %w", t.quoted(), err)
-		}
+	var name string
+	var c columnInfo
+	if _, err := pgx.ForEachRow(rows, []any{&name, &c.typ, &c.base, &c.baseOID}, func() error {
 		t.cols[name] = c
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("cdc: read the columns of %s: %w", t.quoted(), err)
 	}
 	for i, field := range outbox.Fields {

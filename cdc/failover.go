@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -103,13 +104,9 @@ func QueryFailover(ctx context.Context, q Querier, slot string) (FailoverReport,
 		return r, fmt.Errorf("cdc: read the standby slots: %w", err)
 	}
 	connected := 0
-	for rows.Next() {
-		var name string
-		var exists, physical, active, feedback bool
-		if err := rows.Scan(&name, &exists, &physical, &active, &feedback); err != nil {
-			rows.Close()
-			return r, fmt.Errorf("cdc: read the standby slots: %w", err)
-		}
+	var name string
+	var exists, physical, active, feedback bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &exists, &physical, &active, &feedback}, func() error {
 		switch {
 		case !exists:
 			r.Missing = append(r.Missing, fmt.Sprintf("synchronized_standby_slots names %q, which does not exist: create it (pg_create_physical_replication_slot) and set primary_slot_name on the standby", name))
@@ -123,9 +120,8 @@ func QueryFailover(ctx context.Context, q Querier, slot string) (FailoverReport,
 		default:
 			connected++
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return r, fmt.Errorf("cdc: read the standby slots: %w", err)
 	}
 	var names string

@@ -381,16 +381,12 @@ func (a *Admin) summarize(ctx context.Context, db pgx.Tx, items []Item) error {
 		compName, currentName string
 	}
 	ends := make(map[uuid.UUID]end, len(items))
-	for rows.Next() {
-		var id uuid.UUID
-		var e end
-		if err := rows.Scan(&id, &e.steps, &e.compStep, &e.compName, &e.currentName); err != nil {
-			rows.Close()
-			return fmt.Errorf("admin: read how instances ended: %w", err)
-		}
+	var id uuid.UUID
+	var e end
+	if _, err := pgx.ForEachRow(rows, []any{&id, &e.steps, &e.compStep, &e.compName, &e.currentName}, func() error {
 		ends[id] = e
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return fmt.Errorf("admin: read how instances ended: %w", err)
 	}
 	for i := range items {

@@ -236,21 +236,17 @@ func (j *Journal) HeartbeatGroup(ctx context.Context, leases []saga.LeaseRef, d 
 		return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
 	}
 	out := make([]saga.LeaseState, len(leases))
-	for rows.Next() {
-		var id uuid.UUID
-		var extended, held bool
-		if err := rows.Scan(&id, &extended, &held); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
-		}
+	var id uuid.UUID
+	var extended, held bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &extended, &held}, func() error {
 		switch {
 		case extended:
 			out[at[id]] = saga.LeaseExtended
 		case held:
 			out[at[id]] = saga.LeaseBusy
 		}
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("pgjournal: heartbeat %d leases: %w", len(leases), err)
 	}
 	return out, nil
