@@ -12,6 +12,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A transaction of 100,000 rows (about 100 MB of payload) goes through in
@@ -19,6 +20,7 @@ import (
 // reach the transaction's end only with its last part. Not parallel: it
 // measures this process's heap.
 func TestHugeTransactionInBoundedParts(t *testing.T) {
+	testkit.SkipShort(t, "streams a transaction of hundreds of thousands of rows")
 	db := pgtest.NewDB(t)
 	sink := newSink(t, db.Pool)
 	const rows, part = 100_000, 5000

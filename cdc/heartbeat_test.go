@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // With the outbox idle and another table writing 256 MB of WAL, heartbeats
@@ -18,6 +20,7 @@ import (
 // keeps to 10 MB/s (36 GB an hour, a heavy load) so that the checkpointer
 // keeps its pace.
 func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
+	testkit.SkipShort(t, "watches an idle slot across heartbeats")
 	t.Parallel()
 	db := privateDB(t, map[string]string{"max_wal_size": "32MB", "min_wal_size": "32MB"})
 	sink := newSink(t, db.Pool)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 const plantedPassword = "planted-S3cret-pw"
@@ -157,6 +158,7 @@ func TestRoleWithoutReplicationIsTold(t *testing.T) {
 
 // A server without wal_level = logical: one line that says how to fix it.
 func TestWALLevelNotLogicalIsTold(t *testing.T) {
+	testkit.SkipShort(t, "starts a cluster of its own")
 	t.Parallel()
 	db := privateDB(t, map[string]string{"wal_level": "replica"})
 	cfg := baseConfig(t, db)

@@ -10,6 +10,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // The walsender terminated, and the leadership connection cut, under load:
@@ -55,6 +56,7 @@ func TestReconnectAfterTerminatedBackends(t *testing.T) {
 // so the test has one of its own, durable so that a commit the producer saw
 // survives the crash.
 func TestReconnectAfterServerCrashRestart(t *testing.T) {
+	testkit.SkipShort(t, "crashes and restarts a cluster of its own")
 	t.Parallel()
 	db := privateDurableDB(t)
 	sink := newSink(t, db.Pool)

@@ -5,12 +5,14 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // Three streams on one slot: exactly one leads. The leader is killed (like
 // SIGKILL) or stopped six times under load; another takes over within a few
 // seconds, and every event is handled exactly once.
 func TestReplicasTakeOverUnderLoad(t *testing.T) {
+	testkit.SkipShort(t, "replicas taking over under load")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	sink := newSink(t, db.Pool)

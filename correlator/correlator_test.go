@@ -21,6 +21,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -389,6 +390,7 @@ func (s *statementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, _ pgx
 func (s *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func TestHundredThousandTriggersCostBoundedStatements(t *testing.T) {
+	testkit.SkipShort(t, "correlates 100,000 triggers")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()

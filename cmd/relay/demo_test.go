@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestFailsAtMarksExactlyFailEvenlySpread(t *testing.T) {
@@ -88,6 +89,7 @@ func TestDemoFlagsAreChecked(t *testing.T) {
 // the relay, 40 briefs, --exit-when-done. Its summary must match the
 // database, read independently before the database goes away.
 func TestDemoExitsWhenDoneWithASummaryThatMatchesTheDatabase(t *testing.T) {
+	testkit.SkipShort(t, "runs the whole demo")
 	var checked bool
 	saved := demoSummarized
 	t.Cleanup(func() { demoSummarized = saved })

@@ -29,6 +29,7 @@ import (
 
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // The files of deploy/ and the Dockerfile are checked against this binary:
@@ -458,6 +459,7 @@ func containerPort(c k8sContainer, port any) int {
 // values standing in, its ports moved to free ones) runs as the relay's own
 // role, and its probes must answer 200.
 func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
+	testkit.SkipShort(t, "starts a relay of its own on a cluster of its own")
 	rcs := relayContainers(t, manifests(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -23,6 +23,7 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestSystemdLayoutIsReadableByTheServiceUser lays the files out as the
@@ -32,6 +33,7 @@ import (
 // with RELAY_SAGAS and RELAY_SINKS as the example shows them): the relay
 // must read its saga definitions and sinks file and serve its monitor.
 func TestSystemdLayoutIsReadableByTheServiceUser(t *testing.T) {
+	testkit.SkipShort(t, "creates a system user and runs the relay as it")
 	if os.Geteuid() != 0 {
 		t.Skip("creating the service user and files owned by it needs root (CI runs as root)")
 	}

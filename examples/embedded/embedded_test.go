@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -28,6 +29,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // cancelled and its stock reservation compensated, and SIGTERM stops it
 // cleanly.
 func TestEmbeddedShopFulfilsAndCompensates(t *testing.T) {
+	testkit.SkipShort(t, "runs the embedded example end to end")
 	db := pgtest.NewEmptyDB(t)
 	bin := filepath.Join(t.TempDir(), "embedded")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/compensa/compensa/correlator"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -39,6 +40,15 @@ func exported(t *testing.T) map[string]map[string]bool {
 	}
 	b.srv = srv
 	b.ts.Config.Handler = srv
+	// The correlator registers its own counters beside the monitor's, as
+	// the relay does.
+	corr, err := correlator.New(b.db.Pool, &correlator.Config{Registry: b.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range corr.Collectors() {
+		b.metrics.Registry().MustRegister(c)
+	}
 	// Give every vector a child: a vector without one is not exported.
 	b.metrics.SagasStarted("order", 1)
 	b.metrics.SagaEnded("order", "COMPLETED")
