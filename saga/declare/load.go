@@ -816,23 +816,38 @@ func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *r
 	return c
 }
 
-// buildRate reads a step's rate: N/s, N/m or N/h.
+// buildRate reads a step's rate: N/s, N/m or N/h, or {limit: N/s, per:
+// saga|tenant}. The shorthand is per saga: the limit protects a participant,
+// which sees every tenant's calls.
 func buildRate(sm mapping, place string, r *report) *saga.Rate {
 	n := sm.get("rate")
-	if n == nil || n.Kind != yaml.ScalarNode {
-		return nil // absent, or the schema reported it
+	if n == nil {
+		return nil
 	}
-	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h"
+	perTenant := false
+	what := place + ".rate"
+	if n.Kind == yaml.MappingNode {
+		rm := mapping{n}
+		perTenant = rm.str("per") == "tenant"
+		what += ".limit"
+		if n = rm.get("limit"); n == nil {
+			return nil // the schema reported it
+		}
+	}
+	if n.Kind != yaml.ScalarNode {
+		return nil // the schema reported it
+	}
+	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h, or rate: {limit: 50/s, per: tenant}"
 	count, unit, ok := strings.Cut(strings.TrimSpace(n.Value), "/")
 	per := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
 	c, err := strconv.Atoi(count)
 	switch {
 	case !ok || per == 0 || err != nil:
-		r.add(nodeAt(n), "%s.rate is %q, not a rate; %s", place, n.Value, fix)
+		r.add(nodeAt(n), "%s is %q, not a rate; %s", what, n.Value, fix)
 		return nil
 	case c < 1 || per/time.Duration(c) < time.Microsecond:
-		r.add(nodeAt(n), "%s.rate %q must allow at least 1 and at most 1000000 starts per second; %s", place, n.Value, fix)
+		r.add(nodeAt(n), "%s %q must allow at least 1 and at most 1000000 starts per second; %s", what, n.Value, fix)
 		return nil
 	}
-	return &saga.Rate{Count: c, Per: per}
+	return &saga.Rate{Count: c, Per: per, PerTenant: perTenant}
 }

@@ -127,7 +127,11 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 	for i, step := range s.Steps {
 		fmt.Fprintf(w, "\n%d. %s (%s)\n", i+1, step.Name, step.Kind())
 		if step.Rate != nil {
-			fmt.Fprintf(w, "   rate: starts at most one every %s across relays\n", step.Rate.Every())
+			scope := "shared by every tenant"
+			if step.Rate.PerTenant {
+				scope = "per tenant"
+			}
+			fmt.Fprintf(w, "   rate: starts at most one every %s across relays, %s\n", step.Rate.Every(), scope)
 		}
 		vars := base()
 		var f *stepFailure
