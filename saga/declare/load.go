@@ -609,7 +609,9 @@ func buildAction(file string, m mapping, place string, base scope, comp bool, r 
 		sc := base
 		sc.secrets = true
 		sc.place = place + ".http.url"
+		sc.url = true
 		ha.URL = compileTemplate(h.get("url"), file, &sc, r)
+		sc.url = false
 		ha.LiteralHost = literalURLHost(ha.URL)
 		if un := h.get("url"); un != nil && ha.URL != nil && ha.URL.single == nil && !ha.URL.isText {
 			if s, ok := ha.URL.literal.(string); ok {
@@ -692,11 +694,28 @@ func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 // step whose URL's host comes from an expression in a file without
 // egress.allow (every call is refused unless the relay lists the hosts with
 // --http-egress-allow).
+//
+// And every expression of an http step's URL whose text goes in unescaped
+// without saying so: a URL that is one expression, or one that starts with
+// an expression (it gives the scheme and host); raw(…) says so.
 func (s *Saga) Warnings() Problems {
-	if len(s.Egress) > 0 {
-		return nil
-	}
 	var out Problems
+	for _, st := range s.Steps {
+		for _, a := range []*Action{&st.Action, st.Compensate} {
+			if a == nil || a.HTTP == nil {
+				continue
+			}
+			for _, e := range unescapedURLParts(a.HTTP.URL) {
+				out = append(out, Problem{File: s.File, Line: e.line, Col: e.col, Msg: fmt.Sprintf(
+					"warning: %s builds the start of step %s's http.url, so its text goes in as it is, event data included: "+
+						"write the scheme and host as text and each value in ${ … } after them (each is escaped for where it stands), "+
+						"or write ${ raw(…) } to say the expression builds the URL", e, st.Name)})
+			}
+		}
+	}
+	if len(s.Egress) > 0 {
+		return out
+	}
 	for _, st := range s.Steps {
 		for _, a := range []*Action{&st.Action, st.Compensate} {
 			if a == nil || a.HTTP == nil || a.HTTP.URL == nil || a.HTTP.LiteralHost != "" {

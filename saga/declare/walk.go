@@ -433,7 +433,7 @@ func walkAction(w io.Writer, a *Action, step string, comp bool, vars map[string]
 			hv[k] = v
 		}
 		hv[varSecrets] = secrets
-		url, err := a.HTTP.URL.evalText(hv)
+		url, err := a.HTTP.URL.evalURL(hv)
 		if err != nil {
 			return evalErr(err)
 		}
