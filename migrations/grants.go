@@ -111,6 +111,10 @@ var Grants = []Grant{
 	{FeatureAPI, "relay_sinks", false, []string{"SELECT", "UPDATE"}},
 	{FeatureAPI, "relay_sink_parked", false, []string{"SELECT", "UPDATE", "DELETE"}},
 	{FeatureAPI, "relay_sink_skipped", false, []string{"SELECT", "INSERT"}}, // skip a parked event
+	// POST /v1/sagas: the secret of a start's id, and whether the id's
+	// instance is there already.
+	{FeatureAPI, "relay_secrets", false, []string{"SELECT"}},
+	{FeatureAPI, "saga_instances", false, []string{"SELECT"}},
 
 	{FeatureOperations, "compensa_schema_migrations", false, []string{"SELECT"}},
 	{FeatureOperations, "relay_dead_letters", false, []string{"SELECT", "UPDATE"}},

@@ -135,6 +135,12 @@ type Config struct {
 	// flood of connections to HTTPAddr cannot make the probes fail. The
 	// probes stay on HTTPAddr too. Empty: none.
 	ProbeAddr string
+	// MetricsAddr, when set, is a listener of its own for /metrics
+	// (`relay run --metrics-addr`), and the monitor at HTTPAddr no longer
+	// serves it: the metrics can be kept off the address users and the
+	// API reach (a Kubernetes Service of their own, a port only
+	// Prometheus may reach). Empty: /metrics is on HTTPAddr.
+	MetricsAddr string
 
 	// Sagas is a directory of declared saga definitions (*.yaml, *.yml;
 	// `relay run --sagas`). New loads, checks and pins every file before

@@ -65,6 +65,9 @@ type Relay struct {
 	// probeLn and probeHTTP serve /healthz and /readyz on ProbeAddr.
 	probeLn   net.Listener
 	probeHTTP *http.Server
+	// metricsLn and metricsHTTP serve /metrics on MetricsAddr.
+	metricsLn   net.Listener
+	metricsHTTP *http.Server
 
 	mu      sync.Mutex
 	started bool
@@ -260,6 +263,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		// correlator does after a start.
 		Wake:         r.runner.Wake,
 		AllowedHosts: cfg.AllowedHosts, SessionTTL: cfg.SessionTTL, SecureCookies: cfg.SecureCookies,
+		MetricsElsewhere: cfg.MetricsAddr != "",
 	}
 	if r.sinks != nil {
 		monCfg.ReplaySink = func(ctx context.Context, name string, req sink.ReplayRequest) (sink.ReplayResult, error) {
@@ -328,6 +332,22 @@ func (r *Relay) Start(ctx context.Context) error {
 		r.probeLn = ln
 		r.probeHTTP = httpapi.NewHTTPServer(r.monitor.ProbeHandler(), pcfg)
 	}
+	if r.cfg.MetricsAddr != "" {
+		mcfg := httpapi.ServerConfig{ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 5 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxConns: 16}
+		ln, err := httpapi.Listen(r.cfg.MetricsAddr, mcfg)
+		if err != nil {
+			for _, l := range []net.Listener{r.ln, r.probeLn} {
+				if l != nil {
+					l.Close()
+				}
+			}
+			r.failStart()
+			return fmt.Errorf("metrics address %s: %w (pick another address)", r.cfg.MetricsAddr, err)
+		}
+		r.metricsLn = ln
+		r.metricsHTTP = httpapi.NewHTTPServer(r.monitor.MetricsHandler(), mcfg)
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.cancel = cancel
 	if err := r.runner.Start(runCtx); err != nil {
@@ -337,6 +357,9 @@ func (r *Relay) Start(ctx context.Context) error {
 		}
 		if r.probeLn != nil {
 			r.probeLn.Close()
+		}
+		if r.metricsLn != nil {
+			r.metricsLn.Close()
 		}
 		r.failStart()
 		return err
@@ -361,6 +384,15 @@ func (r *Relay) Start(ctx context.Context) error {
 			defer r.wg.Done()
 			if err := r.probeHTTP.Serve(r.probeLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.cfg.Logger.Error("probe listener stopped", "err", err)
+			}
+		}()
+	}
+	if r.metricsHTTP != nil {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.metricsHTTP.Serve(r.metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.cfg.Logger.Error("metrics listener stopped", "err", err)
 			}
 		}()
 	}
@@ -458,6 +490,15 @@ func (r *Relay) ProbeAddr() string {
 	return r.probeLn.Addr().String()
 }
 
+// MetricsAddr is the metrics listener's address (host:port), or "" without
+// Config.MetricsAddr.
+func (r *Relay) MetricsAddr() string {
+	if r.metricsLn == nil {
+		return ""
+	}
+	return r.metricsLn.Addr().String()
+}
+
 // ServeHTTP serves the monitor: the web page, /v1, /metrics, /healthz and
 // /readyz. Mount it when Config.HTTPAddr is empty (it works either way).
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.monitor.ServeHTTP(w, req) }
@@ -507,6 +548,9 @@ func (r *Relay) Stop(ctx context.Context) error {
 	}
 	if r.probeHTTP != nil {
 		r.probeHTTP.Shutdown(ctx)
+	}
+	if r.metricsHTTP != nil {
+		r.metricsHTTP.Shutdown(ctx)
 	}
 	r.wg.Wait()
 	r.closeTracing(ctx)

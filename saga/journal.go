@@ -227,12 +227,18 @@ type DueReporter interface {
 }
 
 // RateTaker is implemented by journals that keep step rate limits for every
-// runner that shares them (Step.Rate).
+// runner that shares them (Step.Rate). A turn belongs to an instance, not to
+// a worker: an instance whose turn is later is given back, due at its turn,
+// so that no worker waits for it.
 type RateTaker interface {
-	// TakeRate takes the next start of key, whose starts are spaced by
-	// every: it returns 0 when the start is taken, else how long until
-	// the next one may be.
-	TakeRate(ctx context.Context, key string, every time.Duration) (time.Duration, error)
+	// TakeRateTurn gives the instance, held under leaseID, its turn of key,
+	// whose turns are spaced by every. An instance without a turn reserves
+	// the next free one. It returns 0 when the turn has come (it is used
+	// up, and the lease is still held: run the step now); else how long
+	// until the turn, and then the instance was given back due at it, with
+	// its lease released and the turn kept for its next claim. A lease not
+	// held is ErrLeaseLost and nothing is taken.
+	TakeRateTurn(ctx context.Context, instanceID, leaseID uuid.UUID, key string, every time.Duration) (time.Duration, error)
 }
 
 // TerminalAppender is implemented by journals that can append an event and

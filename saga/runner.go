@@ -271,8 +271,11 @@ func (r *Runner) dispatch() {
 			// worker is free.
 			idle = r.cfg.PollInterval
 		case got > 0:
+			// Not before the next instance falls due, which may be well
+			// within a poll interval: an instance given back until its
+			// rate turn starts on time, not with the next poll's batch.
 			idle = r.cfg.PollInterval
-			r.waitIdle(idle)
+			r.waitIdle(r.untilDue(idle))
 		default:
 			idle = r.waitIdle(r.untilDue(idle))
 		}

@@ -322,37 +322,27 @@ func (w *work) forward(ctx context.Context) next {
 	return w.runDo(ctx, step)
 }
 
-// takeRate waits for the step's turn under its Rate. It reports false with
-// what the worker does next when the wait ended without a turn (the lease
-// lost, a stop, the journal unreachable).
+// takeRate takes the step's turn under its Rate. It reports false with what
+// the worker does next when the turn has not come: the journal gave the
+// instance back, due at its turn, and the worker is free for other
+// instances meanwhile; or the lease was lost, or the journal unreachable.
 func (w *work) takeRate(ctx context.Context, step Step) (next, bool) {
 	rt, ok := w.r.journal.(RateTaker)
 	if !ok {
 		return nextContinue, true
 	}
-	key := w.def.Name + "." + step.Name
-	for {
-		wait, err := rt.TakeRate(ctx, key, step.Rate.Every())
-		switch {
-		case ctx.Err() != nil:
-			return nextDrop, false
-		case err != nil:
-			w.r.throttle.Warn("rate", "saga step rate: taking a turn failed; the step waits for its next claim", "step", step.Name, "err", err)
-			return nextYield, false
-		case wait <= 0:
-			return nextContinue, true
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nextDrop, false
-		case <-w.r.stopping:
-			t.Stop()
-			return nextYield, false
-		case <-t.C:
-		}
+	wait, err := rt.TakeRateTurn(ctx, w.inst.ID, w.lease, step.Rate.Key(w.def.Name, step.Name, w.inst.TenantID), step.Rate.Every())
+	switch {
+	case ctx.Err() != nil || errors.Is(err, ErrLeaseLost):
+		return nextDrop, false
+	case err != nil:
+		w.r.throttle.Warn("rate", "saga step rate: taking a turn failed; the step waits for its next claim", "step", step.Name, "err", err)
+		return nextYield, false
+	case wait > 0:
+		// Given back: the lease is released already.
+		return nextDrop, false
 	}
+	return nextContinue, true
 }
 
 // forwardCtx is the context of one attempt of a forward step: cancelled by a

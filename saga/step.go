@@ -59,11 +59,12 @@ type Step struct {
 	// in every case.
 	OnReplyTimeout ReplyTimeoutAction
 	// Rate, when set, spaces the starts of Do for this step (by saga name
-	// and step name, every version) across every runner that shares the
-	// journal, to protect a participant: at most Count per Per, one every
-	// Per/Count. A worker whose turn has not come waits for it (a short
-	// wait: the next free slot). The journal must implement RateTaker;
-	// otherwise the rate is not enforced.
+	// and step name, every version, and the tenant when PerTenant) across
+	// every runner that shares the journal, to protect a participant: at
+	// most Count per Per, one every Per/Count. Each start takes the next
+	// free turn; an instance whose turn is later is given back due at it,
+	// so no worker waits for a turn and other steps and sagas go on. The
+	// journal must implement RateTaker; otherwise the rate is not enforced.
 	Rate *Rate
 	// OnReply, for a step with ReplyTimeout, runs when a success reply
 	// arrives, in the transaction that completes the step: it may read the
@@ -72,14 +73,28 @@ type Step struct {
 	OnReply func(ctx context.Context, x *StepTx, reply Reply) error
 }
 
-// Rate is a step's rate limit: at most Count starts per Per.
+// Rate is a step's rate limit: at most Count starts per Per, shared by
+// every tenant, or per tenant with PerTenant.
 type Rate struct {
 	Count int
 	Per   time.Duration
+	// PerTenant gives each tenant its own turns: Count per Per for each,
+	// so that one tenant's backlog never delays another's starts (and the
+	// participant may see Count per Per times the number of busy tenants).
+	PerTenant bool
 }
 
 // Every is the spacing between two starts.
 func (r Rate) Every() time.Duration { return r.Per / time.Duration(r.Count) }
+
+// Key names the turns a start of step of saga (by tenant) takes: the saga
+// and step names, and the tenant when PerTenant.
+func (r Rate) Key(saga, step string, tenant uuid.UUID) string {
+	if r.PerTenant {
+		return saga + "." + step + "/" + tenant.String()
+	}
+	return saga + "." + step
+}
 
 // ReplyTimeoutAction is what a step does when its reply does not come in
 // time (Step.OnReplyTimeout).

@@ -460,7 +460,7 @@ func (p *parser) webhook(n *yaml.Node) *WebhookSpec {
 }
 
 func (p *parser) nats(n *yaml.Node) *NATSSpec {
-	s := &NATSSpec{Subject: MustTemplate("outbox.{aggregate_type}.{event_type}"), DuplicateWindow: MinDuplicateWindow, Timeout: 10 * time.Second}
+	s := &NATSSpec{Subject: MustTemplate("outbox.{aggregate_type}.{raw(event_type)}"), DuplicateWindow: MinDuplicateWindow, Timeout: 10 * time.Second}
 	f := p.fields(n, natsSpec, "nats")
 	if v, ok := f["url"]; ok {
 		if u, ok := p.str(v, "nats.url"); ok {

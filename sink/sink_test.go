@@ -23,7 +23,15 @@ func TestTemplates(t *testing.T) {
 	if got := sink.MustTemplate("t.{tenant_id}").Expand(ev, nil); got != "t._" {
 		t.Errorf("an empty value must become _: %q", got)
 	}
-	for _, bad := range []string{"a.{nope}", "a.{event_type", "a}", ""} {
+	// A value is one token for the cleaner; {raw(…)} is cut at its dots.
+	dots := func(v string) string { return strings.ReplaceAll(v, ".", "_") }
+	if got := tpl.Expand(ev, dots); got != "outbox.order.payment_captured" {
+		t.Errorf("a value's dots: %q", got)
+	}
+	if got := sink.MustTemplate("outbox.{raw(event_type)}.{raw(aggregate_id)}").Expand(&sink.Event{EventType: "a..b", AggregateID: "x"}, dots); got != "outbox.a._.b.x" {
+		t.Errorf("raw: %q", got)
+	}
+	for _, bad := range []string{"a.{nope}", "a.{raw(nope)}", "a.{raw(event_type}", "a.{event_type", "a}", ""} {
 		if _, err := sink.ParseTemplate(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -50,13 +50,13 @@ var (
 	natsSpec = &fieldSpec{Key: "nats", Type: "object", Doc: "a NATS JetStream stream", Fields: []*fieldSpec{
 		{Key: "url", Type: "string", Required: true, Doc: "server URL(s), comma separated", Example: "nats://127.0.0.1:4222"},
 		{Key: "stream", Type: "string", Required: true, Doc: "stream, created if missing", Example: "OUTBOX", Pattern: `^[A-Za-z0-9_-]+$`},
-		{Key: "subject", Type: "string", Doc: "subject template (default outbox.{aggregate_type}.{event_type})", Example: "outbox.{aggregate_type}.{event_type}"},
+		{Key: "subject", Type: "string", Doc: "subject template (default outbox.{aggregate_type}.{raw(event_type)}); each {placeholder} fills one token (its dots, wildcards and spaces become _), {raw(placeholder)} keeps its dots as token separators", Example: "outbox.{aggregate_type}.{raw(event_type)}"},
 		{Key: "duplicate_window", Type: "duration", Doc: "stream's duplicate window when created (at least 2m, default 2m)", Example: "2m"},
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
 	}}
 	kafkaSpec = &fieldSpec{Key: "kafka", Type: "object", Doc: "a Kafka topic (idempotent producer, key = aggregate_id)", Fields: []*fieldSpec{
 		{Key: "brokers", Type: "list", Required: true, Doc: "seed brokers, host:port", Example: `["127.0.0.1:9092"]`},
-		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type})", Example: "outbox.event.{aggregate_type}"},
+		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type}); each {placeholder} fills one dot-separated part (its dots and characters Kafka refuses become _), {raw(placeholder)} keeps its dots", Example: "outbox.event.{aggregate_type}"},
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
 		{Key: "max_message_bytes", Type: "integer", Doc: "the topics' max.message.bytes (default 1000012, Kafka's); a larger record is parked, never sent", Example: "1000012"},
 	}}

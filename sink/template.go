@@ -6,7 +6,13 @@ import (
 )
 
 // Template is a subject or topic with placeholders taken from the event:
-// {aggregate_type}, {event_type}, {aggregate_id}, {tenant_id}.
+// {aggregate_type}, {event_type}, {aggregate_id}, {tenant_id}. Each value
+// fills one token of the name: a '.' in it, which would start another
+// token, is escaped with the broker's other refused characters, so that
+// event data cannot move a message to another part of the name space.
+// {raw(event_type)} keeps the value's dots as token separators, for names
+// whose layout follows dotted event types; each of its tokens is still
+// cleaned.
 type Template struct {
 	parts []templatePart
 	raw   string
@@ -15,6 +21,8 @@ type Template struct {
 type templatePart struct {
 	literal string
 	field   string // one of placeholders, or "" for a literal
+	// raw: {raw(field)}, whose dots separate tokens.
+	raw bool
 }
 
 var placeholders = []string{"aggregate_type", "event_type", "aggregate_id", "tenant_id"}
@@ -40,14 +48,18 @@ func ParseTemplate(s string) (Template, error) {
 			return Template{}, fmt.Errorf("%q has a '{' without its '}'", s)
 		}
 		name := rest[open+1 : open+end]
+		raw := false
+		if inner, ok := strings.CutPrefix(name, "raw("); ok && strings.HasSuffix(inner, ")") {
+			name, raw = strings.TrimSuffix(inner, ")"), true
+		}
 		known := false
 		for _, p := range placeholders {
 			known = known || p == name
 		}
 		if !known {
-			return Template{}, fmt.Errorf("%q uses unknown placeholder {%s}; use {%s}", s, name, strings.Join(placeholders, "}, {"))
+			return Template{}, fmt.Errorf("%q uses unknown placeholder {%s}; use {%s}, or {raw(%s)} to keep a value's dots as token separators", s, name, strings.Join(placeholders, "}, {"), placeholders[1])
 		}
-		t.parts = append(t.parts, templatePart{field: name})
+		t.parts = append(t.parts, templatePart{field: name, raw: raw})
 		rest = rest[open+end+1:]
 	}
 	if len(t.parts) == 0 {
@@ -91,7 +103,9 @@ func (t Template) Prefix() string {
 }
 
 // Expand fills the placeholders from ev; clean rewrites each value (a
-// broker's rules for names) and an empty value becomes "_".
+// broker's rules for one token of a name, '.' included), and an empty
+// value becomes "_". A {raw(…)} value is cut at its dots and each token is
+// cleaned on its own.
 func (t Template) Expand(ev *Event, clean func(string) string) string {
 	var b strings.Builder
 	for _, p := range t.parts {
@@ -110,13 +124,26 @@ func (t Template) Expand(ev *Event, clean func(string) string) string {
 		case "tenant_id":
 			v = ev.TenantID
 		}
-		if clean != nil {
-			v = clean(v)
-		}
-		if v == "" {
-			v = "_"
+		if p.raw {
+			tokens := strings.Split(v, ".")
+			for i, tok := range tokens {
+				tokens[i] = cleanValue(tok, clean)
+			}
+			v = strings.Join(tokens, ".")
+		} else {
+			v = cleanValue(v, clean)
 		}
 		b.WriteString(v)
 	}
 	return b.String()
+}
+
+func cleanValue(v string, clean func(string) string) string {
+	if clean != nil {
+		v = clean(v)
+	}
+	if v == "" {
+		return "_"
+	}
+	return v
 }

@@ -384,8 +384,13 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 				continue
 			}
 			found = true
-			// The page's login sessions live in the process that made them.
-			if r := rc.workload.Spec.Replicas; r != nil && *r >= 2 && s.Spec.SessionAffinity != "ClientIP" {
+			// The page's login sessions live in the process that made them
+			// (a Service of the metrics alone serves no page).
+			page := false
+			for _, p := range s.Spec.Ports {
+				page = page || fmt.Sprint(p.TargetPort) == "monitor"
+			}
+			if r := rc.workload.Spec.Replicas; page && r != nil && *r >= 2 && s.Spec.SessionAffinity != "ClientIP" {
 				t.Errorf("%s: Service %s balances %d replicas whose page sessions live in one process each; set sessionAffinity: ClientIP (or serve the page from one replica)", o.file, o.Metadata.Name, *r)
 			}
 			for _, p := range s.Spec.Ports {
@@ -522,7 +527,7 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 		env := rc.envWith(secretValue)
 		// The same flags, on free ports; the hosts stay as written.
 		ports := map[string]int{}
-		for _, flag := range []string{"http-addr", "probe-addr"} {
+		for _, flag := range []string{"http-addr", "probe-addr", "metrics-addr"} {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
@@ -611,6 +616,21 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 					t.Fatalf("%s: %s did not answer 200 within 90s: %v", rc.where, url, err)
 				}
 				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		// With --metrics-addr, /metrics answers there and not on the
+		// monitor.
+		if _, ok := written["metrics-addr"]; ok {
+			for port, want := range map[int]int{ports["metrics-addr"]: http.StatusOK, ports["http-addr"]: http.StatusNotFound} {
+				res, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/metrics")
+				if err != nil {
+					stop()
+					t.Fatalf("%s: /metrics on port %d: %v", rc.where, port, err)
+				}
+				res.Body.Close()
+				if res.StatusCode != want {
+					t.Errorf("%s: /metrics on port %d answered %d, want %d", rc.where, port, res.StatusCode, want)
+				}
 			}
 		}
 		stop()
@@ -908,9 +928,20 @@ func TestVersionPrintsTheCommitMakeBuildPassesIn(t *testing.T) {
 
 // The pods the project owns (the standalone relay, the migrate Job) mount
 // no service account token, and a NetworkPolicy admits traffic to the
-// standalone relay's monitor only from pods labelled for it.
+// standalone relay's monitor and metrics only from pods labelled for each.
+// /metrics is served on a listener of its own (--metrics-addr), whose port
+// no Service of the monitor carries: only a Service of its own.
 func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
 	var policies int
+	guarded := map[string]bool{}
+	type servicePort struct {
+		Name       string `yaml:"name"`
+		TargetPort string `yaml:"targetPort"`
+	}
+	var services []struct {
+		name  string
+		ports []servicePort
+	}
 	for _, o := range manifests(t) {
 		var obj struct {
 			Spec struct {
@@ -922,6 +953,7 @@ func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
 				PodSelector struct {
 					MatchLabels map[string]string `yaml:"matchLabels"`
 				} `yaml:"podSelector"`
+				Ports   []servicePort `yaml:"ports"`
 				Ingress []struct {
 					From []struct {
 						PodSelector struct {
@@ -949,14 +981,67 @@ func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
 			}
 			for _, in := range obj.Spec.Ingress {
 				for _, p := range in.Ports {
-					if p.Port == "monitor" && (len(in.From) == 0 || len(in.From[0].PodSelector.MatchLabels) == 0) {
-						t.Errorf("%s %s: the monitor port is open to every pod", o.file, o.Metadata.Name)
+					if (p.Port == "monitor" || p.Port == "metrics") && (len(in.From) == 0 || len(in.From[0].PodSelector.MatchLabels) == 0) {
+						t.Errorf("%s %s: the %s port is open to every pod", o.file, o.Metadata.Name, p.Port)
+					}
+					if len(in.From) > 0 && len(in.From[0].PodSelector.MatchLabels) > 0 {
+						guarded[p.Port] = true
 					}
 				}
 			}
+		case o.Kind == "Service" && o.file == "standalone.yaml":
+			services = append(services, struct {
+				name  string
+				ports []servicePort
+			}{o.Metadata.Name, obj.Spec.Ports})
 		}
 	}
 	if policies == 0 {
 		t.Error("no NetworkPolicy limits what reaches the standalone relay")
+	}
+	for _, port := range []string{"monitor", "metrics"} {
+		if !guarded[port] {
+			t.Errorf("no NetworkPolicy rule admits the %s port from labelled pods only", port)
+		}
+	}
+
+	// The standalone relay serves /metrics on --metrics-addr, the port its
+	// container names metrics, apart from the monitor's.
+	var metricsPort int
+	for _, rc := range relayContainers(t, manifests(t)) {
+		if rc.kind != "Deployment" || !strings.HasPrefix(rc.where, "standalone.yaml") {
+			continue
+		}
+		cmd := parsed(t, rc.where, rc.c.Args, rc.env())
+		addr := cmd.Flag("metrics-addr").Value.String()
+		_, mp, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatalf("%s: --metrics-addr %q: keep /metrics off the monitor with a listener of its own (%v)", rc.where, addr, err)
+		}
+		_, hp, _ := net.SplitHostPort(cmd.Flag("http-addr").Value.String())
+		metricsPort = containerPort(rc.c, "metrics")
+		if strconv.Itoa(metricsPort) != mp || mp == hp {
+			t.Errorf("%s: the container port named metrics (%d) must be --metrics-addr's (%s), apart from --http-addr's (%s)", rc.where, metricsPort, mp, hp)
+		}
+	}
+	if metricsPort == 0 {
+		t.Fatal("no standalone relay Deployment found")
+	}
+	var metricsServices int
+	for _, svc := range services {
+		var monitor, metrics bool
+		for _, p := range svc.ports {
+			monitor = monitor || p.TargetPort == "monitor"
+			metrics = metrics || p.TargetPort == "metrics" || p.TargetPort == strconv.Itoa(metricsPort)
+		}
+		if monitor && metrics {
+			t.Errorf("Service %s carries the monitor and the metrics: give /metrics a Service of its own", svc.name)
+		}
+		if metrics {
+			metricsServices++
+		}
+	}
+	if metricsServices != 1 {
+		t.Errorf("%d Services carry the metrics port, want one of its own", metricsServices)
 	}
 }

@@ -96,6 +96,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see README.md, API tokens")
 	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token; the page shows a banner (env RELAY_HTTP_INSECURE)")
 	f.StringVar(&cfg.ProbeAddr, "probe-addr", "", "a listener of its own for /healthz and /readyz, e.g. :8081, so that a flood of connections to the monitor cannot fail the probes (env RELAY_PROBE_ADDR)")
+	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "a listener of its own for /metrics, e.g. :9090; the monitor then no longer serves /metrics, which stays off the address users and the API reach (env RELAY_METRICS_ADDR)")
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
 	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")

@@ -568,3 +568,28 @@ func TestTenantHeaderStrict(t *testing.T) {
 		t.Errorf("one tenant: %d", code)
 	}
 }
+
+// With MetricsElsewhere, the monitor does not serve /metrics (404, for a
+// token holder too), and MetricsHandler, for a listener of its own, does
+// and serves nothing else.
+func TestMetricsElsewhereLeavesTheMonitor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{token: token, configure: func(c *httpapi.Config) { c.MetricsElsewhere = true }})
+	for _, hdr := range [][]string{nil, bearer} {
+		if r := b.do(t, "GET", "/metrics", "", hdr...); r.status != http.StatusNotFound || strings.Contains(string(r.body), "compensa_") {
+			t.Errorf("/metrics on the monitor: %d %.200s, want 404", r.status, r.body)
+		}
+	}
+	ms := httptest.NewServer(b.srv.MetricsHandler())
+	t.Cleanup(ms.Close)
+	for path, want := range map[string]int{"/metrics": http.StatusOK, "/v1/sagas": http.StatusNotFound, "/healthz": http.StatusNotFound, "/": http.StatusNotFound} {
+		res, err := http.Get(ms.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != want {
+			t.Errorf("%s on the metrics listener: %d, want %d", path, res.StatusCode, want)
+		}
+	}
+}

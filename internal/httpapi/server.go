@@ -96,6 +96,10 @@ type Config struct {
 	// to QueueWait, then gets 503.
 	MaxScrapes       int
 	ScrapesPerSecond int
+	// MetricsElsewhere: /metrics is served by MetricsHandler on a listener
+	// of its own (relay run --metrics-addr), and the monitor answers it
+	// 404, so that whoever reaches the monitor does not read the metrics.
+	MetricsElsewhere bool
 	// ReadinessMaxAge is how old the answer of /readyz may be (default 1s):
 	// probes are answered from the last check instead of each querying.
 	ReadinessMaxAge time.Duration
@@ -221,7 +225,9 @@ func (s *Server) Routes() []Route { return s.apiRoutes() }
 
 func (s *Server) routes() {
 	m := http.NewServeMux()
-	m.Handle("GET /metrics", newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes)))
+	if !s.cfg.MetricsElsewhere {
+		m.Handle("GET /metrics", s.scrapeHandler())
+	}
 	m.HandleFunc("GET /healthz", s.healthz)
 	m.HandleFunc("GET /readyz", s.readyz)
 
@@ -254,6 +260,22 @@ func (s *Server) routes() {
 
 	s.pageRoutes(m)
 	s.mux = m
+}
+
+// scrapeHandler serves the metrics, scrapes paced and bounded.
+func (s *Server) scrapeHandler() http.Handler {
+	return newScrapePacer(s.cfg.ScrapesPerSecond, s.cfg.QueueWait).wrap(s.metrics.handler(s.cfg.MaxScrapes))
+}
+
+// MetricsHandler serves only GET /metrics, for a listener of its own
+// (relay run --metrics-addr), paced and bounded as on the monitor.
+func (s *Server) MetricsHandler() http.Handler {
+	m := http.NewServeMux()
+	m.Handle("GET /metrics", s.scrapeHandler())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		m.ServeHTTP(w, r)
+	})
 }
 
 // ProbeHandler serves only GET /healthz and GET /readyz, for a listener of

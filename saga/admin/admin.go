@@ -67,6 +67,8 @@ type Admin struct {
 	cfg Config
 	// scope, when valid, restricts every read and write to one tenant.
 	scope uuid.NullUUID
+	// secret keys the event ids of starts with an idempotency key.
+	secret *startSecret
 }
 
 // New validates cfg and returns an Admin.
@@ -85,7 +87,7 @@ func New(cfg Config) (*Admin, error) {
 	if r, ok := cfg.Registry.(*saga.Registry); ok && r == nil {
 		cfg.Registry = nil // a nil registry in the interface is still none
 	}
-	return &Admin{cfg: cfg}, nil
+	return &Admin{cfg: cfg, secret: &startSecret{}}, nil
 }
 
 // ForTenant returns a view of a restricted to one tenant: an instance of

@@ -2,9 +2,12 @@ package admin
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,8 +29,11 @@ type StartRequest struct {
 	AggregateID string `json:"aggregate_id"`
 	// IdempotencyKey makes the start happen at most once: the same key for
 	// the same saga and tenant names the same trigger event, which starts
-	// its saga once however often it is sent. Empty: every request starts
-	// a new instance.
+	// its saga once however often it is sent. The event's id is derived
+	// from the key with the database's start_id secret, so nobody can
+	// write another event under it first; an id held by anything but this
+	// start (another tenant's, saga's or event type's) is ErrConflict.
+	// Empty: every request starts a new instance.
 	IdempotencyKey string `json:"idempotency_key"`
 	// TenantID is the trigger event's tenant; a tenant-scoped Admin forces
 	// its own (and refuses another).
@@ -47,8 +53,89 @@ type StartResult struct {
 	InstanceID *uuid.UUID `json:"instance_id"`
 }
 
-// startNamespace derives trigger event ids from idempotency keys (UUIDv5).
+// startNamespace is the UUIDv5 namespace of the trigger event ids of starts
+// with an idempotency key. Knowing it is not enough to compute an id: the
+// name begins with the database's start_id secret (startSecret).
 var startNamespace = uuid.MustParse("6f1c2a0e-5b7d-4f43-9d8e-2a64c1f0b7a1")
+
+// startSecret is the start_id secret of relay_secrets, read once and shared
+// by every view of an Admin (ForTenant).
+type startSecret struct {
+	mu  sync.Mutex
+	key []byte
+}
+
+// get returns the secret, reading it on first use; a failed read is tried
+// again on the next call.
+func (s *startSecret) get(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.key != nil {
+		return s.key, nil
+	}
+	var key []byte
+	err := q.QueryRow(ctx, `SELECT secret FROM relay_secrets WHERE name = 'start_id'`).Scan(&key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errors.New("admin: relay_secrets has no start_id secret; run relay migrate")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("admin: read the start_id secret: %w", err)
+	}
+	s.key = key
+	return key, nil
+}
+
+// startEventID is the trigger event id of a start of sagaName for tenant
+// with an idempotency key: a UUIDv5 whose name is the secret, then each
+// field with its length, so that no two (saga, tenant, key) share a name.
+func startEventID(secret []byte, sagaName string, tenant uuid.UUID, key string) uuid.UUID {
+	name := append([]byte(nil), secret...)
+	for _, f := range []string{sagaName, tenant.String(), key} {
+		name = binary.AppendUvarint(name, uint64(len(f)))
+		name = append(name, f...)
+	}
+	return uuid.NewSHA1(startNamespace, name)
+}
+
+// legacyStart finds a start with an idempotency key whose id was computed
+// without the secret (written by a relay that had none): a key sent again
+// still names it. Only an instance or an event of this tenant, this saga
+// and the trigger's event type counts, since anyone could write under such
+// an id; anything else there is ignored, and the start goes on under its
+// secret id.
+func legacyStart(ctx context.Context, tx pgx.Tx, table, sagaName string, tenant uuid.UUID, eventType, key string) (StartResult, bool, error) {
+	res := StartResult{Saga: sagaName, EventType: eventType,
+		EventID: uuid.NewSHA1(startNamespace, []byte(sagaName+"\x00"+tenant.String()+"\x00"+key))}
+	var inst uuid.UUID
+	err := tx.QueryRow(ctx, `SELECT id FROM saga_instances WHERE trigger_event_id = $1 AND saga_name = $2 AND tenant_id = $3`,
+		res.EventID, sagaName, tenant).Scan(&inst)
+	if err == nil {
+		var other bool
+		// An instance is this start's unless its event, still there, is of
+		// another type.
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE id = $1 AND event_type <> $2)`,
+			res.EventID, eventType).Scan(&other); err != nil || other {
+			return StartResult{}, false, err
+		}
+		res.InstanceID = &inst
+		return res, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return StartResult{}, false, err
+	}
+	var mine bool
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+` WHERE id = $1 AND event_type = $2
+		AND COALESCE(tenant_id, '00000000-0000-0000-0000-000000000000') = $3)`, res.EventID, eventType, tenant).Scan(&mine)
+	return res, mine && err == nil, err
+}
+
+// errStartTaken is what a start learns when its key's event id is held by
+// an event or an instance that is not this start: it names nothing of them.
+func errStartTaken(key string) error {
+	return saga.Errorf(saga.ErrConflict, "idempotency_key %q names an event that is not a start of this saga for this tenant; send the start with another idempotency_key", key)
+}
 
 // maxIdempotencyKey bounds an idempotency key.
 const maxIdempotencyKey = 200
@@ -94,28 +181,60 @@ func (a *Admin) Start(ctx context.Context, table string, req StartRequest) (Star
 	}
 	res := StartResult{Saga: def.Name, EventType: trig.EventType, Created: true}
 	if req.IdempotencyKey != "" {
-		res.EventID = uuid.NewSHA1(startNamespace, []byte(def.Name+"\x00"+tenant.String()+"\x00"+req.IdempotencyKey))
+		secret, err := a.secret.get(ctx, a.cfg.Pool)
+		if err != nil {
+			return StartResult{}, err
+		}
+		res.EventID = startEventID(secret, def.Name, tenant, req.IdempotencyKey)
 	} else if id, err := uuid.NewV7(); err == nil {
 		res.EventID = id
 	} else {
 		res.EventID = uuid.New()
 	}
+	ident, err := outbox.ParseTableName(table)
+	if err != nil {
+		return StartResult{}, err
+	}
 	msg := outbox.Message{ID: res.EventID, TenantID: tenant, AggregateType: trig.AggregateType,
 		AggregateID: req.AggregateID, EventType: trig.EventType, Payload: payload}
-	err := pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
 		// The instance is the proof of a start: the outbox row may be gone
-		// (retention) while the key's instance stays.
-		var inst uuid.UUID
-		err := tx.QueryRow(ctx, `SELECT id FROM saga_instances WHERE trigger_event_id = $1 AND saga_name = $2`, res.EventID, def.Name).Scan(&inst)
-		if err == nil {
-			res.Created, res.InstanceID = false, &inst
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		// (retention) while the key's instance stays. Whatever holds the id
+		// is this start only if its tenant, saga and event type are the
+		// start's; anything else is refused without a word about it.
+		var inst, instTenant uuid.UUID
+		err := tx.QueryRow(ctx, `SELECT id, tenant_id FROM saga_instances WHERE trigger_event_id = $1 AND saga_name = $2`,
+			res.EventID, def.Name).Scan(&inst, &instTenant)
+		found := err == nil
+		switch {
+		case found && instTenant != tenant:
+			return errStartTaken(req.IdempotencyKey)
+		case !found && !errors.Is(err, pgx.ErrNoRows):
 			return err
 		}
-		res.Created, err = outbox.WriteTableOnce(ctx, tx, table, msg)
-		return err
+		var rowTenant uuid.NullUUID
+		var rowType string
+		err = tx.QueryRow(ctx, `SELECT tenant_id, event_type FROM `+ident.Quoted()+` WHERE id = $1`, res.EventID).Scan(&rowTenant, &rowType)
+		switch {
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return err
+		case err == nil && (rowTenant.UUID != tenant || rowType != trig.EventType):
+			return errStartTaken(req.IdempotencyKey)
+		case err == nil || found:
+			res.Created = false
+			if found {
+				res.InstanceID = &inst
+			}
+			return nil
+		}
+		if req.IdempotencyKey != "" {
+			legacy, ok, err := legacyStart(ctx, tx, ident.Quoted(), def.Name, tenant, trig.EventType, req.IdempotencyKey)
+			if err != nil || ok {
+				res = legacy
+				return err
+			}
+		}
+		return outbox.WriteTable(ctx, tx, table, msg)
 	})
 	if outbox.IsDuplicate(err) {
 		res.Created, err = false, nil // a concurrent start with the same key won

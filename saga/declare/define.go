@@ -545,7 +545,7 @@ func (c *call) runHTTP(ctx context.Context, h *HTTPAction, key string, rules Err
 		}
 		return msg
 	}
-	url, err := h.URL.evalText(vars)
+	url, err := h.URL.evalURL(vars)
 	if err != nil {
 		return scrub(evalErr(err))
 	}

@@ -391,6 +391,9 @@ func exprLiteralPrefix(x *expr) string {
 			return false
 		case ast.CallKind:
 			c := e.AsCall()
+			if c.FunctionName() == funcRaw && len(c.Args()) == 1 {
+				return walk(c.Args()[0])
+			}
 			if c.FunctionName() != operators.Add || len(c.Args()) != 2 {
 				return false
 			}

@@ -15,6 +15,7 @@ func TestLiteralURLHost(t *testing.T) {
 		`"http://payments.internal/charges"`:                                     "payments.internal",
 		`"http://Payments.Internal:8443/charges/${ trigger.payload.id }"`:        "payments.internal:8443",
 		`"${ 'http://p.internal/charges/' + trigger.payload.id + '/refund' }"`:   "p.internal",
+		`"${ raw('http://p.internal/charges/' + trigger.payload.id) }"`:          "p.internal",
 		`"${ trigger.payload.callback }"`:                                        "",
 		`"http://${ trigger.payload.host }/x"`:                                   "",
 		`"http://p.internal${ trigger.payload.path }"`:                           "",
@@ -40,7 +41,7 @@ func TestLiteralURLHost(t *testing.T) {
 // without egress.allow is a warning at the URL.
 func TestEgressKeysValidated(t *testing.T) {
 	t.Parallel()
-	bad := head + "egress: {allow: [\"payments.internal\", \"10.2.0.0/33\", \"exa mple\"]}\nsteps:\n  - name: a\n    http: {method: GET, url: \"${ trigger.payload.u }\", follow_redirects: always}\n"
+	bad := head + "egress: {allow: [\"payments.internal\", \"10.2.0.0/33\", \"exa mple\"]}\nsteps:\n  - name: a\n    http: {method: GET, url: \"${ raw(trigger.payload.u) }\", follow_redirects: always}\n"
 	_, ps := LoadFile("f.yaml", []byte(bad), Options{})
 	got := ps.Error()
 	for _, want := range []string{
@@ -58,7 +59,7 @@ func TestEgressKeysValidated(t *testing.T) {
 		t.Errorf("a literal file:// URL: %v", ps)
 	}
 
-	open := head + "steps:\n  - name: a\n    http: {method: GET, url: \"${ trigger.payload.u }\"}\n"
+	open := head + "steps:\n  - name: a\n    http: {method: GET, url: \"${ raw(trigger.payload.u) }\"}\n"
 	s, ps := LoadFile("f.yaml", []byte(open), Options{})
 	if ps != nil {
 		t.Fatal(ps)
@@ -66,7 +67,7 @@ func TestEgressKeysValidated(t *testing.T) {
 	if w := s.Warnings(); len(w) != 1 || !strings.HasPrefix(w[0].String(), "f.yaml:6:30: warning: step a builds the host of its http.url from an expression and the file has no egress.allow") {
 		t.Errorf("warnings %v", w)
 	}
-	listed := head + "egress: {allow: [payments.internal]}\nsteps:\n  - name: a\n    http: {method: GET, url: \"${ trigger.payload.u }\", follow_redirects: same_origin}\n"
+	listed := head + "egress: {allow: [payments.internal]}\nsteps:\n  - name: a\n    http: {method: GET, url: \"${ raw(trigger.payload.u) }\", follow_redirects: same_origin}\n"
 	s, ps = LoadFile("f.yaml", []byte(listed), Options{})
 	if ps != nil {
 		t.Fatal(ps)

@@ -65,6 +65,10 @@ func exprEnv() (*cel.Env, error) {
 			cel.Variable(varReply, dynMap),
 			cel.Variable(varSecrets, cel.MapType(cel.StringType, cel.StringType)),
 			cel.Variable(varStep, cel.MapType(cel.StringType, cel.StringType)),
+			// raw(x) is x: in http.url it says that x's text goes into the
+			// URL as it is, not escaped for where it stands.
+			cel.Function(funcRaw, cel.Overload("raw_dyn", []*cel.Type{cel.DynType}, cel.DynType,
+				cel.UnaryBinding(func(v ref.Val) ref.Val { return v }))),
 		)
 	})
 	return celEnv, envErr
@@ -95,7 +99,13 @@ type scope struct {
 	// contracts are the triggers' schemas: a read of trigger.payload.X is
 	// checked against the closed ones.
 	contracts []*triggerContract
+	// url: an http step's url, where raw(…) may stand.
+	url bool
 }
+
+// funcRaw names the function that keeps an expression's text out of the
+// URL's escaping.
+const funcRaw = "raw"
 
 // expr is one compiled ${ … } expression.
 type expr struct {
@@ -111,6 +121,8 @@ type expr struct {
 	// typ is the type the checker gives the result (dyn when it depends on
 	// the data).
 	typ *cel.Type
+	// raw: the whole expression is raw(…), whose text a URL takes as it is.
+	raw bool
 }
 
 func (e *expr) String() string { return "${ " + strings.TrimSpace(e.text) + " }" }
@@ -244,6 +256,18 @@ func compileExpr(text string, file string, line, col int, sc *scope, r *report) 
 	}
 	visitNames(native.Expr(), func(e ast.Expr) {
 		switch e.Kind() {
+		case ast.CallKind:
+			if e.AsCall().FunctionName() != funcRaw {
+				return
+			}
+			switch {
+			case !sc.url:
+				bad(e.ID(), "raw(…) in %s: raw only keeps a value of an http step's url from being escaped; remove it", sc.place)
+			case e.ID() != native.Expr().ID():
+				bad(e.ID(), "raw(…) in %s must be the whole expression, ${ raw(…) }; put what it wraps inside it", sc.place)
+			default:
+				x.raw = true
+			}
 		case ast.IdentKind:
 			switch e.AsIdent() {
 			case varResult:

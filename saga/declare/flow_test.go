@@ -4,6 +4,11 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/saga"
 )
 
 // TestLoadBrokenFlow: when, wait and on_timeout misused are reported at
@@ -40,9 +45,15 @@ func TestLoadBrokenFlow(t *testing.T) {
 		{"concurrency without limit", "saga: s\nversion: 1\ntriggers: [{event_type: e}]\nconcurrency: {key: \"${ trigger.aggregate_id }\"}\nsteps:\n  - name: a\n    emit: [{event_type: x}]\n",
 			[]string{`f.yaml:4:14: missing key "limit" in concurrency; add it`}},
 		{"bad rate", head + "steps:\n  - name: a\n    rate: fast\n    emit: [{event_type: x}]\n",
-			[]string{`f.yaml:6:11: step a.rate is "fast", not a rate; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h`}},
+			[]string{`f.yaml:6:11: step a.rate is "fast", not a rate; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h, or rate: {limit: 50/s, per: tenant}`}},
 		{"zero rate", head + "steps:\n  - name: a\n    rate: 0/s\n    emit: [{event_type: x}]\n",
-			[]string{`f.yaml:6:11: step a.rate "0/s" must allow at least 1 and at most 1000000 starts per second; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h`}},
+			[]string{`f.yaml:6:11: step a.rate "0/s" must allow at least 1 and at most 1000000 starts per second; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h, or rate: {limit: 50/s, per: tenant}`}},
+		{"bad rate limit", head + "steps:\n  - name: a\n    rate: {limit: 5/d, per: tenant}\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:19: step a.rate.limit is "5/d", not a rate; write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h, or rate: {limit: 50/s, per: tenant}`}},
+		{"rate per what", head + "steps:\n  - name: a\n    rate: {limit: 5/s, per: customer}\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:29: steps[0].rate.per is customer; use one of: saga, tenant`}},
+		{"rate without limit", head + "steps:\n  - name: a\n    rate: {per: tenant}\n    emit: [{event_type: x}]\n",
+			[]string{`f.yaml:6:11: missing key "limit" in steps[0].rate; add it`}},
 		{"bad on_timeout", head + "steps:\n  - name: a\n    command: {event_type: c, reply_timeout: 1s, on_timeout: skip}\n",
 			[]string{`f.yaml:6:61: steps[0].command.on_timeout is skip; use one of: retry, compensate, fail`}},
 	}
@@ -58,6 +69,29 @@ func TestLoadBrokenFlow(t *testing.T) {
 				t.Errorf("problems:\n got: %q\nwant: %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestLoadRate: the shorthand is one limit per saga and step, shared by
+// every tenant; per: tenant keys it by tenant too.
+func TestLoadRate(t *testing.T) {
+	t.Parallel()
+	s, probs := LoadFile("f.yaml", []byte(head+"steps:\n  - name: a\n    rate: 20/s\n    emit: [{event_type: x}]\n"+
+		"  - name: b\n    rate: {limit: 5/m, per: tenant}\n    emit: [{event_type: y}]\n  - name: c\n    rate: {limit: 1/h, per: saga}\n    emit: [{event_type: z}]\n"), Options{})
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	for i, want := range []saga.Rate{{Count: 20, Per: time.Second}, {Count: 5, Per: time.Minute, PerTenant: true}, {Count: 1, Per: time.Hour}} {
+		if got := s.Steps[i].Rate; got == nil || *got != want {
+			t.Errorf("step %d: rate %+v, want %+v", i, got, want)
+		}
+	}
+	tenant := uuid.MustParse("11111111-2222-3333-4444-555555555555")
+	if got := s.Steps[0].Rate.Key("s", "a", tenant); got != "s.a" {
+		t.Errorf("per-saga key %q", got)
+	}
+	if got := s.Steps[1].Rate.Key("s", "b", tenant); got != "s.b/"+tenant.String() {
+		t.Errorf("per-tenant key %q", got)
 	}
 }
 

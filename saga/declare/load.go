@@ -609,7 +609,9 @@ func buildAction(file string, m mapping, place string, base scope, comp bool, r 
 		sc := base
 		sc.secrets = true
 		sc.place = place + ".http.url"
+		sc.url = true
 		ha.URL = compileTemplate(h.get("url"), file, &sc, r)
+		sc.url = false
 		ha.LiteralHost = literalURLHost(ha.URL)
 		if un := h.get("url"); un != nil && ha.URL != nil && ha.URL.single == nil && !ha.URL.isText {
 			if s, ok := ha.URL.literal.(string); ok {
@@ -692,11 +694,28 @@ func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 // step whose URL's host comes from an expression in a file without
 // egress.allow (every call is refused unless the relay lists the hosts with
 // --http-egress-allow).
+//
+// And every expression of an http step's URL whose text goes in unescaped
+// without saying so: a URL that is one expression, or one that starts with
+// an expression (it gives the scheme and host); raw(…) says so.
 func (s *Saga) Warnings() Problems {
-	if len(s.Egress) > 0 {
-		return nil
-	}
 	var out Problems
+	for _, st := range s.Steps {
+		for _, a := range []*Action{&st.Action, st.Compensate} {
+			if a == nil || a.HTTP == nil {
+				continue
+			}
+			for _, e := range unescapedURLParts(a.HTTP.URL) {
+				out = append(out, Problem{File: s.File, Line: e.line, Col: e.col, Msg: fmt.Sprintf(
+					"warning: %s builds the start of step %s's http.url, so its text goes in as it is, event data included: "+
+						"write the scheme and host as text and each value in ${ … } after them (each is escaped for where it stands), "+
+						"or write ${ raw(…) } to say the expression builds the URL", e, st.Name)})
+			}
+		}
+	}
+	if len(s.Egress) > 0 {
+		return out
+	}
 	for _, st := range s.Steps {
 		for _, a := range []*Action{&st.Action, st.Compensate} {
 			if a == nil || a.HTTP == nil || a.HTTP.URL == nil || a.HTTP.LiteralHost != "" {
@@ -816,23 +835,38 @@ func buildConcurrency(file string, m mapping, contracts []*triggerContract, r *r
 	return c
 }
 
-// buildRate reads a step's rate: N/s, N/m or N/h.
+// buildRate reads a step's rate: N/s, N/m or N/h, or {limit: N/s, per:
+// saga|tenant}. The shorthand is per saga: the limit protects a participant,
+// which sees every tenant's calls.
 func buildRate(sm mapping, place string, r *report) *saga.Rate {
 	n := sm.get("rate")
-	if n == nil || n.Kind != yaml.ScalarNode {
-		return nil // absent, or the schema reported it
+	if n == nil {
+		return nil
 	}
-	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h"
+	perTenant := false
+	what := place + ".rate"
+	if n.Kind == yaml.MappingNode {
+		rm := mapping{n}
+		perTenant = rm.str("per") == "tenant"
+		what += ".limit"
+		if n = rm.get("limit"); n == nil {
+			return nil // the schema reported it
+		}
+	}
+	if n.Kind != yaml.ScalarNode {
+		return nil // the schema reported it
+	}
+	fix := "write how many starts per second, minute or hour, e.g. rate: 50/s, 100/m or 1000/h, or rate: {limit: 50/s, per: tenant}"
 	count, unit, ok := strings.Cut(strings.TrimSpace(n.Value), "/")
 	per := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}[unit]
 	c, err := strconv.Atoi(count)
 	switch {
 	case !ok || per == 0 || err != nil:
-		r.add(nodeAt(n), "%s.rate is %q, not a rate; %s", place, n.Value, fix)
+		r.add(nodeAt(n), "%s is %q, not a rate; %s", what, n.Value, fix)
 		return nil
 	case c < 1 || per/time.Duration(c) < time.Microsecond:
-		r.add(nodeAt(n), "%s.rate %q must allow at least 1 and at most 1000000 starts per second; %s", place, n.Value, fix)
+		r.add(nodeAt(n), "%s %q must allow at least 1 and at most 1000000 starts per second; %s", what, n.Value, fix)
 		return nil
 	}
-	return &saga.Rate{Count: c, Per: per}
+	return &saga.Rate{Count: c, Per: per, PerTenant: perTenant}
 }

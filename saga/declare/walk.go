@@ -127,7 +127,11 @@ func Walk(s *Saga, in WalkInput, w io.Writer) (WalkResult, error) {
 	for i, step := range s.Steps {
 		fmt.Fprintf(w, "\n%d. %s (%s)\n", i+1, step.Name, step.Kind())
 		if step.Rate != nil {
-			fmt.Fprintf(w, "   rate: starts at most one every %s across relays\n", step.Rate.Every())
+			scope := "shared by every tenant"
+			if step.Rate.PerTenant {
+				scope = "per tenant"
+			}
+			fmt.Fprintf(w, "   rate: starts at most one every %s across relays, %s\n", step.Rate.Every(), scope)
 		}
 		vars := base()
 		var f *stepFailure
@@ -429,7 +433,7 @@ func walkAction(w io.Writer, a *Action, step string, comp bool, vars map[string]
 			hv[k] = v
 		}
 		hv[varSecrets] = secrets
-		url, err := a.HTTP.URL.evalText(hv)
+		url, err := a.HTTP.URL.evalURL(hv)
 		if err != nil {
 			return evalErr(err)
 		}

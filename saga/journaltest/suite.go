@@ -64,6 +64,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"DeliverReply/WakesTheWaitingStep", testDeliverReply},
 		{"Lifecycle/ForwardThenCompensate", testLifecycle},
 		{"Append/SkipAndWait", testSkipAndWait},
+		{"RateTurn/ReservedTurnsGiveInstancesBack", testRateTurns},
 
 		{"Load/UnknownAndEmpty", testLoadEdges},
 		{"LoadSince/ArgumentsAndEmptyJournal", testLoadSinceArgs},
@@ -1090,5 +1091,67 @@ func testSkipAndWait(t *testing.T, h Harness) {
 	}
 	if strings.Join(kinds, " ") != "step_completed step_skipped step_waiting step_completed" {
 		t.Fatalf("history: %v", kinds)
+	}
+}
+
+// testRateTurns: three instances take turns of one key spaced 50ms: the
+// first runs now and keeps its lease; the second and third are given back,
+// due at their own turns (50ms, 100ms), with no lease, so that nobody holds
+// them meanwhile; claimed at its turn, an instance runs without taking
+// another; another key, and a stale lease, take nothing.
+func testRateTurns(t *testing.T, h Harness) {
+	rt, ok := h.Journal.(saga.RateTaker)
+	if !ok {
+		t.Skip("the journal keeps no rate turns")
+	}
+	const every = 50 * time.Millisecond
+	start := h.Clock.Now()
+	var insts []saga.Instance
+	for range 3 {
+		insts = append(insts, started(t, h))
+	}
+	for i, inst := range insts {
+		wait, err := rt.TakeRateTurn(ctx, inst.ID, inst.LeaseID.UUID, "order.pay", every)
+		if err != nil {
+			t.Fatalf("turn %d: %v", i, err)
+		}
+		if want := time.Duration(i) * every; wait != want {
+			t.Fatalf("turn %d: wait %s, want %s", i, wait, want)
+		}
+	}
+	if wait, err := rt.TakeRateTurn(ctx, started(t, h).ID, uuid.New(), "order.pay", every); !errors.Is(err, saga.ErrLeaseLost) || wait != 0 {
+		t.Fatalf("a stale lease: (%s, %v), want ErrLeaseLost", wait, err)
+	}
+	other := started(t, h)
+	if wait, err := rt.TakeRateTurn(ctx, other.ID, other.LeaseID.UUID, "order.pay/another-tenant", every); err != nil || wait != 0 {
+		t.Fatalf("another key: (%s, %v), want its own turn now", wait, err)
+	}
+	if got := get(t, h.Journal, insts[0].ID); !saga.HoldsLease(got, insts[0].LeaseID.UUID, h.Clock.Now()) {
+		t.Fatal("the instance whose turn came lost its lease")
+	}
+	for i, inst := range insts[1:] {
+		got := get(t, h.Journal, inst.ID)
+		if got.LeaseID.Valid {
+			t.Errorf("instance %d given back still leased", i+1)
+		}
+		sameTime(t, "given back: next_attempt_at", &got.NextAttemptAt, start.Add(time.Duration(i+1)*every))
+	}
+	// Before its turn, nothing is due; at it, the second is, and runs
+	// without taking a turn again: the key's next free turn stays 150ms.
+	if got, err := h.Journal.ClaimPending(ctx, 10, lease); err != nil || slices.ContainsFunc(got, func(x saga.Instance) bool { return x.ID == insts[1].ID }) {
+		t.Fatalf("claimed before its turn: %v", err)
+	}
+	h.Clock.Set(start.Add(every))
+	second := claim(t, h.Journal, insts[1].ID, lease)
+	if wait, err := rt.TakeRateTurn(ctx, second.ID, second.LeaseID.UUID, "order.pay", every); err != nil || wait != 0 {
+		t.Fatalf("claimed at its turn: (%s, %v), want to run now", wait, err)
+	}
+	fresh := started(t, h)
+	if wait, err := rt.TakeRateTurn(ctx, fresh.ID, fresh.LeaseID.UUID, "order.pay", every); err != nil || wait != 2*every {
+		t.Fatalf("a later instance: (%s, %v), want the turn after the third (%s)", wait, err, 2*every)
+	}
+	// The turn is used up: taking again reserves a new one.
+	if wait, err := rt.TakeRateTurn(ctx, second.ID, second.LeaseID.UUID, "order.pay", every); err != nil || wait != 3*every {
+		t.Fatalf("a used turn taken again: (%s, %v), want a new turn %s away", wait, err, 3*every)
 	}
 }

@@ -27,7 +27,7 @@ type Journal struct {
 	// events holds every event in GlobalSeq order: events[i].GlobalSeq is
 	// i+1, since nothing is ever rolled back here.
 	events []saga.RecordedEvent
-	// rates holds the next start of each rate key (TakeRate).
+	// rates holds the next free turn of each rate key (TakeRateTurn).
 	rates map[string]time.Time
 }
 
@@ -36,6 +36,9 @@ type entry struct {
 	steps map[int]saga.StepRecord
 	// seqs are the GlobalSeqs of the instance's events, in version order.
 	seqs []int64
+	// rateTurn is the rate turn the instance was given back with
+	// (TakeRateTurn), zero when it holds none.
+	rateTurn time.Time
 }
 
 // triggerKey: one instance per saga per trigger event, whatever the version
@@ -99,19 +102,38 @@ func (j *Journal) Enqueue(_ context.Context, inst saga.Instance) error {
 
 // ClaimPending implements saga.Journal: due instances in next_attempt_at
 // order (then id), each under a fresh random lease until now+d.
-// TakeRate implements saga.RateTaker.
-func (j *Journal) TakeRate(_ context.Context, key string, every time.Duration) (time.Duration, error) {
+// TakeRateTurn implements saga.RateTaker.
+func (j *Journal) TakeRateTurn(_ context.Context, id, leaseID uuid.UUID, key string, every time.Duration) (time.Duration, error) {
+	if every < time.Microsecond {
+		return 0, saga.Errorf(saga.ErrInvalid, "rate turn: turns must be at least 1µs apart, got %s", every)
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	now := saga.Timestamp(j.clock())
-	if next, ok := j.rates[key]; ok && next.After(now) {
-		return next.Sub(now), nil
+	now := j.clock()
+	e, ok := j.instances[id]
+	if !ok || !saga.HoldsLease(e.inst, leaseID, now) {
+		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held; no rate turn was taken", id, leaseID)
 	}
-	if j.rates == nil {
-		j.rates = map[string]time.Time{}
+	turn := e.rateTurn
+	if turn.IsZero() {
+		if j.rates == nil {
+			j.rates = map[string]time.Time{}
+		}
+		turn = now
+		if next := j.rates[key]; next.After(now) {
+			turn = next
+		}
+		j.rates[key] = turn.Add(every.Truncate(time.Microsecond))
 	}
-	j.rates[key] = now.Add(every.Truncate(time.Microsecond))
-	return 0, nil
+	if !turn.After(now) {
+		e.rateTurn = time.Time{}
+		return 0, nil
+	}
+	e.rateTurn = turn
+	e.inst.NextAttemptAt = turn
+	e.inst.LeaseID = uuid.NullUUID{}
+	e.inst.LeaseExpiresAt = nil
+	return turn.Sub(now), nil
 }
 
 // NextDue implements saga.DueReporter.

@@ -177,23 +177,21 @@ func (j *Journal) NextDue(ctx context.Context) (time.Duration, bool, error) {
 	return time.Duration(us) * time.Microsecond, true, nil
 }
 
-// TakeRate implements saga.RateTaker: one statement when the start is
-// free, a second to say how long until it is.
-func (j *Journal) TakeRate(ctx context.Context, key string, every time.Duration) (time.Duration, error) {
-	var taken bool
-	err := j.q(ctx).QueryRow(ctx, sqlTakeRate, key, every.Microseconds(), j.clock()).Scan(&taken)
-	switch {
-	case err == nil:
-		return 0, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		return 0, fmt.Errorf("pgjournal: take a rate turn: %w", err)
+// TakeRateTurn implements saga.RateTaker in one statement.
+func (j *Journal) TakeRateTurn(ctx context.Context, id, leaseID uuid.UUID, key string, every time.Duration) (time.Duration, error) {
+	if every < time.Microsecond {
+		return 0, saga.Errorf(saga.ErrInvalid, "rate turn: turns must be at least 1µs apart, got %s", every)
 	}
 	var us float64
-	if err := j.q(ctx).QueryRow(ctx, sqlRateWait, key, j.clock()).Scan(&us); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return time.Microsecond, nil // taken and gone meanwhile: try again
-		}
-		return 0, fmt.Errorf("pgjournal: rate wait: %w", err)
+	var given int
+	err := j.q(ctx).QueryRow(ctx, sqlRateTurn, id, leaseID, key, every.Microseconds(), j.clock()).Scan(&us, &given)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held; no rate turn was taken", id, leaseID)
+	case err != nil:
+		return 0, fmt.Errorf("pgjournal: take a rate turn: %w", err)
+	case us <= 0:
+		return 0, nil
 	}
 	return max(time.Microsecond, time.Duration(us)*time.Microsecond), nil
 }

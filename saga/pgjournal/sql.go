@@ -299,21 +299,42 @@ WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.next_attempt_at > c.now
 ORDER BY i.next_attempt_at
 LIMIT 1`
 
-// sqlTakeRate takes the next start of a rate key ($1), spaced by $2
-// microseconds: it returns a row only when the start was free (next_at has
-// come), and moves next_at one spacing past now.
-const sqlTakeRate = `
-WITH clock AS MATERIALIZED (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS now)
-INSERT INTO saga_step_rates AS r (rate_key, next_at)
-SELECT $1, c.now + $2 * interval '1 microsecond' FROM clock c
-ON CONFLICT (rate_key) DO UPDATE SET next_at = EXCLUDED.next_at
-	WHERE r.next_at <= (SELECT now FROM clock)
-RETURNING true`
-
-// sqlRateWait is how long until a rate key's next start, in microseconds.
-const sqlRateWait = `
-SELECT EXTRACT(EPOCH FROM (r.next_at - COALESCE($2::timestamptz, clock_timestamp()))) * 1000000
-FROM saga_step_rates r WHERE r.rate_key = $1`
+// sqlRateTurn gives instance $1, under lease $2, its turn of rate key $3,
+// whose turns are spaced by $4 microseconds. An instance that holds no turn
+// yet reserves the next free one: max(next_at, now), and next_at moves one
+// spacing past it. A turn in the future gives the instance back: due at its
+// turn, the turn kept in rate_turn_at, the lease released. A turn that has
+// come is used: rate_turn_at is cleared and the lease kept. It returns how
+// long until the turn (zero or less: now), or no row when the lease is not
+// held, and then takes nothing.
+const sqlRateTurn = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($5::timestamptz, clock_timestamp()) AS now),
+inst AS MATERIALIZED (
+	SELECT i.id, i.rate_turn_at FROM saga_instances i, clock c
+	WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now
+	FOR NO KEY UPDATE OF i
+),
+taken AS (
+	INSERT INTO saga_step_rates AS r (rate_key, next_at)
+	SELECT $3, c.now + $4 * interval '1 microsecond' FROM clock c, inst WHERE inst.rate_turn_at IS NULL
+	ON CONFLICT (rate_key) DO UPDATE
+	SET next_at = GREATEST(r.next_at, (SELECT now FROM clock)) + $4 * interval '1 microsecond'
+	RETURNING r.next_at - $4 * interval '1 microsecond' AS turn_at
+),
+turn AS MATERIALIZED (
+	SELECT inst.id, COALESCE((SELECT turn_at FROM taken), inst.rate_turn_at) AS turn_at FROM inst
+),
+given AS (
+	UPDATE saga_instances i
+	SET rate_turn_at     = CASE WHEN t.turn_at > c.now THEN t.turn_at END,
+	    next_attempt_at  = CASE WHEN t.turn_at > c.now THEN t.turn_at ELSE i.next_attempt_at END,
+	    lease_id         = CASE WHEN t.turn_at > c.now THEN NULL ELSE i.lease_id END,
+	    lease_expires_at = CASE WHEN t.turn_at > c.now THEN NULL ELSE i.lease_expires_at END
+	FROM turn t, clock c
+	WHERE i.id = t.id AND (t.turn_at > c.now OR i.rate_turn_at IS NOT NULL)
+	RETURNING 1
+)
+SELECT EXTRACT(EPOCH FROM (t.turn_at - c.now)) * 1000000, (SELECT count(*) FROM given) FROM turn t, clock c`
 
 // The retention janitor's statements (retention.go). Durations are
 // microseconds ($n * interval '1 microsecond'); each statement touches at

@@ -91,7 +91,9 @@ func varintLen(n int) int {
 func (s *Sink) Topic(ev *sink.Event) string {
 	return s.cfg.Topic.Expand(ev, func(v string) string {
 		return strings.Map(func(r rune) rune {
-			if r < 128 && (r == '.' || r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			// '.' separates the parts of a topic's name: a value is one
+			// part ({raw(…)} keeps its dots).
+			if r < 128 && (r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
 				return r
 			}
 			return '_'

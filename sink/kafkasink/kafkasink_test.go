@@ -213,3 +213,22 @@ func TestOverlongTopicIsAnEventError(t *testing.T) {
 		t.Fatalf("errors %v: want the overlong topic refused as an event error and the other event delivered", errs)
 	}
 }
+
+// A value fills one part of a topic's name: its dots and the characters
+// Kafka refuses become '_'; {raw(…)} keeps the value's dots.
+func TestTopicPartsFromEventData(t *testing.T) {
+	c := cluster(t)
+	for tpl, want := range map[string]string{
+		"outbox.{aggregate_type}":      "outbox.payments_internal_x_y",
+		"outbox.{raw(aggregate_type)}": "outbox.payments.internal_x_y",
+	} {
+		s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate(tpl), Timeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Topic(&sink.Event{AggregateType: "payments.internal/x y"}); got != want {
+			t.Errorf("%s: topic %q, want %q", tpl, got, want)
+		}
+		s.Close()
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -120,25 +121,15 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // Subject is the subject an event is published on.
 func (s *Sink) Subject(ev *sink.Event) string { return s.cfg.Subject.Expand(ev, cleanToken) }
 
-// cleanToken makes a value safe inside a subject: no spaces, wildcards or
-// empty tokens.
+// cleanToken makes a value one token of a subject: no '.', which would
+// start another token, no spaces, control characters or wildcards.
 func cleanToken(v string) string {
-	v = strings.Map(func(r rune) rune {
-		if r <= ' ' || r == '*' || r == '>' || r == 0x7f {
+	return strings.Map(func(r rune) rune {
+		if r <= ' ' || r == '.' || r == '*' || r == '>' || r == 0x7f || unicode.IsSpace(r) {
 			return '_'
 		}
 		return r
 	}, v)
-	if v == "" {
-		return ""
-	}
-	parts := strings.Split(v, ".")
-	for i, p := range parts {
-		if p == "" {
-			parts[i] = "_"
-		}
-	}
-	return strings.Join(parts, ".")
 }
 
 // Deliver publishes evs in order and waits for every acknowledgement.

@@ -134,3 +134,45 @@ func TestOverlongSubjectIsAnEventError(t *testing.T) {
 		}
 	}
 }
+
+// Event data fills one token of a subject each: a value's dots, wildcards
+// and spaces cannot add tokens or make a wildcard; {raw(…)} keeps a value's
+// dots as separators and cleans each token. The message arrives on the
+// subject so built.
+func TestSubjectTokensFromEventData(t *testing.T) {
+	srv := natstest.Start(t)
+	for tpl, c := range map[string]struct {
+		ev   sink.Event
+		want string
+	}{
+		"orders.{aggregate_id}.{event_type}":        {sink.Event{AggregateID: "1.refund.>.*", EventType: "payment captured"}, "orders.1_refund____.payment_captured"},
+		"orders.{aggregate_type}.{raw(event_type)}": {sink.Event{AggregateType: "order", EventType: "payment.captured"}, "orders.order.payment.captured"},
+		"orders.{raw(aggregate_id)}":                {sink.Event{AggregateID: "1..>.a b"}, "orders.1._._.a_b"},
+	} {
+		s, err := natssink.New(natssink.Config{URL: srv.URL(), Stream: "TOKENS", Subject: sink.MustTemplate(tpl)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Subject(&c.ev); got != c.want {
+			t.Errorf("%s: subject %q, want %q", tpl, got, c.want)
+		}
+		ev := sinktest.Events(1, 1)[0]
+		ev.AggregateType, ev.AggregateID, ev.EventType = c.ev.AggregateType, c.ev.AggregateID, c.ev.EventType
+		for _, err := range s.Deliver(t.Context(), []*sink.Event{ev}) {
+			if err != nil {
+				t.Fatalf("%s: %v", tpl, err)
+			}
+		}
+		s.Close()
+	}
+	nc, _ := nats.Connect(srv.URL())
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(t.Context(), "TOKENS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetLastMsgForSubject(t.Context(), "orders.1_refund____.payment_captured"); err != nil {
+		t.Errorf("the message did not arrive on its one-token subject: %v", err)
+	}
+}
