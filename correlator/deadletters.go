@@ -247,7 +247,8 @@ func eventFromMessageRaw(d DeadLetter, raw map[string]any) (outbox.Event, string
 	if ev.EventType == "" {
 		ev.EventType = d.EventType
 	}
-	if tx, _ := raw["transactional"].(bool); !tx {
+	// Parking keeps raw values as text.
+	if tx := raw["transactional"]; tx != true && tx != "true" {
 		return ev, "a non-transactional message is never an outbox event: its transaction may have rolled back"
 	}
 	return ev, ev.Poison
