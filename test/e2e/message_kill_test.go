@@ -175,7 +175,9 @@ func TestMessagesSurviveTwoKills(t *testing.T) {
 		}()
 	}()
 
-	sagas := func() int { return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'brief_enrichment'`) }
+	sagas := func() int {
+		return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'brief_enrichment'`)
+	}
 	before := 0
 	for k, at := range []int{total / 3, 2 * total / 3} {
 		waitFor(t, 60*time.Second, fmt.Sprintf("%d transactions before kill %d", at, k+1), func() bool { return int(produced.Load()) >= at })
