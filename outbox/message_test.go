@@ -160,3 +160,24 @@ func peekMessages(t *testing.T, db *pgtest.DB, slot string) []outbox.Event {
 	}
 	return got
 }
+
+// Whatever a message holds, decoding it never panics, and an event it
+// accepts has an event type and a payload the relay can encode.
+func FuzzEventFromMessage(f *testing.F) {
+	for _, s := range []string{`{"event_type": "a"}`, `{"event_type": "a", "payload": [1, {"b": null}], "headers": {"k": "v"}}`,
+		`{"id": 1e400, "event_type": "x"}`, `not json`, `{"tenant_id": null, "event_type": "x", "aggregate_id": -0.5}`, `{"event_type": "\u0000"}`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, content []byte) {
+		ev := outbox.EventFromMessage(content)
+		if ev.Poison != "" {
+			return
+		}
+		if ev.EventType == "" || outbox.CheckEncodable(ev.Payload) != nil || !json.Valid(ev.Payload) {
+			t.Fatalf("accepted %q as %+v", content, ev)
+		}
+		if len(ev.Headers) > 0 && !json.Valid(ev.Headers) {
+			t.Fatalf("accepted headers %q", ev.Headers)
+		}
+	})
+}
