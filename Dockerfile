@@ -17,7 +17,7 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 ARG COMMIT=
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=${VERSION} -X main.commit=${COMMIT}" -o bin/relay ./cmd/relay
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o bin/relay ./cmd/relay
 
 FROM scratch
 # TLS to PostgreSQL (sslmode=verify-full), brokers and webhooks needs the CA

@@ -3,28 +3,39 @@ SHELL := /bin/bash
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: test demo build vet postgres chromium
+.PHONY: help test test-short demo build vet postgres chromium
 
-# `make build` stamps the version and commit into the binary (`relay version`)
+help: ## list the targets, one line each
+	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+# The quick tier: PostgreSQL's server binaries and nothing else (no npm, no
+# Chromium, no brokers from apt); what needs more, or runs long, skips itself
+# under -short.
+test-short: postgres ## the quick tier: go test -short ./... (under 3 minutes)
+	$(GO) test -short -count=1 ./...
+
+# `make build` is the release build: stripped (-s -w), without build paths
+# (-trimpath), without cgo. It stamps the version and commit into the binary (`relay version`)
 # whether or not the toolchain stamps VCS information (-buildvcs=false, no
 # .git). The Dockerfile's build stage runs the same go build, with VERSION and
 # COMMIT as build arguments (a test compares the two).
 VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
-build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
+build: ## the release build of the relay: bin/relay (stripped, no cgo)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
 
-postgres:
+postgres: ## install PostgreSQL's server binaries with apt when missing
 	@./scripts/ensure-postgres.sh
 
-chromium:
+chromium: ## install Chromium with apt when missing (the browser tests)
 	@./scripts/ensure-chromium.sh
 
-vet:
+vet: ## gofmt and go vet, the relay's module and the bench's
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
+	cd bench && $(GO) vet ./...
 
 # The race-enabled run of every package but the failover suite, the stream's
 # tests on PostgreSQL 17 and 18, the short failover suite and the short fault
@@ -32,32 +43,42 @@ vet:
 # or on the faults it makes, so together they keep two cores busy. Each one's
 # output is printed whole when it ends. The two suites run the relay as a
 # process built without -race, as users run it.
-test: postgres chromium vet deploy-check
-	$(MAKE) --no-print-directory --output-sync=target -j5 test-race test-pg17 test-pg18 test-failover chaos QUICK=1
+test: postgres chromium vet deploy-check ## the full suite CI runs (about 12 minutes)
+	$(MAKE) --no-print-directory --output-sync=target -j6 test-race test-bench test-pg17 test-pg18 test-failover chaos QUICK=1
 
 # The longest packages go first: go test starts packages in the order given,
 # and one started last would run alone at the end.
-RACE_FIRST := ./test/sinks ./test/e2e ./internal/bench ./relay ./cdc ./sink/kafkasink ./internal/httpapi ./internal/pgcluster
+RACE_FIRST := ./test/sinks ./test/e2e ./relay ./cdc ./sink/kafkasink ./internal/httpapi ./internal/pgcluster
 
 .PHONY: test-race
-test-race:
+test-race: ## every package with -race but the failover suite
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(RACE_FIRST) ./... | grep -v '/test/failover$$')
 
 # `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
 # 18 as well, installed by the test harness (npm needed; see README).
 .PHONY: test-versions test-pg17 test-pg18
-test-versions: test-pg17 test-pg18
-test-pg17 test-pg18:
-	RELAY_TEST_PG_VERSION=$(subst test-pg,,$@) $(GO) test -count=1 -timeout 10m ./cdc
+test-versions: test-pg17 test-pg18 ## the stream's tests on PostgreSQL 17 and 18 (npm needed)
+test-pg17: ## the stream's tests on PostgreSQL 17
+	RELAY_TEST_PG_VERSION=17 $(GO) test -count=1 -timeout 10m ./cdc
+test-pg18: ## the stream's tests on PostgreSQL 18
+	RELAY_TEST_PG_VERSION=18 $(GO) test -count=1 -timeout 10m ./cdc
 
-demo: postgres build
+demo: postgres build ## the demo: a throwaway PostgreSQL, the relay and the example saga
 	./bin/relay demo
 
-# `make bench` runs the full benchmark of BENCHMARKS.md (about 13 minutes);
-# `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
-.PHONY: bench
-bench: postgres build
-	./bin/relay bench $(BENCH_FLAGS)
+# `make bench` builds bin/relay-bench (bench/, a module of its own: the relay
+# links none of it) and runs the full benchmark of BENCHMARKS.md (about 13
+# minutes); `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
+.PHONY: bench bench-build test-bench
+bench: postgres bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
+	./bin/relay-bench $(BENCH_FLAGS)
+
+bench-build: ## build bin/relay-bench
+	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o ../bin/relay-bench ./cmd/relay-bench
+
+# The bench module's own tests, the quick bench run among them.
+test-bench: postgres ## the bench module's tests, the quick bench run among them
+	cd bench && $(GO) test -race -count=1 -timeout 15m ./...
 
 # `make chaos` runs the fault suite of RELIABILITY.md (20 to 40 minutes) and
 # prints each scenario's figures; `make chaos QUICK=1` is the short run for CI
@@ -68,37 +89,37 @@ bench: postgres build
 # bench/peers is a module of its own: the product never depends on the peers.
 # PEERS_FLAGS passes more, e.g. PEERS_FLAGS='--n 1000 --repeats 1'.
 .PHONY: bench-peers
-bench-peers: postgres
+bench-peers: postgres ## DBOS, River and pgbench on the step workload, side by side
 	cd bench/peers && $(GO) build -o ../../bin/peers . && ../../bin/peers $(PEERS_FLAGS)
 
 .PHONY: chaos
-chaos: postgres
-	$(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos -args $(if $(QUICK),-chaos.quick) $(CHAOS_FLAGS)
+chaos: postgres ## the fault suite of RELIABILITY.md in full (QUICK=1 for the short run)
+	$(if $(QUICK),,RELAY_TEST_HEAVY=1) $(GO) test -tags chaos -count=1 -v -timeout 90m -run '^TestChaos$$' ./test/chaos $(if $(CHAOS_FLAGS),-args $(CHAOS_FLAGS))
 
 # `make test-declared` runs the declared-saga kill test in full: three SIGKILLs
 # of the relay under load, 300 orders (make test runs one kill, 30 orders).
 .PHONY: test-declared
-test-declared: postgres
-	DECLARED_FULL=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
+test-declared: postgres ## the declared-saga kill test in full
+	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
 
 # `make example-orders` runs examples/orders (README "Sagas without Go"): a
 # throwaway PostgreSQL, the Python payment service, the relay with --sagas.
 .PHONY: example-orders
-example-orders: postgres build
+example-orders: postgres build ## run examples/orders: declared sagas and a Python service
 	$(GO) run ./examples/orders/run
 
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
 # own rule parser (model/rulefmt, as promtool does). It is a module of its own
 # (deploy/check) so that the Prometheus module stays out of the relay's go.mod.
 .PHONY: deploy-check
-deploy-check:
+deploy-check: ## check deploy/ with the tools of Prometheus (and Helm)
 	cd deploy/check && $(GO) test -count=1 ./...
 
 # `make overview-bench` generates 10,000,000 saga instances (one INSERT ...
 # SELECT generate_series) and times GET /v1/overview's queries (the figure of
 # BENCHMARKS.md; about 10 minutes). ROWS=100000 for a short run.
 .PHONY: overview-bench
-overview-bench: postgres
+overview-bench: postgres ## time GET /v1/overview over 10,000,000 instances (ROWS=N)
 	$(GO) test -tags overviewscale -count=1 -v -timeout 60m -run '^TestOverviewAtScale$$' ./saga/admin -args -rows $(or $(ROWS),10000000)
 
 # `make test-db-down` keeps the relay's database down for 60 s under a running
@@ -106,8 +127,8 @@ overview-bench: postgres
 # says unready, logs fewer than 20 lines in that minute, and logs its recovery.
 # `make test` runs the same test with a 10 s outage.
 .PHONY: test-db-down
-test-db-down: postgres
-	$(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay -args -relay.db-down=60s
+test-db-down: postgres ## the relay under a 60 s database outage
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -timeout 10m -run '^TestDatabaseDownLogsLittleAndRecovers$$' ./relay
 
 # `make test-sinks` is the sink fault suite (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
@@ -123,22 +144,22 @@ test-db-down: postgres
 # replayed, lost, doubled starts). `make test-failover QUICK=1` is the short
 # run `make test` makes: every test of the suite on 17, one promotion.
 .PHONY: test-failover
-test-failover:
+test-failover: ## the failover suite in full on 17 and 18 (QUICK=1 for the short run)
 ifdef QUICK
 	$(GO) test -count=1 -timeout 15m ./test/failover
 else
-	$(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover -args -failover.full
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -timeout 60m -run '^TestRelayFollowsPromotion$$' ./test/failover
 endif
 
 .PHONY: test-sinks
-test-sinks: postgres
-	$(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks -args -sinks.full
+test-sinks: postgres ## the sink fault suite in full
+	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks
 
 # `make test-lag-idle` watches an idle relay's lag for a full minute (go test
 # watches for 15 s): the stream's and QueryLag's lag_seconds, and the
 # monitor's chart in Chromium (screenshots in $ARTIFACTS_DIR, default
 # $TMPDIR/compensa-artifacts).
 .PHONY: test-lag-idle
-test-lag-idle: postgres chromium
-	$(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc -args -cdc.lag-idle=60s
-	$(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi -args -httpapi.lag-idle=60s
+test-lag-idle: postgres chromium ## watch an idle relay's lag for a full minute
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc
+	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/test/pgtest"
 )
@@ -25,7 +26,7 @@ func privateDBOpts(t *testing.T, opts pgcluster.Options) *pgtest.DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, opts)
+	c, err := pgdocker.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("private cluster: %v", err)
 	}

@@ -96,6 +96,15 @@ func newRedactor(password string) redactor {
 	return redactor{secrets: s}
 }
 
+// redactFunc is r.string for a log handler, or nil when there is nothing to
+// hide.
+func (r redactor) redactFunc() func(string) string {
+	if len(r.secrets) == 0 {
+		return nil
+	}
+	return r.string
+}
+
 func (r redactor) string(s string) string {
 	for _, p := range r.secrets {
 		s = strings.ReplaceAll(s, p, "xxxxx")

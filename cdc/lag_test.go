@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"maps"
 	"slices"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestQueryLagReportsTheSlot(t *testing.T) {
@@ -90,9 +90,14 @@ func TestHumanBytes(t *testing.T) {
 }
 
 // lagIdle is how long TestLagIsTheAgeOfTheOldestUnhandledChange watches an
-// idle stream (go test ./cdc -run TestLag -args -cdc.lag-idle=60s for the
-// full minute).
-var lagIdle = flag.Duration("cdc.lag-idle", 15*time.Second, "how long the lag test watches an idle stream")
+// idle stream: 15 s, or the full minute with RELAY_TEST_HEAVY=1 (make
+// test-lag-idle).
+var lagIdle = func() time.Duration {
+	if testkit.Heavy() {
+		return time.Minute
+	}
+	return 15 * time.Second
+}()
 
 // TestLagIsTheAgeOfTheOldestUnhandledChange: an idle stream reports a lag
 // under a second in memory and through QueryLag, across many heartbeats
@@ -135,7 +140,7 @@ func TestLagIsTheAgeOfTheOldestUnhandledChange(t *testing.T) {
 		return r.s.Lag().Seconds, *rep.LagSeconds
 	}
 
-	idleUntil := time.Now().Add(*lagIdle)
+	idleUntil := time.Now().Add(lagIdle)
 	worstMem, worstQuery := 0.0, 0.0
 	samples := 0
 	for time.Now().Before(idleUntil) {
@@ -144,7 +149,7 @@ func TestLagIsTheAgeOfTheOldestUnhandledChange(t *testing.T) {
 		samples++
 		time.Sleep(250 * time.Millisecond)
 	}
-	t.Logf("idle for %s (%d samples, heartbeat every %s): worst lag %.3fs in memory, %.3fs from QueryLag", *lagIdle, samples, cfg.HeartbeatInterval, worstMem, worstQuery)
+	t.Logf("idle for %s (%d samples, heartbeat every %s): worst lag %.3fs in memory, %.3fs from QueryLag", lagIdle, samples, cfg.HeartbeatInterval, worstMem, worstQuery)
 	if worstMem >= 1 || worstQuery >= 1 {
 		t.Fatalf("an idle stream reported a lag of %.3fs in memory and %.3fs from QueryLag, want < 1s", worstMem, worstQuery)
 	}

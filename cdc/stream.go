@@ -16,6 +16,7 @@ import (
 
 	backoffpkg "github.com/compensa/compensa/internal/backoff"
 	"github.com/compensa/compensa/internal/logthrottle"
+	"github.com/compensa/compensa/internal/redact"
 )
 
 // Stream streams the outbox table's committed inserts to a Sink. Create it
@@ -107,7 +108,7 @@ func NewStream(cfg Config, sink Sink) (*Stream, error) {
 		return nil, errorf(ErrConfig, "Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value DSN")
 	}
 	s := &Stream{cfg: cfg, sink: sink, red: newRedactor(pc.Password), conn: pc}
-	s.log = slog.New(&redactingHandler{Handler: cfg.Logger.Handler(), red: s.red}).With("slot", cfg.Slot)
+	s.log = slog.New(redact.Handler(cfg.Logger.Handler(), s.red.redactFunc())).With("slot", cfg.Slot)
 	s.throttle = logthrottle.New(s.log, 0)
 	return s, nil
 }
@@ -496,56 +497,4 @@ func (s *Stream) closeConn(c *pgconn.PgConn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c.Close(ctx)
-}
-
-// redactingHandler keeps the password out of every log line, whatever a
-// message or an error attribute quotes.
-type redactingHandler struct {
-	slog.Handler
-	red redactor
-}
-
-func (h *redactingHandler) Handle(ctx context.Context, r slog.Record) error {
-	if len(h.red.secrets) == 0 {
-		return h.Handler.Handle(ctx, r)
-	}
-	nr := slog.NewRecord(r.Time, r.Level, h.red.string(r.Message), r.PC)
-	r.Attrs(func(a slog.Attr) bool {
-		nr.AddAttrs(h.scrub(a))
-		return true
-	})
-	return h.Handler.Handle(ctx, nr)
-}
-
-func (h *redactingHandler) scrub(a slog.Attr) slog.Attr {
-	v := a.Value.Resolve()
-	switch v.Kind() {
-	case slog.KindString:
-		return slog.String(a.Key, h.red.string(v.String()))
-	case slog.KindGroup:
-		g := v.Group()
-		out := make([]any, len(g))
-		for i, x := range g {
-			out[i] = h.scrub(x)
-		}
-		return slog.Group(a.Key, out...)
-	case slog.KindAny:
-		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, h.red.string(err.Error()))
-		}
-		return slog.String(a.Key, h.red.string(v.String()))
-	}
-	return a
-}
-
-func (h *redactingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	out := make([]slog.Attr, len(attrs))
-	for i, a := range attrs {
-		out[i] = h.scrub(a)
-	}
-	return &redactingHandler{Handler: h.Handler.WithAttrs(out), red: h.red}
-}
-
-func (h *redactingHandler) WithGroup(name string) slog.Handler {
-	return &redactingHandler{Handler: h.Handler.WithGroup(name), red: h.red}
 }

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,13 +11,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/relay"
+	"github.com/compensa/compensa/test/testkit"
 )
 
-var dbDown = flag.Duration("relay.db-down", 10*time.Second,
-	"how long TestDatabaseDownLogsLittleAndRecovers keeps the database down (make test-db-down: 60s)")
+// dbDown is how long TestDatabaseDownLogsLittleAndRecovers keeps the
+// database down: 10 s, or 60 s with RELAY_TEST_HEAVY=1 (make test-db-down).
+var dbDown = func() time.Duration {
+	if testkit.Heavy() {
+		return 60 * time.Second
+	}
+	return 10 * time.Second
+}()
 
-// The database goes away for a while (-relay.db-down, 60 s in the heavy
-// run, 10 s by default) under a relay that streams, runs sagas and is
+// The database goes away for a while (10 s; 60 s with RELAY_TEST_HEAVY=1,
+// make test-db-down) under a relay that streams, runs sagas and is
 // probed on /readyz every second: it says unready with the reason, writes
 // fewer than 20 log lines per minute down (each component logs the first
 // failure, then once a minute with a count), logs its recovery, and goes on
@@ -88,7 +94,7 @@ func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
 	}()
 	defer func() { stopProbes(); <-probesDone }()
 
-	down := *dbDown
+	down := dbDown
 	halted := time.Now()
 	if err := c.Halt(true); err != nil {
 		t.Fatal(err)

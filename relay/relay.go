@@ -229,9 +229,12 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 		}
 	}
 
-	sources := httpapi.Sources{
-		Correlator: func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(r.correlator.Stats()) },
+	for _, c := range r.correlator.Collectors() {
+		if err := r.metrics.Registry().Register(c); err != nil {
+			return err
+		}
 	}
+	sources := httpapi.Sources{}
 	// The monitor reads through its own pool; retry and cancel go through
 	// the journal, fenced like the runner's writes.
 	tokens, err := cfg.loadTokens()

@@ -7,7 +7,7 @@
 //
 //	go run . [--n 5000] [--repeats 3] [--systems compensa,dbos,river,river-fast,pgbench] [--json]
 //
-// `make bench-peers` runs it; `relay bench --peers BIN` runs it between the
+// `make bench-peers` runs it; `relay-bench --peers BIN` runs it between the
 // step scenario's runs and reports the peers' steps/s in its JSON.
 package main
 

@@ -16,7 +16,7 @@ import (
 
 // pgbenchStep is the shape of one step of an engine that spends one write
 // transaction per step: a row appended, a row updated by primary key. (The
-// same script as `relay bench`'s step scenario.)
+// same script as `relay-bench`'s step scenario.)
 const pgbenchStep = `\set id random(1, :rows)
 BEGIN;
 INSERT INTO peers_log (state_id) VALUES (:id);

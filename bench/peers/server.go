@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 )
 
 // server is the PostgreSQL every system runs on: one database per run,
@@ -28,7 +29,7 @@ func openServer(ctx context.Context, databaseURL string) (*server, error) {
 	s := &server{adminURL: databaseURL, kind: "given by --database-url"}
 	if databaseURL == "" {
 		progress("starting a throwaway PostgreSQL (durable: fsync and synchronous_commit on)")
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+		c, err := pgdocker.Start(ctx, pgcluster.Options{Durable: true})
 		if err != nil {
 			return nil, err
 		}

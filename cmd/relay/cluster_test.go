@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 )
 
@@ -15,7 +16,7 @@ import (
 // migrations with opts and opens a pool on it; both go at the test's end.
 func migratedCluster(ctx context.Context, t *testing.T, opts migrations.Options) (*pgcluster.Cluster, *pgxpool.Pool) {
 	t.Helper()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("start PostgreSQL: %v", err)
 	}

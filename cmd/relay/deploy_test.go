@@ -28,6 +28,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 )
 
 // The files of deploy/ and the Dockerfile are checked against this binary:
@@ -460,7 +461,7 @@ func TestKubernetesProbesAnswerOnARealRelay(t *testing.T) {
 	rcs := relayContainers(t, manifests(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("start PostgreSQL: %v", err)
 	}

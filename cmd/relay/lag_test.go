@@ -14,6 +14,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 )
 
@@ -34,7 +35,7 @@ func TestLagCLI(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("start PostgreSQL: %v", err)
 	}

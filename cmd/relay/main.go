@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/internal/dbconn"
+	"github.com/compensa/compensa/internal/redact"
 )
 
 // version and commit are set at build time with -ldflags "-X main.version=...
@@ -161,5 +162,9 @@ func newLogger(opts *rootOptions) *slog.Logger {
 	level := slog.LevelInfo
 	_ = level.UnmarshalText([]byte(opts.logLevel))
 	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
-	return slog.New(&redactingHandler{Handler: h, secret: opts.secrets()})
+	var hide func(string) string
+	if secrets := opts.secrets(); len(secrets) > 0 {
+		hide = func(s string) string { return redactAll(s, secrets) }
+	}
+	return slog.New(redact.Handler(h, hide))
 }

@@ -23,8 +23,9 @@ func init() { registerCommand(newRunCmd) }
 
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
-		cfg         relay.Config
-		stopTimeout time.Duration
+		cfg          relay.Config
+		stopTimeout  time.Duration
+		withExamples bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -73,7 +74,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
 			}
 			cfg.Logger = newLogger(opts)
-			return runRelay(cmd.Context(), cfg, stopTimeout)
+			return runRelay(cmd.Context(), cfg, stopTimeout, withExamples)
 		},
 	}
 	f := cmd.Flags()
@@ -104,18 +105,19 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.StringSliceVar(&cfg.HTTPEgressAllow, "http-egress-allow", nil, "host names, IP addresses and CIDR networks a declared http step may call when its URL's host comes from an expression; repeat or comma-separate (env RELAY_HTTP_EGRESS_ALLOW); see README.md, Outbound calls")
 	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see README (env RELAY_SINKS)")
 	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
+	f.BoolVar(&withExamples, "with-examples", false, "also run the example saga (research briefs) whose tables `relay migrate --with-examples` created (env RELAY_WITH_EXAMPLES)")
 	return cmd
 }
 
 // runRelay builds the relay with this binary's sagas and runs it until a
 // signal (ctx) or a fatal stream error. A second signal during the graceful
 // stop exits at once.
-func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration) error {
+func runRelay(ctx context.Context, cfg relay.Config, stopTimeout time.Duration, withExamples bool) error {
 	log := cfg.Logger
 	if err := relay.WaitForPrimary(ctx, cfg.DatabaseURL, log); err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
-	reg, err := registryForURL(ctx, cfg.DatabaseURL)
+	reg, err := runRegistry(ctx, cfg.DatabaseURL, withExamples)
 	if err != nil {
 		return exitError{code: 2, msg: err.Error()}
 	}
@@ -189,14 +191,25 @@ wait:
 	return nil
 }
 
-// registryForURL is registryFor over a short-lived connection.
-func registryForURL(ctx context.Context, dsn string) (*saga.Registry, error) {
+// runRegistry is the set of compiled-in sagas `relay run` runs: none, or
+// with --with-examples the example saga, whose tables must exist.
+func runRegistry(ctx context.Context, dsn string, withExamples bool) (*saga.Registry, error) {
+	if !withExamples {
+		return newRegistry(false)
+	}
 	conn, err := dbconn.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return registryFor(ctx, conn)
+	present, err := examplesPresent(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if !present {
+		return nil, fmt.Errorf("--with-examples: the example tables (research_briefs) do not exist in this database; create them with `relay migrate --with-examples`")
+	}
+	return newRegistry(true)
 }
 
 // reloadSagas re-reads --sagas on SIGHUP: a fully valid set replaces the old

@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/compensa/compensa/internal/bench"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -61,8 +60,6 @@ var sharedFlagsOf = map[string][]string{
 	"relay sinks skip":        {"database-url"},
 	"relay sinks replay":      {"database-url", "outbox-table", "outbox-columns"},
 	"relay demo":              {"http-addr", "log-level"},
-	"relay bench":             {"database-url"},
-	"relay bench consume":     {"database-url", "slot", "publication", "log-level"},
 }
 
 // harden applies the rules above to the whole command tree: shared flags
@@ -312,21 +309,6 @@ var enumFlags = map[string][]string{
 
 // stringChecks check free-text flags that still have a form.
 var stringChecks = map[string]func(string) error{
-	// relay bench --only: a comma-separated list of scenarios.
-	"only": func(s string) error {
-		words := append(slices.Clone(bench.Scenarios), bench.OptInScenarios...)
-		for _, name := range strings.Split(s, ",") {
-			if s == "" || slices.Contains(words, strings.TrimSpace(name)) {
-				continue
-			}
-			want := "want one or more of " + strings.Join(words, ", ") + ", comma-separated"
-			if hint := closest(strings.TrimSpace(name), words, "", ""); hint != "" {
-				want += "; " + hint
-			}
-			return errors.New(want)
-		}
-		return nil
-	},
 	"outbox-table": func(s string) error {
 		if _, err := outbox.ParseTableName(s); err != nil {
 			return fmt.Errorf("want a table name such as outbox or events.outbox (%v)", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 )
 
@@ -155,7 +156,7 @@ func TestSystemdLayoutIsReadableByTheServiceUser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		t.Fatalf("start PostgreSQL: %v", err)
 	}

@@ -3,7 +3,6 @@ package httpapi_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -23,11 +22,18 @@ import (
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/sagamix"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // lagIdle is how long TestBrowserListTimelineAndIdleLag watches an idle
-// relay's lag chart; `make test-lag-idle` runs it for the full minute.
-var lagIdle = flag.Duration("httpapi.lag-idle", 15*time.Second, "how long the browser test watches the idle replication chart")
+// relay's lag chart: 15 s, or the full minute with RELAY_TEST_HEAVY=1 (make
+// test-lag-idle).
+var lagIdle = func() time.Duration {
+	if testkit.Heavy() {
+		return time.Minute
+	}
+	return 15 * time.Second
+}()
 
 // artefactDir is where browser tests leave their screenshots: $ARTIFACTS_DIR,
 // or compensa-artifacts in the system's temporary directory (never the
@@ -162,7 +168,7 @@ func TestBrowserListTimelineAndIdleLag(t *testing.T) {
 	if err := chromedp.Do(bctx, chromedp.Navigate(ts.URL+"/")); err != nil {
 		t.Fatalf("browser: open the page: %v", err)
 	}
-	tctx, cancelTimeout := context.WithTimeout(bctx, *lagIdle+3*time.Minute)
+	tctx, cancelTimeout := context.WithTimeout(bctx, lagIdle+3*time.Minute)
 	defer cancelTimeout()
 	if err := chromedp.Do(tctx, chromedp.WaitVisible(css("#token")), chromedp.SendKeys(css("#token"), token),
 		chromedp.Click(css("#login")), chromedp.WaitVisible(css("#recent"))); err != nil {
@@ -270,7 +276,7 @@ func TestBrowserListTimelineAndIdleLag(t *testing.T) {
 	}
 
 	// The idle relay: every sample of the chart at 0 s, the line flat.
-	if wait := time.Until(idleFrom.Add(*lagIdle)); wait > 0 {
+	if wait := time.Until(idleFrom.Add(lagIdle)); wait > 0 {
 		time.Sleep(wait)
 	}
 	samples := srv.LagSamples()
@@ -283,8 +289,8 @@ func TestBrowserListTimelineAndIdleLag(t *testing.T) {
 	}
 	span := samples[len(samples)-1].At.Sub(samples[0].At)
 	t.Logf("idle relay: %d samples over %s, worst lag_seconds %.3f", len(samples), span.Round(time.Second), worst)
-	if worst >= 1 || span < *lagIdle-3*time.Second {
-		t.Errorf("idle relay: worst lag_seconds %.3f over %s, want < 1 s over %s", worst, span, *lagIdle)
+	if worst >= 1 || span < lagIdle-3*time.Second {
+		t.Errorf("idle relay: worst lag_seconds %.3f over %s, want < 1 s over %s", worst, span, lagIdle)
 	}
 	if err := chromedp.Do(tctx, chromedp.Navigate(ts.URL+"/"), chromedp.WaitVisible(css("#replication svg"))); err != nil {
 		t.Fatal(err)

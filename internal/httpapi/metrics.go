@@ -22,9 +22,6 @@ const namespace = "compensa"
 // field is optional: a missing source reports 0 (a replica started with
 // --no-stream has no stream and no correlator).
 type Sources struct {
-	// Correlator returns the correlator's counters:
-	//   func() httpapi.CorrelatorStats { return httpapi.CorrelatorStats(c.Stats()) }
-	Correlator func() CorrelatorStats
 	// Lag returns the stream's lag: bytes the slot's confirmed flush is
 	// behind the server's WAL, and the age in seconds of the newest commit
 	// or heartbeat processed.
@@ -35,29 +32,6 @@ type Sources struct {
 	// Resyncs returns how many lost slots the stream replaced with a resync
 	// from the outbox table.
 	Resyncs func() uint64
-}
-
-// CorrelatorStats mirrors correlator.Stats field for field, so that one
-// converts to the other; this package does not import the correlator (and
-// through it the stream).
-type CorrelatorStats struct {
-	EventsSeen       uint64
-	Batches          uint64
-	BatchesReplayed  uint64
-	SagasStarted     uint64
-	DuplicateStarts  uint64
-	RepliesDelivered uint64
-	LateReplies      uint64
-	EventsParked     uint64
-	// What became of each event the stream handed over (they add up to
-	// EventsSeen): it started sagas, went to reply correlation, concerned
-	// no saga (ignored, by design: most outbox events are not triggers), or
-	// was parked.
-	OutcomeStarted  uint64
-	OutcomeReply    uint64
-	OutcomeIgnored  uint64
-	OutcomeFiltered uint64
-	OutcomeParked   uint64
 }
 
 // Metrics holds the relay's Prometheus metric families. Stream and
@@ -155,17 +129,6 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Help: "Background counting queries (stuck instances, parked events) that failed; their gauges are missing until a count succeeds.",
 		}),
 	}
-	stat := func(f func(CorrelatorStats) uint64) func() float64 {
-		return func() float64 {
-			m.mu.RLock()
-			src := m.sources.Correlator
-			m.mu.RUnlock()
-			if src == nil {
-				return 0
-			}
-			return float64(f(src()))
-		}
-	}
 	lag := func(pick func(int64, float64) float64) func() float64 {
 		return func() float64 {
 			m.mu.RLock()
@@ -194,13 +157,6 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	gaugeFunc := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, f)
 	}
-	// compensa_events_total{outcome} tells an operator why nothing happened:
-	// an event no saga listens to is ignored, by design.
-	eventsOutcome := func(outcome string, f func(CorrelatorStats) uint64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: "events_total",
-			Help:        "Streamed events by what became of them: started (a trigger), reply (went to reply correlation), ignored (no saga listens to it), parked (dead letter).",
-			ConstLabels: prometheus.Labels{"outcome": outcome}}, stat(f))
-	}
 	cs := []prometheus.Collector{
 		m.sagasStarted, m.sagasEnded, m.stepDuration, m.stepRetries, m.manualActions, m.queryFailures,
 		gaugeFunc("stream_stalled", "1 while the stream does not move past committed work (stalled for --stall-after, or the same batch failed repeatedly), else 0; /readyz gives the reason.",
@@ -212,27 +168,6 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			})),
 		counterFunc("stream_batch_failures_total", "Batches the sink (deliveries, correlator, checkpoint) failed on; each is replayed.",
 			stream(func(_ bool, n uint64) float64 { return float64(n) })),
-		counterFunc("events_streamed_total", "Outbox events the correlator received from the stream.",
-			stat(func(s CorrelatorStats) uint64 { return s.EventsSeen })),
-		counterFunc("batches_total", "Source transactions (batches) the correlator committed, replays included.",
-			stat(func(s CorrelatorStats) uint64 { return s.Batches })),
-		counterFunc("batches_replayed_total", "Batches recognised as already handled (a replay after a crash) and skipped.",
-			stat(func(s CorrelatorStats) uint64 { return s.BatchesReplayed })),
-		counterFunc("correlator_sagas_started_total", "Saga instances the correlator started, all sagas together.",
-			stat(func(s CorrelatorStats) uint64 { return s.SagasStarted })),
-		counterFunc("duplicate_starts_total", "Trigger events that would have started an instance a second time (absorbed by the unique index).",
-			stat(func(s CorrelatorStats) uint64 { return s.DuplicateStarts })),
-		counterFunc("replies_delivered_total", "Reply events delivered to waiting steps.",
-			stat(func(s CorrelatorStats) uint64 { return s.RepliesDelivered })),
-		counterFunc("late_replies_total", "Reply events that found no step waiting for them.",
-			stat(func(s CorrelatorStats) uint64 { return s.LateReplies })),
-		counterFunc("events_parked_total", "Events parked as dead letters by this process.",
-			stat(func(s CorrelatorStats) uint64 { return s.EventsParked })),
-		eventsOutcome("started", func(s CorrelatorStats) uint64 { return s.OutcomeStarted }),
-		eventsOutcome("reply", func(s CorrelatorStats) uint64 { return s.OutcomeReply }),
-		eventsOutcome("ignored", func(s CorrelatorStats) uint64 { return s.OutcomeIgnored }),
-		eventsOutcome("filtered", func(s CorrelatorStats) uint64 { return s.OutcomeFiltered }),
-		eventsOutcome("parked", func(s CorrelatorStats) uint64 { return s.OutcomeParked }),
 		counterFunc("slot_resyncs_total", "Lost replication slots replaced by a new one after re-reading the outbox rows since the last checkpoint minus the margin (--on-slot-lost=resync).",
 			func() float64 {
 				m.mu.RLock()

@@ -1,5 +1,5 @@
 // Package pgcluster starts a throwaway PostgreSQL with wal_level=logical for the
-// tests, `relay demo` and `relay bench`. It knows nothing about sagas.
+// tests, `relay demo` and `relay-bench`. It knows nothing about sagas.
 //
 // Start picks, in order:
 //  1. RELAY_TEST_DATABASE_URL when set: an existing server, never stopped by us;
@@ -9,8 +9,11 @@
 //  2. the PostgreSQL binaries on this machine (`pg_config --bindir`, then
 //     /usr/lib/postgresql/*/bin, newest first): initdb and the server run as the
 //     `postgres` user when this process is root, since initdb refuses root;
-//  3. a Docker engine, through testcontainers-go's postgres module;
-//  4. otherwise an error that says how to install PostgreSQL.
+//  3. otherwise ErrNoPostgres, an error that says how to install PostgreSQL.
+//
+// The package links no container engine: it serves `relay demo` as well as the
+// tests. The harness and the bench reach a Docker engine through the
+// pgdocker package, which starts a container where Start finds no server.
 //
 // A local cluster lives in a temporary folder on a free loopback port and is
 // stopped and removed by Stop. The server is also told to die with this process
@@ -122,9 +125,6 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if bin, err := FindBinDir(); err == nil {
 		return startLocal(ctx, bin, opts)
 	}
-	if dockerReachable() {
-		return startDocker(ctx, opts)
-	}
 	return nil, ErrNoPostgres
 }
 
@@ -153,6 +153,22 @@ func versionOf(binDir string) int {
 func isExec(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// Settings returns the server settings a cluster started with opts runs
+// with, as postgres command-line arguments ("-c", "name=value", ...).
+func Settings(opts Options) []string { return baseSettings(opts) }
+
+// Adopt wraps a server started elsewhere (a container, say) as a Cluster of
+// the given kind: Stop calls stop once. It waits up to limit for the server
+// to answer at url.
+func Adopt(ctx context.Context, kind Kind, url string, stop func() error, limit time.Duration) (*Cluster, error) {
+	c := &Cluster{Kind: kind, URL: url, stopFn: stop}
+	if err := c.waitReady(ctx, limit); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
 }
 
 func baseSettings(opts Options) []string {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
@@ -134,7 +135,7 @@ func benchAppends(b *testing.B, url string, globalLock bool) {
 func durableDB(b *testing.B) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{Durable: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,7 +10,8 @@
 // ./...` does not run them; `make chaos` (QUICK=1 for the short CI run) runs
 // them in order and prints each scenario's figures:
 //
-//	go test -tags chaos -count=1 -v -timeout 90m ./test/chaos -args -chaos.quick
+//	go test -tags chaos -count=1 -v -timeout 90m ./test/chaos                     # the short run
+//	RELAY_TEST_HEAVY=1 go test -tags chaos -count=1 -v -timeout 90m ./test/chaos  # the full suite
 //
 // Besides the figures, each scenario asserts its promise (0 lost, 0
 // duplicated, ...) and fails the run when one does not hold.

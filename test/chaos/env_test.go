@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/test/pgtest"
 )
@@ -50,7 +51,7 @@ func ownCluster(t *testing.T, opts pgcluster.Options) *target {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, opts)
+	c, err := pgdocker.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("start a cluster of its own: %v", err)
 	}
@@ -353,7 +354,9 @@ func startChild(t *testing.T, env []string, args ...string) *child {
 	addr := l.Addr().String()
 	l.Close()
 	c := &child{Addr: addr, out: &lockedBuffer{}, done: make(chan struct{})}
-	c.cmd = exec.Command(relayBinary(t), append([]string{"run", "--http-addr", addr}, args...)...)
+	// The chaos database holds the example schema: its relays run the
+	// example saga the producer writes events for.
+	c.cmd = exec.Command(relayBinary(t), append([]string{"run", "--http-addr", addr, "--with-examples"}, args...)...)
 	c.cmd.Env = append(relayEnv(), env...)
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -384,6 +387,9 @@ func runRelay(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if len(args) > 0 && args[0] == "run" {
+		args = append([]string{"run", "--with-examples"}, args[1:]...)
+	}
 	cmd := exec.CommandContext(ctx, relayBinary(t), args...)
 	cmd.Env = relayEnv()
 	out, err := cmd.CombinedOutput()

@@ -14,14 +14,17 @@ import (
 	"time"
 
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 var (
-	quick     = flag.Bool("chaos.quick", false, "the short run for CI: fewer faults, lower rates, seconds of fuzzing")
+	// quick is the short run make test makes (fewer faults, lower rates,
+	// seconds of fuzzing); RELAY_TEST_HEAVY=1 (make chaos) runs it in full.
+	quick     = !testkit.Heavy()
 	only      = flag.String("chaos.only", "", "comma-separated scenarios to run (selftest, kill, pause, dbfaults, slot, badinput, monitorload, fuzz, hygiene); empty runs all")
-	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s, 3s with -chaos.quick)")
+	fuzzTime  = flag.Duration("chaos.fuzztime", 0, "how long each fuzz target runs (default 20s with RELAY_TEST_HEAVY=1, else 3s)")
 	outDir    = flag.String("chaos.out", "", "folder for relay logs and fuzz crashers of failed checks (default a temporary folder)")
-	backlogTx = flag.Int("chaos.backlog", 0, "transactions per backlog of the bad-input throughput measure (default 3000, 1000 with -chaos.quick)")
+	backlogTx = flag.Int("chaos.backlog", 0, "transactions per backlog of the bad-input throughput measure (default 3000 with RELAY_TEST_HEAVY=1, else 1000)")
 	seedFlag  = flag.Int64("chaos.seed", 0, "seed of the fault schedule (default: the clock); printed so that a run can be repeated")
 )
 
@@ -70,7 +73,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	mode := "full"
-	if *quick {
+	if quick {
 		mode = "quick"
 	}
 	fmt.Printf("\nchaos: %s run, seed %d, %d CPUs, load %s\n", mode, seed(), runtime.NumCPU(), loadAverage())
@@ -220,9 +223,9 @@ func outputDir() string {
 	return outPath
 }
 
-// pick returns full, or quick under -chaos.quick.
+// pick returns full with RELAY_TEST_HEAVY=1, else quick.
 func pick[T any](full, quickV T) T {
-	if *quick {
+	if quick {
 		return quickV
 	}
 	return full

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestDeclaredOrdersSurviveKills places orders while the relay is killed
@@ -17,11 +17,11 @@ import (
 // charged at most once as the service's deduplication sees it (exactly once
 // when it was not declined), and no step's Idempotency-Key differs between
 // its attempts. `make test` runs one kill and 30 orders; `make
-// test-declared` (DECLARED_FULL=1) runs three kills and 300 orders.
+// test-declared` (RELAY_TEST_HEAVY=1) runs three kills and 300 orders.
 func TestDeclaredOrdersSurviveKills(t *testing.T) {
 	t.Parallel()
 	kills, n := 1, 30
-	if os.Getenv("DECLARED_FULL") != "" {
+	if testkit.Heavy() {
 		kills, n = 3, 300
 	}
 	db := pgtest.NewDB(t)

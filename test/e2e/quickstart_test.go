@@ -248,7 +248,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 			t.Fatalf("%s: %v", st, err)
 		}
 	}
-	p = relaytest.Start(t, nil, append(run[1:], "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
+	p = relaytest.Start(t, nil, append(run[1:], "--with-examples", "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
 	brief, tenant := uuid.New(), uuid.New()
 	tx, err := owner.Begin(ctx)
 	if err != nil {

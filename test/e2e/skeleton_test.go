@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
 )
@@ -219,7 +220,7 @@ func TestBadInputExitsWithOneClearLineAndNoPassword(t *testing.T) {
 	}
 
 	// A server without wal_level=logical.
-	replica, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"wal_level": "replica"}})
+	replica, err := pgdocker.Start(ctx, pgcluster.Options{Settings: map[string]string{"wal_level": "replica"}})
 	if err != nil {
 		t.Fatal(err)
 	}

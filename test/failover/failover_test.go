@@ -34,11 +34,14 @@ import (
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 var (
-	full     = flag.Bool("failover.full", false, "run 10 promotions on each version (make test-failover) instead of one on 17")
-	versions = flag.String("failover.versions", "", "comma-separated major versions (default: 17, and 18 with -failover.full)")
+	// full: 10 promotions on each version (RELAY_TEST_HEAVY=1, make
+	// test-failover) instead of one on 17.
+	full     = testkit.Heavy()
+	versions = flag.String("failover.versions", "", "comma-separated major versions (default: 17, and 18 with RELAY_TEST_HEAVY=1)")
 )
 
 func TestMain(m *testing.M) {
@@ -64,7 +67,7 @@ func testVersions() []int {
 		}
 		return out
 	}
-	if *full {
+	if full {
 		return pgcluster.InstallableVersions()
 	}
 	return []int{17}
@@ -72,7 +75,7 @@ func testVersions() []int {
 
 // TestRelayFollowsPromotion: sagas and a NATS sink under load; the primary
 // is killed with -9 and the standby promoted (10 times with
-// -failover.full, each time a new standby is made from the new primary on
+// RELAY_TEST_HEAVY=1, each time a new standby is made from the new primary on
 // the old primary's port). The relay follows with no operator action.
 // Afterwards, on the last primary: every trigger row started exactly one
 // saga, which finished; every outbox row is in the NATS stream (dedupe id =
@@ -86,7 +89,7 @@ func TestRelayFollowsPromotion(t *testing.T) {
 
 func testRelayFollowsPromotion(t *testing.T, version int) {
 	promotions := 1
-	if *full {
+	if full {
 		promotions = 10
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)

@@ -26,6 +26,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 )
 
@@ -110,7 +111,7 @@ func startCluster() error {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		cluster, clusterErr = pgcluster.Start(ctx, pgcluster.Options{})
+		cluster, clusterErr = pgdocker.Start(ctx, pgcluster.Options{})
 		if clusterErr == nil {
 			clusterErr = buildTemplate(ctx, cluster)
 		}

@@ -13,10 +13,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 var (
@@ -84,7 +88,7 @@ func Run(t testing.TB, env []string, args ...string) (string, int) {
 	bin := Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := exec.CommandContext(ctx, bin, withExamples(t, env, args)...)
 	cmd.Env = append(cleanEnv(), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
@@ -94,6 +98,44 @@ func Run(t testing.TB, env []string, args ...string) (string, int) {
 		t.Fatalf("relay %v: %v", args, err)
 	}
 	return string(out), code
+}
+
+// withExamples adds --with-examples to a `relay run` whose database holds the
+// example schema (the harness's databases do, pgtest applies it), so that
+// the end-to-end suites keep running the example saga they write events for;
+// a database without it gets the flag only when the test passes it.
+func withExamples(t testing.TB, env, args []string) []string {
+	if len(args) == 0 || args[0] != "run" || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--with-examples") }) {
+		return args
+	}
+	dsn := ""
+	for i, a := range args {
+		if a == "--database-url" && i+1 < len(args) {
+			dsn = args[i+1]
+		} else if v, ok := strings.CutPrefix(a, "--database-url="); ok {
+			dsn = v
+		}
+	}
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "RELAY_DATABASE_URL="); ok && dsn == "" {
+			dsn = v
+		}
+	}
+	if dsn == "" {
+		return args
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return args // the relay reports the unreachable database itself
+	}
+	defer conn.Close(context.Background())
+	var present bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('research_briefs') IS NOT NULL`).Scan(&present); err != nil || !present {
+		return args
+	}
+	return append(slices.Clone(args), "--with-examples")
 }
 
 // cleanEnv drops the RELAY_* and DATABASE_URL variables of the test's own
@@ -123,7 +165,7 @@ func Start(t testing.TB, env []string, args ...string) *Process {
 func Launch(t testing.TB, env []string, args ...string) *Process {
 	t.Helper()
 	addr := freeAddr(t)
-	full := append([]string{"run", "--http-addr", addr}, args...)
+	full := withExamples(t, env, append([]string{"run", "--http-addr", addr}, args...))
 	p := &Process{t: t, Addr: addr, out: &syncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(Binary(t), full...)
 	p.cmd.Env = append(cleanEnv(), env...)

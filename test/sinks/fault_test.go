@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -29,9 +28,12 @@ import (
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
-var full = flag.Bool("sinks.full", false, "run the full sink fault suite (make test-sinks): 5 kills of the relay, 10 s broker and endpoint outages")
+// full runs the full sink fault suite (RELAY_TEST_HEAVY=1, make test-sinks):
+// 5 kills of the relay, 10 s broker and endpoint outages.
+var full = testkit.Heavy()
 
 // natsProcess is nats-server built from the Go module, run as a process of
 // its own on a fixed port and store, so that it can be killed with -9 and
@@ -226,10 +228,10 @@ func (r *kafkaReader) read() []string {
 // checks for every sink: each committed outbox row is delivered at least
 // once and no rolled-back one is; deduplicated by id the count equals the
 // committed count; per aggregate the first deliveries are in commit order.
-// Short by default (make test); -sinks.full is the run (make test-sinks).
+// Short by default (make test); RELAY_TEST_HEAVY=1 is the full run (make test-sinks).
 func TestSinkFaults(t *testing.T) {
 	kills, outage, pause := 2, 3*time.Second, 10*time.Millisecond
-	if *full {
+	if full {
 		kills, outage, pause = 5, 10*time.Second, 3*time.Millisecond
 	}
 	db := pgtest.NewDB(t)

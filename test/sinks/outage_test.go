@@ -28,7 +28,7 @@ type outageSample struct {
 // TestSinkDownForMinutes: the "a sink down for minutes". A relay
 // (relay.New: stream, correlator, runner, sinks) runs a saga per event under
 // a steady load while its webhook endpoint answers 503 for 2 minutes
-// (-sinks.full; 6 s in the short mode of make test). During the outage the
+// (RELAY_TEST_HEAVY=1; 6 s in the short mode of make test). During the outage the
 // slot keeps advancing and the WAL it retains stays bounded, sagas keep
 // completing, and the parked count grows; after recovery everything is
 // delivered, the parked rows drain, and per aggregate the first deliveries
@@ -36,7 +36,7 @@ type outageSample struct {
 func TestSinkDownForMinutes(t *testing.T) {
 	// Not parallel: the webhook secret is passed through the environment.
 	outage, every := 6*time.Second, time.Second
-	if *full {
+	if full {
 		outage, every = 2*time.Minute, 5*time.Second
 	}
 	const aggs = 8
@@ -170,7 +170,7 @@ func TestSinkDownForMinutes(t *testing.T) {
 			t.Errorf("parked count did not grow between %s (%d) and %s (%d) of the outage", p.at, p.parked, s.at, s.parked)
 		}
 	}
-	if *full && walGenerated < 2*retainedBound {
+	if full && walGenerated < 2*retainedBound {
 		t.Errorf("the outage generated only %d bytes of WAL: too little for the %d bound to tell a stuck slot from a moving one", walGenerated, retainedBound)
 	}
 	if len(samples) < 2 {

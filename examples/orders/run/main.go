@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/outbox"
 )
@@ -46,7 +47,7 @@ func run() error {
 		return fmt.Errorf("%s: %v; run make build first (make example-orders does)", relayBin, err)
 	}
 	fmt.Println("starting PostgreSQL …")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgdocker.Start(ctx, pgcluster.Options{})
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 // curveScenario is scenarios 4 and 5: stream + correlator over growing
-// backlogs, each in a fresh child relay process (`relay bench consume`) so
+// backlogs, each in a fresh child relay process (`relay-bench consume`) so
 // that its peak RSS and CPU time are the relay's alone.
 func (r *run) curveScenario(ctx context.Context) error {
 	e := r.env
@@ -77,7 +77,7 @@ func (r *run) curvePoint(ctx context.Context, slot string, n int) (CurvePoint, e
 	return p, nil
 }
 
-// consumeInChild runs `relay bench consume` and reads its rusage. The
+// consumeInChild runs `relay-bench consume` and reads its rusage. The
 // database URL goes through the environment, never the command line, where
 // other users could read its password.
 func (r *run) consumeInChild(ctx context.Context, slot string, n int) (consumeResult, Usage, error) {
@@ -139,7 +139,7 @@ type ConsumeConfig struct {
 // Consume runs the relay's stream and correlator (the bench saga registered,
 // no step runner) on a slot the parent prepared, until Events events are
 // committed, and prints the result as one JSON line on out. It is what
-// `relay bench consume` runs in a child process.
+// `relay-bench consume` runs in a child process.
 func Consume(ctx context.Context, cfg ConsumeConfig, out io.Writer) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -303,7 +303,7 @@ type SoakBucket struct {
 	EndP99Ms    *float64 `json:"end_p99_ms"`
 }
 
-// Summary is the one-line JSON object `relay bench --json` prints last. A
+// Summary is the one-line JSON object `relay-bench --json` prints last. A
 // figure that was not measured (--only, a failed scenario) is null.
 type Summary struct {
 	RecvlogicalEventsPerSec *float64 `json:"recvlogical_events_per_sec"`
@@ -578,7 +578,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	if r.Quick {
 		mode = "quick"
 	}
-	fmt.Fprintf(w, "\nCompensa relay bench (%s) — %d CPUs (%s), %d MB, %s, kernel %s, %s, PostgreSQL %s (%s, durable=%v)\n",
+	fmt.Fprintf(w, "\nCompensa relay-bench (%s) — %d CPUs (%s), %d MB, %s, kernel %s, %s, PostgreSQL %s (%s, durable=%v)\n",
 		mode, m.CPUs, m.CPUModel, m.MemoryMB, m.OS, m.Kernel, m.GoVersion, m.PostgreSQL, m.Server, m.Durable)
 	fmt.Fprintf(w, "load average: %.2f at start, %.2f at end\n", m.LoadAtStart, m.LoadAtEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

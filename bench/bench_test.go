@@ -18,17 +18,16 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-// buildRelay builds cmd/relay without the race detector: what CI runs, and a
-// benchmark binary under -race would measure the detector.
-func buildRelay(t *testing.T) string {
+// buildBench builds cmd/relay-bench without the race detector: what CI
+// runs, and a benchmark binary under -race would measure the detector.
+func buildBench(t *testing.T) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..")
-	bin := filepath.Join(t.TempDir(), "relay")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/relay")
-	cmd.Dir = root
+	bin := filepath.Join(t.TempDir(), "relay-bench")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/relay-bench")
+	cmd.Dir = filepath.Dir(file)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/relay: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/relay-bench: %v\n%s", err, out)
 	}
 	return bin
 }
@@ -41,17 +40,17 @@ var quickNull = map[string]bool{"claim_ms_1m": true, "peer_dbos_steps_per_sec": 
 	"nats_sink_latency_p50_ms_5k": true, "nats_sink_latency_p99_ms_5k": true, "webhook_sink_latency_p50_ms_5k": true,
 	"webhook_sink_latency_p99_ms_5k": true, "kafka_sink_latency_p50_ms_5k": true, "kafka_sink_latency_p99_ms_5k": true}
 
-// TestQuickBenchCommand is the smoke test CI runs: `relay bench
+// TestQuickBenchCommand is the smoke test CI runs: `relay-bench
 // --quick --json` on a throwaway PostgreSQL finishes in well under two
 // minutes, measures every headline figure and prints them as the last line.
 func TestQuickBenchCommand(t *testing.T) {
-	bin := buildRelay(t)
+	bin := buildBench(t)
 	// The budget is two minutes on a quiet machine; the hard limit leaves
 	// room for a loaded one (the figures then mean little, the test only
 	// checks that everything runs).
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "--quick", "--json")
+	cmd := exec.CommandContext(ctx, bin, "--quick", "--json")
 	// No --database-url, as CI runs it: a throwaway cluster (or the server
 	// RELAY_TEST_DATABASE_URL names, as the harness would use).
 	cmd.Env = withoutEnv(os.Environ(), "RELAY_DATABASE_URL", "DATABASE_URL")
@@ -61,11 +60,11 @@ func TestQuickBenchCommand(t *testing.T) {
 	err := cmd.Run()
 	took := time.Since(began)
 	if err != nil {
-		t.Fatalf("relay bench --quick: %v after %s\nstdout:\n%s\nstderr:\n%s", err, took, stdout.String(), stderr.String())
+		t.Fatalf("relay-bench --quick: %v after %s\nstdout:\n%s\nstderr:\n%s", err, took, stdout.String(), stderr.String())
 	}
-	t.Logf("relay bench --quick took %s\n%s", took.Round(time.Second), stdout.String())
+	t.Logf("relay-bench --quick took %s\n%s", took.Round(time.Second), stdout.String())
 	if took > 2*time.Minute {
-		t.Logf("relay bench --quick took %s, more than the two-minute budget: is the machine loaded? (load average %.2f)", took, loadAverage())
+		t.Logf("relay-bench --quick took %s, more than the two-minute budget: is the machine loaded? (load average %.2f)", took, loadAverage())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var got map[string]any

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/internal/pgcluster"
+	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/migrations"
 )
 
@@ -46,7 +47,7 @@ func openEnv(ctx context.Context, databaseURL string, progress func(string, ...a
 		progress("starting a throwaway PostgreSQL (durable: fsync and synchronous_commit on)")
 		// pg_stat_statements: the step scenario reports where the server's
 		// time goes per statement (its overhead is the same for pgbench).
-		c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
+		c, err := pgdocker.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
 		if err != nil {
 			return nil, err
 		}

@@ -1,5 +1,5 @@
 // Package bench measures the relay side by side with PostgreSQL's own
-// ceilings, in one run on one database, for `relay bench` and BENCHMARKS.md.
+// ceilings, in one run on one database, for `relay-bench` (cmd/relay-bench) and BENCHMARKS.md.
 //
 // It owns the scenarios (stream throughput, latency under a fixed rate, step
 // throughput, resources and the cost curve; and, only when named, the soak:

@@ -36,7 +36,7 @@ type Config struct {
 	// Logger receives the relay components' logs (default: discarded).
 	Logger *slog.Logger
 	// ChildCommand, when set, is the argv prefix that runs the relay's
-	// consumer in a child process (`relay bench consume`), so that the
+	// consumer in a child process (`relay-bench consume`), so that the
 	// resources scenario measures the relay's memory and CPU alone. Nil
 	// measures in this process and says so.
 	ChildCommand []string
@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	case env.cluster != nil && env.cluster.Kind == pgcluster.KindExternal:
 		r.report.Machine.Server = "the server " + pgcluster.EnvURL + " names"
 	case env.cluster != nil:
-		r.report.Machine.Server = fmt.Sprintf("throwaway %s cluster (relay bench without --database-url)", env.cluster.Kind)
+		r.report.Machine.Server = fmt.Sprintf("throwaway %s cluster (relay-bench without --database-url)", env.cluster.Kind)
 	default:
 		r.report.Machine.Server = "given by --database-url"
 	}

@@ -61,7 +61,7 @@ func writeSoakPlot(w io.Writer, runs []SoakRun) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(bw, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
-	fmt.Fprintf(bw, `<text x="%d" y="24" font-size="16">relay bench: soak (x: minutes since the producer started)</text>`+"\n", left)
+	fmt.Fprintf(bw, `<text x="%d" y="24" font-size="16">relay-bench: soak (x: minutes since the producer started)</text>`+"\n", left)
 	plotW := float64(width - left - right)
 	for pi, panel := range panels {
 		y0 := float64(top + pi*(panelH+gap) + 20)
