@@ -20,7 +20,7 @@ import (
 // ceiling for any consumer of that slot on this server. It returns the wall
 // time from process start to exit (connection set-up included, as it is for
 // the relay's stream).
-func (e *env) runRecvlogical(ctx context.Context, slot string, endLSN pglogrepl.LSN, timeout time.Duration) (time.Duration, error) {
+func (e *env) runRecvlogical(ctx context.Context, slot string, endLSN pglogrepl.LSN, timeout time.Duration, messages bool) (time.Duration, error) {
 	bin, err := e.tool("pg_recvlogical")
 	if err != nil {
 		return 0, err
@@ -37,6 +37,9 @@ func (e *env) runRecvlogical(ctx context.Context, slot string, endLSN pglogrepl.
 		"--option", "proto_version=1",
 		"--option", "publication_names="+e.pub,
 	)
+	if messages {
+		cmd.Args = append(cmd.Args, "--option", "messages=true")
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	began := time.Now()

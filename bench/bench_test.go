@@ -85,7 +85,7 @@ func TestQuickBenchCommand(t *testing.T) {
 	if got["resources_in_process"] != false {
 		t.Errorf("resources_in_process = %v: the quick run must measure a child relay", got["resources_in_process"])
 	}
-	for _, want := range []string{"1. stream throughput", "sinks (1 row/tx, no sagas)", "sink latency (ms, commit → ack)", "2. latency", "3. step throughput", "3c. capacity", "latency at a share of capacity", "4/5. stream+correlator cost curve"} {
+	for _, want := range []string{"1. stream throughput", "producer cost per event", "sinks (1 row/tx, no sagas)", "sink latency (ms, commit → ack)", "2. latency", "3. step throughput", "3c. capacity", "latency at a share of capacity", "4/5. stream+correlator cost curve"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q", want)
 		}

@@ -1,7 +1,9 @@
 // Package bench measures the relay side by side with PostgreSQL's own
 // ceilings, in one run on one database, for `relay-bench` (cmd/relay-bench) and BENCHMARKS.md.
 //
-// It owns the scenarios (stream throughput, latency under a fixed rate, step
+// It owns the scenarios (stream throughput, with outbox rows and with
+// events written as logical decoding messages, and what each costs its
+// producer; latency under a fixed rate, step
 // throughput, resources and the cost curve; and, only when named, the soak:
 // a million sagas at 75 % of the sustainable rate with and without
 // retention, plotted over time), the data loaders, the
@@ -15,7 +17,8 @@
 // replication slot, created before the rows are written, so all of them decode
 // exactly the same WAL. The producer is never what is measured: rows are loaded
 // before the consumers start (except in the latency scenario, whose producer
-// commits at a fixed rate while the relay runs).
+// commits at a fixed rate while the relay runs, and the producer cost, which
+// measures nothing else).
 //
 // The bench works in a database of its own (compensa_bench_<pid>), created on
 // the server it is given and dropped at the end, so it never touches an

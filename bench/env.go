@@ -100,6 +100,7 @@ func (e *env) init(ctx context.Context) error {
 	for _, q := range []string{
 		"CREATE PUBLICATION " + e.pub + " FOR TABLE outbox",
 		sqlLoadProcedure,
+		sqlEmitProcedure,
 		sqlPgbenchTables,
 	} {
 		if _, err := e.pool.Exec(ctx, q); err != nil {
@@ -272,6 +273,25 @@ func (e *env) load(ctx context.Context, total, perTx int, evType string, firstSe
 	_, err = conn.Exec(ctx, "CALL compensa_bench_load($1, $2, $3, $4)", pgx.QueryExecModeSimpleProtocol, int64(total), perTx, evType, firstSeq)
 	if err != nil {
 		return fmt.Errorf("bench: load %d outbox rows: %w", total, err)
+	}
+	return nil
+}
+
+// emit is load for the table-less outbox: total events as transactional
+// logical decoding messages, perTx per transaction (compensa_bench_emit).
+func (e *env) emit(ctx context.Context, total, perTx int, evType string, firstSeq int64) error {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = off"); err != nil {
+		return err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET synchronous_commit")
+	_, err = conn.Exec(ctx, "CALL compensa_bench_emit($1, $2, $3, $4)", pgx.QueryExecModeSimpleProtocol, int64(total), perTx, evType, firstSeq)
+	if err != nil {
+		return fmt.Errorf("bench: emit %d outbox messages: %w", total, err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ type Report struct {
 	Machine  Machine   `json:"machine"`
 
 	Stream          []StreamCase      `json:"stream,omitempty"`
+	Producer        *ProducerCost     `json:"producer_cost,omitempty"`
 	CorrelatorAlone []CorrelatorCase  `json:"correlator_alone,omitempty"`
 	Sinks           *SinkCase         `json:"sinks,omitempty"`
 	SinkLatency     []SinkLatencyCase `json:"sink_latency,omitempty"`
@@ -62,6 +64,10 @@ type ScenarioLoad struct {
 // read by pg_recvlogical, by the relay's stream with checkpoint commits only,
 // and by the stream with the correlator starting one saga per event.
 type StreamCase struct {
+	// Source is how the events were written: SourceRows (outbox rows; also
+	// when empty, in reports from before the messages variant) or
+	// SourceMessages (transactional logical decoding messages).
+	Source            string  `json:"source,omitempty"`
 	RowsPerTx         int     `json:"rows_per_tx"`
 	Events            int     `json:"events"`
 	RecvlogicalPerSec float64 `json:"recvlogical_events_per_sec"`
@@ -80,6 +86,24 @@ type StreamCase struct {
 	RecvlogicalRuns []float64 `json:"recvlogical_runs"`
 	StreamRuns      []float64 `json:"stream_runs"`
 	CorrelateRuns   []float64 `json:"correlate_runs"`
+}
+
+// ProducerCost is what one event costs its producer as an outbox row and as
+// a transactional logical decoding message (see producerCost): the mean
+// client time per one-event transaction in µs and the WAL bytes per event
+// (medians over the runs), the row's later DELETE and VACUUM, and the
+// message's figures over the row's.
+type ProducerCost struct {
+	Events              int     `json:"events"`
+	RowTxMicros         float64 `json:"row_tx_us"`
+	MessageTxMicros     float64 `json:"message_tx_us"`
+	RowWALBytes         float64 `json:"row_wal_bytes"`
+	MessageWALBytes     float64 `json:"message_wal_bytes"`
+	RowCleanupWALBytes  float64 `json:"row_cleanup_wal_bytes"`
+	RowCleanupMicros    float64 `json:"row_cleanup_us"`
+	TxRatio             float64 `json:"tx_ratio"`
+	WALRatio            float64 `json:"wal_ratio"`
+	WALRatioWithCleanup float64 `json:"wal_ratio_with_cleanup"`
 }
 
 // CorrelatorCase is the correlator alone, fed synthetic batches of one size
@@ -440,6 +464,9 @@ func (r *Report) Summary() Summary {
 		}
 	}
 	for _, c := range r.Stream {
+		if c.Source == SourceMessages {
+			continue // the headline figures are the outbox table's
+		}
 		switch c.RowsPerTx {
 		case 1:
 			s.RecvlogicalEventsPerSec = f64(c.RecvlogicalPerSec)
@@ -583,16 +610,21 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "load average: %.2f at start, %.2f at end\n", m.LoadAtStart, m.LoadAtEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(r.Stream) > 0 {
-		fmt.Fprintln(tw, "\n1. stream throughput\trows/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)\tsink busy (b, c)")
+		fmt.Fprintln(tw, "\n1. stream throughput\tsource\tevents/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)\tsink busy (b, c)")
 		for _, c := range r.Stream {
-			fmt.Fprintf(tw, "\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\t%.0f%%, %.0f%%\n",
-				c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, mark(c.StreamRatio >= 0.9),
+			fmt.Fprintf(tw, "\t%s\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\t%.0f%%, %.0f%%\n",
+				cmp.Or(c.Source, SourceRows), c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, mark(c.StreamRatio >= 0.9),
 				c.CorrelatePerSec, c.CorrelateRatio, mark(c.CorrelateRatio >= 0.5),
 				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches), 100*c.StreamSinkBusy, 100*c.CorrelateSinkBusy)
 		}
 	}
 	if len(r.Stream) > 0 && len(r.Stream[0].RecvlogicalRuns) > 1 {
 		fmt.Fprintf(tw, "\t(medians of %d interleaved runs; each ratio is the median of the paired ratios)\n", len(r.Stream[0].RecvlogicalRuns))
+	}
+	if p := r.Producer; p != nil {
+		fmt.Fprintln(tw, "\n   producer cost per event\tevents\trow µs/tx\tmessage µs/tx\tratio\trow WAL bytes\tmessage WAL bytes\tratio\trow delete+vacuum later: WAL bytes, µs\tratio with it")
+		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.2f\t%.0f, %.1f\t%.2f\n", p.Events, p.RowTxMicros, p.MessageTxMicros, p.TxRatio,
+			p.RowWALBytes, p.MessageWALBytes, p.WALRatio, p.RowCleanupWALBytes, p.RowCleanupMicros, p.WALRatioWithCleanup)
 	}
 	if c := r.Sinks; c != nil {
 		fmt.Fprintln(tw, "\n   sinks (1 row/tx, no sagas)\tevents\tpg_recvlogical ev/s\tNATS sink ev/s\tratio (≥0.5)\twebhook sink ev/s\tratio")

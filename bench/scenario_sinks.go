@@ -69,7 +69,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 	for i, sl := range runs {
 		e.checkpoint(ctx)
 		r.progress("sinks: run %d/%d pg_recvlogical to %s", i+1, len(runs), end)
-		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout)
+		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout, false)
 		if err != nil {
 			return err
 		}

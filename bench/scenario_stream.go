@@ -23,20 +23,35 @@ import (
 // the relay's stream with checkpoint commits only, and by the stream with the
 // correlator starting one saga per event; then the correlator alone, to
 // show what a batch costs without the stream.
+//
+// The messages variant measures the same with the events written as
+// transactional logical decoding messages instead of outbox rows, and what
+// each costs its producer (producerCost).
 func (r *run) streamScenario(ctx context.Context) error {
-	for _, perTx := range r.sz.streamShapes {
-		c, err := r.streamCase(ctx, perTx)
-		if err != nil {
-			return fmt.Errorf("%d rows per transaction: %w", perTx, err)
+	for _, source := range []string{SourceRows, SourceMessages} {
+		for _, perTx := range r.sz.streamShapes {
+			c, err := r.streamCase(ctx, perTx, source)
+			if err != nil {
+				return fmt.Errorf("%d %s per transaction: %w", perTx, source, err)
+			}
+			r.report.Stream = append(r.report.Stream, c)
 		}
-		r.report.Stream = append(r.report.Stream, c)
+	}
+	if err := r.producerCost(ctx); err != nil {
+		return err
 	}
 	return r.correlatorAlone(ctx)
 }
 
-func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
+// Where a stream case's events are written.
+const (
+	SourceRows     = "rows"
+	SourceMessages = "messages"
+)
+
+func (r *run) streamCase(ctx context.Context, perTx int, source string) (StreamCase, error) {
 	n := r.sz.streamEvents
-	c := StreamCase{RowsPerTx: perTx, Events: n}
+	c := StreamCase{RowsPerTx: perTx, Events: n, Source: source}
 	e := r.env
 	if err := e.reset(ctx); err != nil {
 		return c, err
@@ -57,8 +72,12 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 			}
 		}
 	}
-	r.progress("stream: loading %d outbox rows, %d per transaction", n, perTx)
-	if err := e.load(ctx, n, perTx, benchEventType, 0); err != nil {
+	r.progress("stream: loading %d outbox %s, %d per transaction", n, source, perTx)
+	load := e.load
+	if source == SourceMessages {
+		load = e.emit
+	}
+	if err := load(ctx, n, perTx, benchEventType, 0); err != nil {
 		return c, err
 	}
 	end, err := e.currentLSN(ctx)
@@ -70,7 +89,7 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 		e.checkpoint(ctx)
 		r.progress("stream: run %d/%d (a) pg_recvlogical to %s", i+1, len(runs), end)
 		cpuA := e.startCPUMeter()
-		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout)
+		took, err := e.runRecvlogical(ctx, sl.recv, end, r.sz.timeout, source == SourceMessages)
 		if err != nil {
 			return c, err
 		}
@@ -109,8 +128,8 @@ func (r *run) streamCase(ctx context.Context, perTx int) (StreamCase, error) {
 		bRatio, cRatio = append(bRatio, rate(n, rb.Took)/ra), append(cRatio, rate(n, rc.Took)/ra)
 		bBusy, cBusy = append(bBusy, share(rb.SinkBusy, rb.Took)), append(cBusy, share(rc.SinkBusy, rc.Took))
 		c.StreamBatches, c.CorrelateBatches = rb.Batches, rc.Batches
-		r.progress("stream: run %d/%d, %d rows/tx: pg_recvlogical %.0f ev/s, stream %.0f ev/s (%.2f), stream+correlator %.0f ev/s (%.2f)",
-			i+1, len(runs), perTx, ra, b[i], bRatio[i], cr[i], cRatio[i])
+		r.progress("stream: run %d/%d, %d %s/tx: pg_recvlogical %.0f ev/s, stream %.0f ev/s (%.2f), stream+correlator %.0f ev/s (%.2f)",
+			i+1, len(runs), perTx, source, ra, b[i], bRatio[i], cr[i], cRatio[i])
 	}
 	c.RecvlogicalRuns, c.StreamRuns, c.CorrelateRuns = a, b, cr
 	c.RecvlogicalPerSec, c.StreamPerSec, c.CorrelatePerSec = median(a), median(b), median(cr)
@@ -258,4 +277,105 @@ func procTimes(pid int) (own, reaped time.Duration, ok bool) {
 	}
 	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
 	return time.Duration(t[0]+t[1]) * tick, time.Duration(t[2]+t[3]) * tick, true
+}
+
+// producerCost measures what one event costs the application that writes
+// it, as an outbox row and as a transactional logical decoding message: the
+// client's time per transaction (BEGIN, the statement, COMMIT, one event
+// each, one connection) and the WAL written per event; and for the row, the
+// WAL and time of its later removal (DELETE, then VACUUM), which a message
+// never needs. Rows and messages passes alternate; figures are medians.
+// The WAL of a row includes the full-page images its index pages cost after
+// a checkpoint, as it does in production.
+func (r *run) producerCost(ctx context.Context) error {
+	e := r.env
+	// Each transaction waits for its commit's flush: 1,000 of each kind in
+	// a quick run, 20,000 in a full one.
+	n := min(r.sz.streamEvents/5, 20000)
+	if err := e.reset(ctx); err != nil {
+		return err
+	}
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	walAt := func() (pglogrepl.LSN, error) {
+		var s string
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+			return 0, err
+		}
+		return pglogrepl.ParseLSN(s)
+	}
+	// pass runs n one-event transactions of q and returns the time per
+	// transaction (µs) and the WAL per event (bytes).
+	pass := func(q string, seq int64) (float64, float64, error) {
+		from, err := walAt()
+		if err != nil {
+			return 0, 0, err
+		}
+		began := time.Now()
+		for i := range n {
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return 0, 0, err
+			}
+			if _, err := tx.Exec(ctx, q, seq+int64(i), benchEventType); err != nil {
+				tx.Rollback(ctx)
+				return 0, 0, err
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return 0, 0, err
+			}
+		}
+		took := time.Since(began)
+		to, err := walAt()
+		if err != nil {
+			return 0, 0, err
+		}
+		return float64(took.Microseconds()) / float64(n), float64(to-from) / float64(n), nil
+	}
+	var rowTx, rowWAL, msgTx, msgWAL, cleanWAL, cleanTime []float64
+	for i := range r.sz.repeats {
+		r.progress("stream: producer cost, run %d/%d: %d transactions with one outbox row, then one message, each", i+1, r.sz.repeats, n)
+		tx, wal, err := pass(sqlProduceRow, int64(i*n))
+		if err != nil {
+			return fmt.Errorf("bench: producer cost (rows): %w", err)
+		}
+		rowTx, rowWAL = append(rowTx, tx), append(rowWAL, wal)
+		from, err := walAt()
+		if err != nil {
+			return err
+		}
+		began := time.Now()
+		if _, err := conn.Exec(ctx, `DELETE FROM outbox`); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, `VACUUM outbox`); err != nil {
+			return err
+		}
+		took := time.Since(began)
+		to, err := walAt()
+		if err != nil {
+			return err
+		}
+		cleanWAL, cleanTime = append(cleanWAL, float64(to-from)/float64(n)), append(cleanTime, float64(took.Microseconds())/float64(n))
+		tx, wal, err = pass(sqlProduceMessage, int64(i*n))
+		if err != nil {
+			return fmt.Errorf("bench: producer cost (messages): %w", err)
+		}
+		msgTx, msgWAL = append(msgTx, tx), append(msgWAL, wal)
+	}
+	p := &ProducerCost{Events: n,
+		RowTxMicros: median(rowTx), MessageTxMicros: median(msgTx),
+		RowWALBytes: median(rowWAL), MessageWALBytes: median(msgWAL),
+		RowCleanupWALBytes: median(cleanWAL), RowCleanupMicros: median(cleanTime)}
+	if p.RowTxMicros > 0 && p.RowWALBytes > 0 {
+		p.TxRatio, p.WALRatio = p.MessageTxMicros/p.RowTxMicros, p.MessageWALBytes/p.RowWALBytes
+		p.WALRatioWithCleanup = p.MessageWALBytes / (p.RowWALBytes + p.RowCleanupWALBytes)
+	}
+	r.report.Producer = p
+	r.progress("stream: producer cost per event: row %.0f µs/tx, %.0f WAL bytes (+%.0f bytes, %.1f µs to delete and vacuum later); message %.0f µs/tx, %.0f WAL bytes",
+		p.RowTxMicros, p.RowWALBytes, p.RowCleanupWALBytes, p.RowCleanupMicros, p.MessageTxMicros, p.MessageWALBytes)
+	return nil
 }

@@ -36,6 +36,39 @@ BEGIN
     END LOOP;
 END $$`
 
+// sqlEmitProcedure is sqlLoadProcedure for the table-less outbox: each
+// event is a transactional logical decoding message (prefix "outbox") whose
+// content carries the same fields and payload as a loaded row.
+const sqlEmitProcedure = `
+CREATE OR REPLACE PROCEDURE compensa_bench_emit(total bigint, per_tx int, ev_type text, first_seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    done bigint := 0;
+BEGIN
+    WHILE done < total LOOP
+        PERFORM pg_logical_emit_message(true, 'outbox', json_build_object(
+                    'id', gen_random_uuid(), 'tenant_id', '` + benchTenant + `', 'aggregate_type', 'order',
+                    'aggregate_id', (first_seq + done + g)::text, 'event_type', ev_type,
+                    'payload', json_build_object('seq', first_seq + done + g, 'order_id', gen_random_uuid(),
+                                                 'amount_cents', 4200, 'currency', 'EUR'))::text)
+        FROM generate_series(0, least(per_tx, total - done) - 1) AS g;
+        COMMIT;
+        done := done + per_tx;
+    END LOOP;
+END $$`
+
+// The producer-cost measurement's transactions: one event each, as an
+// application writes it, from the client.
+const (
+	sqlProduceRow = `INSERT INTO outbox (id, tenant_id, aggregate_type, aggregate_id, event_type, payload)
+VALUES (gen_random_uuid(), '` + benchTenant + `'::uuid, 'order', ($1::bigint)::text, $2,
+        jsonb_build_object('seq', $1::bigint, 'order_id', gen_random_uuid(), 'amount_cents', 4200, 'currency', 'EUR'))`
+	sqlProduceMessage = `SELECT pg_logical_emit_message(true, 'outbox', json_build_object(
+        'id', gen_random_uuid(), 'tenant_id', '` + benchTenant + `', 'aggregate_type', 'order',
+        'aggregate_id', ($1::bigint)::text, 'event_type', $2::text,
+        'payload', json_build_object('seq', $1::bigint, 'order_id', gen_random_uuid(), 'amount_cents', 4200, 'currency', 'EUR'))::text)`
+)
+
 // sqlProduceOne is the latency scenario's producer: one outbox row per
 // transaction (autocommit), created_at from clock_timestamp() so that it is
 // the statement's time, not the transaction's start.

@@ -60,6 +60,13 @@ type Config struct {
 	// HeartbeatInterval is how often the leader emits a heartbeat (default
 	// 10s), so that the slot advances while the outbox is idle.
 	HeartbeatInterval time.Duration
+	// MessagePrefix is the prefix of the logical decoding messages
+	// (pg_logical_emit_message) that are outbox events (default "outbox",
+	// outbox.DefaultMessagePrefix; PostgreSQL 14 or later). A transactional
+	// one is an event of its transaction, in order with the transaction's
+	// outbox rows; a non-transactional one is refused (a poison event, see
+	// messages.go). Messages with other prefixes are ignored.
+	MessagePrefix string
 	// RecreateSlot lets Run re-create a slot that is missing or invalidated
 	// instead of stopping with ErrSlotLost. Events committed while the slot
 	// was gone may be skipped: outbox rows still in the table are re-read
@@ -124,6 +131,7 @@ func (c Config) WithDefaults() Config {
 	c.Columns = cols
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.MessagePrefix = cmp.Or(c.MessagePrefix, outbox.DefaultMessagePrefix)
 	c.MaxBatchEvents = cmp.Or(c.MaxBatchEvents, DefaultMaxBatchEvents)
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes)
 	c.RetentionInterval = cmp.Or(c.RetentionInterval, DefaultRetentionInterval)
@@ -159,6 +167,12 @@ func (c *Config) validate(needURL bool) error {
 	}
 	if !slotName.MatchString(c.Slot) {
 		return errorf(ErrConfig, "Config.Slot %q: a replication slot name may contain only lower-case letters, digits and underscores, at most 63 of them", c.Slot)
+	}
+	switch {
+	case c.MessagePrefix == HeartbeatPrefix:
+		return errorf(ErrConfig, "Config.MessagePrefix %q is the relay's own heartbeat prefix: choose another", c.MessagePrefix)
+	case strings.ContainsRune(c.MessagePrefix, 0):
+		return errorf(ErrConfig, "Config.MessagePrefix contains a NUL byte")
 	}
 	if err := checkIdent("Config.Publication", c.Publication); err != nil {
 		return err

@@ -1,6 +1,7 @@
-// Package cdc streams committed outbox inserts out of PostgreSQL's
-// write-ahead log (logical replication, pgoutput) and hands them to a Sink,
-// one Batch per source transaction.
+// Package cdc streams committed outbox inserts, and outbox events written as
+// logical decoding messages, out of PostgreSQL's write-ahead log (logical
+// replication, pgoutput) and hands them to a Sink, one Batch per source
+// transaction.
 //
 // It owns the replication slot and the publication, pgoutput decoding,
 // batching by transaction, acknowledging LSNs, heartbeats, lag, leader
@@ -34,6 +35,15 @@
 //     transaction's end only with the last one.
 //   - A row that cannot be decoded (payload that is not JSON, a tenant id that
 //     is not a UUID) becomes an Event with Poison set, never a crash.
+//   - Messages are events too. A transactional logical decoding message with
+//     Config.MessagePrefix ("outbox"; pg_logical_emit_message, PostgreSQL
+//     14+) whose content is a JSON object with the outbox fields is an Event
+//     of its transaction, in WAL order with the transaction's rows; without
+//     an id it gets MessageEventID of its position, the same on every
+//     replay. A non-transactional one, or content that is not JSON or has no
+//     event_type, is a refused Event (Message and Poison set). A message
+//     exists only in the WAL: once the slot has passed it, nothing (a resync,
+//     a replay) can read it again.
 //   - Secrets never appear in errors or logs.
 //
 // Transient failures (server restart, walsender terminated, connection cut,

@@ -70,7 +70,7 @@ func (s *Stream) startReplication(ctx context.Context, repl *pgconn.PgConn) erro
 		"publication_names " + quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize()),
 	}
 	if serverMajor(repl) >= 14 {
-		args = append(args, "messages 'true'") // heartbeats
+		args = append(args, "messages 'true'") // heartbeats and outbox messages
 	}
 	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
@@ -414,8 +414,13 @@ func (r *receiver) message(ctx context.Context, data []byte) error {
 	case *pglogrepl.RelationMessage:
 		r.rels.add(m)
 	case *pglogrepl.LogicalDecodingMessage:
-		if m.Transactional && r.inTx && m.Prefix == HeartbeatPrefix {
-			r.tx.heartbeat = true
+		switch m.Prefix {
+		case HeartbeatPrefix:
+			if m.Transactional && r.inTx {
+				r.tx.heartbeat = true
+			}
+		case r.s.cfg.MessagePrefix:
+			return r.outboxMessage(ctx, m)
 		}
 	}
 	// Update, delete, truncate, type and origin messages carry nothing for
@@ -487,13 +492,19 @@ func (r *receiver) insert(ctx context.Context, data []byte) error {
 	if err != nil {
 		return err
 	}
+	ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
+	ev.Xid = r.tx.xid
+	return r.add(ctx, &ev)
+}
+
+// add appends an event (a row or a message) to the open transaction, and
+// hands over a part when the transaction has grown past the batch bounds.
+func (r *receiver) add(ctx context.Context, ev *outbox.Event) error {
 	if r.tx.events == nil {
 		r.tx.events = r.room()
 	}
-	ev := buildEvent(&row, &rel.typ, &rel.gone, uint64(r.tx.commitLSN))
-	ev.Xid = r.tx.xid
-	r.tx.events = append(r.tx.events, ev)
-	r.tx.bytes += eventBytes(&ev)
+	r.tx.events = append(r.tx.events, *ev)
+	r.tx.bytes += eventBytes(ev)
 	if len(r.tx.events) >= r.s.cfg.MaxBatchEvents || r.tx.bytes >= r.s.cfg.MaxBatchBytes {
 		// Bounded memory: hand over a part. Its EndLSN is CommitLSN+1,
 		// see Batch.EndLSN.

@@ -100,7 +100,8 @@ func (s *Stream) resumeResync(ctx context.Context, pool *pgxpool.Pool, p *pendin
 // slot). The sink handles them as it handles a replay: starts are absorbed
 // by the unique index, sinks deliver again with the same dedupe ids. Rows
 // already deleted (by their own transaction, or by retention) cannot be
-// recovered.
+// recovered, nor can outbox events written as logical decoding messages:
+// they were only in the WAL the lost slot held.
 //
 // A marker in the checkpoint's row records the window before the old slot
 // is dropped, and is cleared only once the re-read was handed over: a relay
@@ -135,7 +136,7 @@ func (s *Stream) resync(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, m
 		s.log.Warn("resuming a resync that did not finish (the relay stopped during its re-read): re-creating the slot and re-reading the outbox window again",
 			"checkpoint", ckpt.String(), "marker_checkpoint", resume.checkpoint.String(), "window", window)
 	} else {
-		s.log.Warn("replication slot lost: re-creating it and re-reading the outbox (--on-slot-lost=resync); rows deleted meanwhile cannot be recovered",
+		s.log.Warn("replication slot lost: re-creating it and re-reading the outbox (--on-slot-lost=resync); rows deleted meanwhile, and events written as logical decoding messages while the slot was gone, cannot be recovered",
 			"checkpoint", ckpt.String(), "has_checkpoint", hasCkpt, "checkpoint_time", ckptTime, "margin", s.cfg.ResyncMargin, "window", window)
 		if err := s.markResync(ctx, pool, since, hasCkpt); err != nil {
 			return false, err

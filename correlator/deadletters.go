@@ -110,7 +110,7 @@ func (c *Correlator) retryDeadLetter(ctx context.Context, id int64, read OutboxR
 	}
 	ev, reason := eventFromRaw(d)
 	d.RedrivenFrom = SourceStored
-	if read != nil {
+	if read != nil && !ev.Message { // a message has no outbox row
 		cur, ok, err := read(ctx, tx, d.EventID)
 		if err != nil {
 			return d, err
@@ -167,6 +167,9 @@ func eventFromRaw(d DeadLetter) (outbox.Event, string) {
 	var raw map[string]any
 	if err := json.Unmarshal(d.Raw, &raw); err != nil {
 		return outbox.Event{}, "raw row is not a JSON object"
+	}
+	if raw["source"] == "message" {
+		return eventFromMessageRaw(d, raw)
 	}
 	str := func(k string) string {
 		switch v := raw[k].(type) {
@@ -228,4 +231,25 @@ func eventFromRaw(d DeadLetter) (outbox.Event, string) {
 		ev.Headers, _ = json.Marshal(v)
 	}
 	return ev, ""
+}
+
+// eventFromMessageRaw rebuilds a refused logical decoding message from its
+// dead letter (cdc keeps the message as written): a non-transactional one
+// stays refused, whatever it holds, since its transaction may have rolled
+// back; other content is decoded again, under the id it was parked with.
+func eventFromMessageRaw(d DeadLetter, raw map[string]any) (outbox.Event, string) {
+	content, _ := raw["content"].(string)
+	ev := outbox.EventFromMessage([]byte(content))
+	ev.Message, ev.Raw = true, raw
+	if ev.ID == uuid.Nil && d.EventID != "" {
+		ev.RawID, ev.ID = d.EventID, outbox.EventIDFromText(d.EventID)
+	}
+	if ev.EventType == "" {
+		ev.EventType = d.EventType
+	}
+	// Parking keeps raw values as text.
+	if tx := raw["transactional"]; tx != true && tx != "true" {
+		return ev, "a non-transactional message is never an outbox event: its transaction may have rolled back"
+	}
+	return ev, ev.Poison
 }

@@ -213,6 +213,13 @@ type Event struct {
 	// bytes as read (a bytea decoded where it could be); Payload is nil
 	// then. Sinks still deliver them (a protobuf in a bytea column).
 	RawPayload []byte
+	// Message says the event came from a logical decoding message
+	// (pg_logical_emit_message, see Emit) rather than an outbox row. A
+	// Message event that is Poison is refused: it becomes a dead letter and
+	// never reaches a sink, since it may come from a transaction that
+	// rolled back (a non-transactional message) or hold nothing a sink
+	// could deliver.
+	Message bool
 }
 
 // EventIDNamespace is the namespace of name-based UUIDs made from text ids.

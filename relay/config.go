@@ -41,6 +41,10 @@ type Config struct {
 	// existing table ("id=id,event_type=type"); empty means the default names.
 	OutboxTable   string
 	OutboxColumns string
+	// MessagePrefix is the prefix of the logical decoding messages
+	// (pg_logical_emit_message, outbox.Emit) that are outbox events
+	// (default "outbox"); see cdc.Config.MessagePrefix.
+	MessagePrefix string
 
 	// NoStream runs only the step workers and the monitor: extra replicas
 	// beside the one that holds the slot.

@@ -202,7 +202,7 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 	}
 	streamCfg := cdc.Config{
 		DatabaseURL: cfg.DatabaseURL, Slot: cfg.Slot, Publication: cfg.Publication,
-		Table: table, Columns: cols, StatusInterval: cfg.StatusInterval,
+		Table: table, Columns: cols, MessagePrefix: cfg.MessagePrefix, StatusInterval: cfg.StatusInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval, RecreateSlot: cfg.RecreateSlot, Retention: cfg.OutboxRetention,
 		StallAfter: cfg.StallAfter,
 		OnSlotLost: cfg.OnSlotLost, ResyncMargin: cfg.ResyncMargin,

@@ -17,6 +17,9 @@
 //     A row the relay cannot decode (a dead letter for the sagas) is still
 //     delivered with what could be read (Event.Poison, RawPayload); one whose
 //     match or id cannot be known is held for the operator (routePoison).
+//     A refused logical decoding message (outbox.Event.Message and Poison:
+//     non-transactional, not JSON, no event_type) is the exception: it is
+//     a dead letter only, never delivered.
 //   - Given up only by an operator, never silently. ListParked shows what
 //     waits and why; Skip moves one parked event to relay_sink_skipped with
 //     who, when and why in one transaction, and its aggregate flows again.

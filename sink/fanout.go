@@ -223,6 +223,11 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	}
 	for i := range b.Events {
 		oe := &b.Events[i]
+		if oe.Message && oe.Poison != "" {
+			// A refused message is a dead letter only: it may come from a
+			// transaction that rolled back, or hold nothing to deliver.
+			continue
+		}
 		var ev *Event
 		for j, d := range f.dests {
 			if ev == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/compensa/compensa/internal/dbconn"
 	"github.com/compensa/compensa/internal/httpapi"
+	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/declare"
@@ -80,8 +81,9 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.BoolVar(&cfg.NoStream, "no-stream", false, "run only the step workers, not the replication stream (env RELAY_NO_STREAM)")
 	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
+	f.StringVar(&cfg.MessagePrefix, "message-prefix", outbox.DefaultMessagePrefix, "prefix of the transactional logical decoding messages (pg_logical_emit_message, PostgreSQL 14+) that are outbox events; other prefixes are ignored (env RELAY_MESSAGE_PREFIX)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
-	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin) (env RELAY_ON_SLOT_LOST)")
+	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin; events written as messages meanwhile cannot be re-read) (env RELAY_ON_SLOT_LOST)")
 	f.DurationVar(&cfg.ResyncMargin, "resync-margin", 10*time.Minute, "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
 	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
 	f.DurationVar(&cfg.SagaRetention, "saga-retention", relay.DefaultSagaRetention, "delete the steps, journal and inbox rows of instances that ended COMPLETED or COMPENSATED longer ago than this, keeping a small tombstone; 0 keeps them forever (env RELAY_SAGA_RETENTION)")

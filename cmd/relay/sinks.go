@@ -125,6 +125,9 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 			"endpoints' dedupe ids). It runs beside the relay and never holds its stream. --dry-run only counts.\n" +
 			"Events an operator skipped for the sink are left out unless --include-skipped; one replay of a\n" +
 			"sink runs at a time (across relays and this command).\n" +
+			"Events written as logical decoding messages (pg_logical_emit_message, outbox.Emit) are not in the\n" +
+			"table and cannot be replayed: the WAL that held them is gone once the slot passed them. Write\n" +
+			"events you may need to replay as outbox rows, or re-emit them from a store of your own.\n" +
 			"TIME is RFC 3339 (2026-01-02T15:04:05Z) or a date (2026-01-02, UTC).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
