@@ -88,8 +88,10 @@ example-orders: postgres build
 	$(GO) run ./examples/orders/run
 
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
-# own rule parser (model/rulefmt, as promtool does). It is a module of its own
-# (deploy/check) so that the Prometheus module stays out of the relay's go.mod.
+# own rule parser (model/rulefmt, as promtool does), and lints and renders the
+# Helm chart deploy/helm/compensa in both modes with Helm's own code. It is a
+# module of its own (deploy/check) so that the Prometheus and Helm modules stay
+# out of the relay's go.mod.
 .PHONY: deploy-check
 deploy-check:
 	cd deploy/check && $(GO) test -count=1 ./...
