@@ -90,6 +90,7 @@ type k8sContainer struct {
 	} `yaml:"ports"`
 	LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
 	ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
+	StartupProbe   *k8sProbe `yaml:"startupProbe"`
 	Resources      struct {
 		Requests map[string]string `yaml:"requests"`
 		Limits   map[string]string `yaml:"limits"`
@@ -326,6 +327,10 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 			// database outage or a stalled stream.
 			if c.ReadinessProbe != nil {
 				t.Errorf("%s: a readinessProbe on the relay sidecar gates the application's readiness on the relay; give it only a livenessProbe (its health reaches people through alerts)", rc.where)
+			}
+			// A container is not ready before its startup probe passes.
+			if c.StartupProbe != nil {
+				t.Errorf("%s: a startupProbe on the relay sidecar holds the application's readiness until the relay starts; give it only a livenessProbe", rc.where)
 			}
 		} else {
 			probes = append(probes, struct {
