@@ -15,6 +15,14 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
 
+# `make image` builds the image a release publishes: $(IMAGE):VERSION, the
+# version without the v of its git tag (v0.1.0 -> compensa/relay:0.1.0).
+# Nothing builds or publishes :latest.
+IMAGE ?= compensa/relay
+.PHONY: image
+image:
+	docker build -t $(IMAGE):$(patsubst v%,%,$(VERSION)) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) .
+
 postgres:
 	@./scripts/ensure-postgres.sh
 

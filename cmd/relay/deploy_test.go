@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -960,5 +961,48 @@ func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
 	}
 	if policies == 0 {
 		t.Error("no NetworkPolicy limits what reaches the standalone relay")
+	}
+}
+
+// TestImageNamesTheRelease: `make image` tags the image as a release
+// publishes it (compensa/relay:X.Y.Z from the git tag vX.Y.Z, never
+// :latest), and the Helm chart deploys by default the release the raw
+// manifests name.
+func TestImageNamesTheRelease(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	cmd := exec.Command("make", "--no-print-directory", "-n", "image", "VERSION=v1.2.3", "COMMIT=0123456789abcdef")
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n image: %v\n%s", err, out)
+	}
+	words := shellWords(strings.TrimSpace(string(out)))
+	i := slices.Index(words, "-t")
+	if i < 0 || i+1 >= len(words) || words[i+1] != relayImage+":1.2.3" {
+		t.Errorf("make image VERSION=v1.2.3 runs %q: want -t %s:1.2.3", out, relayImage)
+	}
+	if strings.Contains(string(out), ":latest") {
+		t.Errorf("make image tags :latest: %s", out)
+	}
+
+	b, err := os.ReadFile("../../deploy/helm/compensa/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `yaml:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil {
+		t.Fatal(err)
+	}
+	if !releaseTag.MatchString(chart.AppVersion) {
+		t.Errorf("deploy/helm/compensa/Chart.yaml: appVersion %q is not a release's version X.Y.Z", chart.AppVersion)
+	}
+	for _, rc := range relayContainers(t, manifests(t)) {
+		if rc.c.Image != relayImage+":"+chart.AppVersion {
+			t.Errorf("%s: image %s, but the chart deploys %s:%s: a release names one version in both", rc.where, rc.c.Image, relayImage, chart.AppVersion)
+		}
 	}
 }
