@@ -1006,3 +1006,38 @@ func TestImageNamesTheRelease(t *testing.T) {
 		}
 	}
 }
+
+// TestDeploymentGuideKeepsUp: docs/deployment.md, linked from the README,
+// names every top-level value of the Helm chart, and its relative links
+// reach files of the repository.
+func TestDeploymentGuideKeepsUp(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/deployment.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "(docs/deployment.md)") {
+		t.Error("README.md does not link docs/deployment.md")
+	}
+	b, err := os.ReadFile("../../deploy/helm/compensa/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		if !regexp.MustCompile("`" + regexp.QuoteMeta(k) + "[`.]").Match(doc) {
+			t.Errorf("docs/deployment.md does not describe the chart's value %s", k)
+		}
+	}
+	for _, m := range regexp.MustCompile(`\]\((\.\./[^)#]+)`).FindAllSubmatch(doc, -1) {
+		if _, err := os.Stat(filepath.Join("../../docs", string(m[1]))); err != nil {
+			t.Errorf("docs/deployment.md links %s: %v", m[1], err)
+		}
+	}
+}
