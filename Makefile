@@ -25,6 +25,14 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 build: ## the release build of the relay: bin/relay (stripped, no cgo)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
 
+# `make image` builds the image a release publishes: $(IMAGE):VERSION, the
+# version without the v of its git tag (v0.1.0 -> compensa/relay:0.1.0).
+# Nothing builds or publishes :latest.
+IMAGE ?= compensa/relay
+.PHONY: image
+image: ## build the container image $(IMAGE):VERSION (a Docker engine needed)
+	docker build -t $(IMAGE):$(patsubst v%,%,$(VERSION)) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) .
+
 postgres: ## install PostgreSQL's server binaries with apt when missing
 	@./scripts/ensure-postgres.sh
 
@@ -109,8 +117,10 @@ example-orders: postgres build ## run examples/orders: declared sagas and a Pyth
 	$(GO) run ./examples/orders/run
 
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
-# own rule parser (model/rulefmt, as promtool does). It is a module of its own
-# (deploy/check) so that the Prometheus module stays out of the relay's go.mod.
+# own rule parser (model/rulefmt, as promtool does), and lints and renders the
+# Helm chart deploy/helm/compensa in both modes with Helm's own code. It is a
+# module of its own (deploy/check) so that the Prometheus and Helm modules stay
+# out of the relay's go.mod.
 .PHONY: deploy-check
 deploy-check: ## check deploy/ with the tools of Prometheus (and Helm)
 	cd deploy/check && $(GO) test -count=1 ./...
