@@ -30,6 +30,7 @@ var dbDown = func() time.Duration {
 // failure, then once a minute with a count), logs its recovery, and goes on
 // without a restart.
 func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
+	testkit.SkipShort(t, "keeps the database down for 10 s")
 	t.Parallel()
 	ctx := context.Background()
 	c, url := haltableDB(t, "dbdown")

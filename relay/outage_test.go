@@ -16,6 +16,7 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/relay"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // haltableDB starts a cluster of the test's own (the test stops and starts
@@ -91,6 +92,7 @@ func cdcLines(lines []map[string]any, prefix string) int {
 // database outage: the stream logs its recovery, once, when it streams
 // again, not at the next batch, which may be hours away.
 func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
+	testkit.SkipShort(t, "stops and restarts a cluster of its own")
 	t.Parallel()
 	ctx := context.Background()
 	began := time.Now()
@@ -155,6 +157,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 // and the reasons /readyz gives, and nothing of the database's error nor
 // the URL's password.
 func TestPageDuringDatabaseOutage(t *testing.T) {
+	testkit.SkipShort(t, "stops and restarts a cluster of its own")
 	t.Parallel()
 	ctx := context.Background()
 	c, dsn := haltableDB(t, "pagedown")

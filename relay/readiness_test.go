@@ -20,6 +20,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // logLines collects a relay's JSON log lines.
@@ -179,6 +180,7 @@ func waitUntil(t *testing.T, limit time.Duration, what string, ok func() bool) {
 // granting it back makes it ready again without a restart, and every event
 // written meanwhile starts its saga exactly once.
 func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
+	testkit.SkipShort(t, "waits out --stall-after twice")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := t.Context()
