@@ -29,7 +29,7 @@ CREATE TABLE orders (id uuid PRIMARY KEY, status text NOT NULL DEFAULT 'PLACED',
 CREATE TABLE stock (sku text PRIMARY KEY, on_hand integer NOT NULL, reserved integer NOT NULL DEFAULT 0);
 INSERT INTO stock (sku, on_hand) VALUES ('apple', 1000), ('pear', 1000);`
 
-// orderSaga is the issue's example without the shipping step.
+// orderSaga is the orders example without the shipping step.
 const orderSaga = `# yaml-language-server: $schema=saga.schema.json
 saga: order_fulfilment
 version: 1

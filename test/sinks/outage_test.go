@@ -25,7 +25,7 @@ type outageSample struct {
 	parked    int
 }
 
-// TestSinkDownForMinutes: the "a sink down for minutes". A relay
+// TestSinkDownForMinutes: a sink down for minutes. A relay
 // (relay.New: stream, correlator, runner, sinks) runs a saga per event under
 // a steady load while its webhook endpoint answers 503 for 2 minutes
 // (RELAY_TEST_HEAVY=1; 6 s in the short mode of make test). During the outage the
