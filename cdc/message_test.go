@@ -15,6 +15,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // emitSQL emits a transactional message in tx and returns its LSN.
@@ -68,7 +69,7 @@ func TestMessagesAreEventsOfTheirTransaction(t *testing.T) {
 		return errors.New("the first handing over fails")
 	})
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	// Rolled back: nothing.
 	tx, err := db.Pool.Begin(ctx)

@@ -110,7 +110,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 		StatusInterval: 200 * time.Millisecond, HeartbeatInterval: time.Hour,
 		HTTPAddr: "127.0.0.1:0", Logger: logs.logger(),
 	})
-	waitUntil(t, 30*time.Second, "the stream to stream", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the stream to stream", func() bool {
 		return cdcLines(logs.between(began, time.Now()), "streaming") > 0
 	})
 	outboxRows := func() int {
@@ -126,7 +126,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 	if err := c.Halt(true); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "the stream to log the outage", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the stream to log the outage", func() bool {
 		return cdcLines(logs.between(halted, time.Now()), "replication session ended; reconnecting") > 0
 	})
 	resuming := time.Now()
@@ -139,7 +139,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 	resumed := time.Now()
 	// The reconnect waits for the backoff (at most 15 s) and the server's
 	// start-up: a generous deadline, polled.
-	waitUntil(t, 45*time.Second, "the stream to log its recovery with no new outbox row", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "the stream to log its recovery with no new outbox row", func() bool {
 		return cdcLines(logs.between(resuming, time.Now()), "stream recovered") > 0
 	})
 	t.Logf("recovery logged %s after PostgreSQL accepted connections again", time.Since(resumed).Round(time.Millisecond))
@@ -211,7 +211,7 @@ func TestPageDuringDatabaseOutage(t *testing.T) {
 	// Once the stream's own reason is there (after StallAfter), the page
 	// must carry it as /readyz does.
 	var ready readiness
-	waitUntil(t, 30*time.Second, "/readyz to give the database's and the stream's reasons", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "/readyz to give the database's and the stream's reasons", func() bool {
 		ready = probe(t, r.Addr())
 		return ready.status == http.StatusServiceUnavailable && len(ready.reasons) >= 2
 	})
@@ -245,7 +245,7 @@ func TestPageDuringDatabaseOutage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start PostgreSQL again: %v", err)
 	}
-	waitUntil(t, 45*time.Second, "the page to answer 200 again", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "the page to answer 200 again", func() bool {
 		st, _ := get("/")
 		return st == http.StatusOK
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // plantedSecret must never leave the HTTP request it authorises.
@@ -261,7 +262,7 @@ func TestDeclaredOrderSaga(t *testing.T) {
 		orders = append(orders, o)
 		placeOrder(t, db, o)
 	}
-	waitFor(t, 60*time.Second, "every order's saga to end", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every order's saga to end", func() bool {
 		for _, o := range orders {
 			if st := statusOf(t, db, o.event); st != "COMPLETED" && st != "COMPENSATED" {
 				return false

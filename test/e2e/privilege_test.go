@@ -27,6 +27,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // grantedRole creates a LOGIN role with nothing else (no REPLICATION, no
@@ -246,8 +247,8 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	}
 	outageStart := time.Now()
 	done := placeOrders(5)
-	waitFor(t, 60*time.Second, "5 orders completed while the webhook is down", func() bool { return statuses(done, "COMPLETED") })
-	waitFor(t, 30*time.Second, "the 10 events (placed, confirmed) parked for the webhook", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "5 orders completed while the webhook is down", func() bool { return statuses(done, "COMPLETED") })
+	testkit.WaitFor(t, 30*time.Second, "the 10 events (placed, confirmed) parked for the webhook", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'hook'`).Scan(&n)
 		return n == 10
@@ -261,7 +262,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the 10 events in the NATS stream", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the 10 events in the NATS stream", func() bool {
 		s, err := js.Stream(ctx, "OUTBOX")
 		if err != nil {
 			return false
@@ -276,7 +277,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 		time.Sleep(rest)
 	}
 	hook.down.Store(false)
-	waitFor(t, 60*time.Second, "the parked events delivered once the webhook is back", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the parked events delivered once the webhook is back", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&n)
 		return n == 0 && hook.count() == 10
@@ -287,7 +288,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	//    token compensates them.
 	pay.down.Store(true)
 	failed := placeOrders(3)
-	waitFor(t, 60*time.Second, "3 instances FAILED while the payment service is down", func() bool { return statuses(failed, "FAILED") })
+	testkit.WaitFor(t, 60*time.Second, "3 instances FAILED while the payment service is down", func() bool { return statuses(failed, "FAILED") })
 	pay.down.Store(false)
 	body, _ := json.Marshal(map[string]any{"filter": map[string]any{"saga": "grant_check", "status": "FAILED"},
 		"reason": "payments are back", "dry_run": false})
@@ -306,13 +307,13 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	if err := json.Unmarshal(answer, &bulk); resp.StatusCode != 200 || err != nil || bulk.Outcomes["retried"] != 3 {
 		t.Fatalf("bulk retry: %d %s", resp.StatusCode, answer)
 	}
-	waitFor(t, 60*time.Second, "the 3 retried instances compensated", func() bool { return statuses(failed, "COMPENSATED") })
+	testkit.WaitFor(t, 60*time.Second, "the 3 retried instances compensated", func() bool { return statuses(failed, "COMPENSATED") })
 	var reserved int
 	db.Pool.QueryRow(ctx, `SELECT reserved FROM stock WHERE sku = 'apple'`).Scan(&reserved)
 	if reserved != 5 {
 		t.Fatalf("stock reserved = %d; want the 5 completed orders' only", reserved)
 	}
-	waitFor(t, 30*time.Second, "every event of the run delivered to the webhook", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every event of the run delivered to the webhook", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
 		return hook.count() == n
