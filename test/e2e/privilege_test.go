@@ -21,10 +21,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
 	"github.com/compensa/compensa/test/testkit"
@@ -127,20 +127,7 @@ func (s *switchable) count() int {
 }
 
 // startNATS runs an embedded nats-server with JetStream for the test.
-func startNATS(t *testing.T) string {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
-}
+func startNATS(t *testing.T) string { return natstest.Start(t).URL() }
 
 // outageLength is how long the webhook stays down: a few seconds in a normal
 // run, COMPENSA_GRANT_OUTAGE (e.g. 30s) for the long one.

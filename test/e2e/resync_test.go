@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
 	"github.com/compensa/compensa/test/testkit"
@@ -33,20 +33,12 @@ func TestResyncAfterSlotLost(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := natstest.Start(t)
 	file := filepath.Join(t.TempDir(), "sinks.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
   - name: bus
     nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 2s }
-`, ns.ClientURL())), 0o600)
+`, ns.URL())), 0o600)
 	p := relaytest.Start(t, nil, relayArgs(db, "--sinks", file, "--on-slot-lost", "resync", "--resync-margin", "1m")...)
 
 	var written atomic.Int64
@@ -107,7 +99,7 @@ func TestResyncAfterSlotLost(t *testing.T) {
 	rows.Close()
 	var got map[string]int
 	testkit.WaitFor(t, 3*time.Minute, "every outbox row in the NATS stream", func() bool {
-		got = streamIDs(ns.ClientURL())
+		got = streamIDs(ns.URL())
 		for _, id := range ids {
 			if got[id] == 0 {
 				return false

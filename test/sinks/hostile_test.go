@@ -28,6 +28,7 @@ import (
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink/webhook"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/testkit"
 )
@@ -87,22 +88,13 @@ func startHostileRelay(t *testing.T, db *pgtest.DB) *hostileRelay {
 	if _, err := db.Pool.Exec(ctx, hostileTable); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		MaxPayload: brokerLimit, NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, func(o *server.Options) { o.MaxPayload = brokerLimit })
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.ClientURL(), kafka: kc.ListenAddrs(), logs: &logCounter{}}
+	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.URL(), kafka: kc.ListenAddrs(), logs: &logCounter{}}
 
 	dir := t.TempDir()
 	sagas := filepath.Join(dir, "sagas")
