@@ -16,8 +16,6 @@ import (
 	"github.com/compensa/compensa/outbox"
 )
 
-func init() { registerCommand(newDeadLettersCmd) }
-
 func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "deadletters",
