@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -129,6 +130,11 @@ func TestMessagesAreEventsOfTheirTransaction(t *testing.T) {
 	tx.Rollback(ctx)
 	last := writeEvents(t, db.Pool, 1, "last")[0]
 	waitHandled(t, db.Pool, "the row after everything", []uuid.UUID{last})
+	// The sink keeps a batch's events once its transaction committed: wait
+	// for the last one there too.
+	testkit.WaitFor(t, 10*time.Second, "the sink to keep the last batch", func() bool {
+		return slices.ContainsFunc(sink.kept(), func(e outbox.Event) bool { return e.ID == last })
+	})
 
 	var evs []outbox.Event
 	for _, e := range sink.kept() {
