@@ -116,6 +116,17 @@ test-declared: postgres ## the declared-saga kill test in full
 example-orders: postgres build ## run examples/orders: declared sagas and a Python service
 	$(GO) run ./examples/orders/run
 
+# `make docs` writes the generated reference of docs/: the CLI (docs/cli/,
+# cobra/doc over the command tree), the HTTP API (docs/api.md, from
+# internal/httpapi/openapi/openapi.json) and the file references
+# (docs/reference/, from the JSON Schemas). It runs cmd/relay's
+# TestDocsAreGenerated in write mode: without COMPENSA_WRITE_DOCS that test
+# fails when a committed page differs ("run make docs"). The relay binary
+# links neither internal/docgen nor cobra/doc.
+.PHONY: docs
+docs: ## regenerate docs/cli, docs/api.md and docs/reference from the code and schemas
+	COMPENSA_WRITE_DOCS=1 $(GO) test -count=1 -run '^TestDocsAreGenerated$$' ./cmd/relay
+
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
 # own rule parser (model/rulefmt, as promtool does), and lints and renders the
 # Helm chart deploy/helm/compensa in both modes with Helm's own code. It is a
