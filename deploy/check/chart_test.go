@@ -228,7 +228,7 @@ func relayPod(t *testing.T, where string, pod corev1.PodSpec) corev1.Container {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	for flag, port := range map[string]string{"http-addr": "monitor", "probe-addr": "probe"} {
+	for flag, port := range map[string]string{"http-addr": "monitor", "probe-addr": "probe", "metrics-addr": "metrics"} {
 		host, p, err := net.SplitHostPort(flags[flag])
 		if err != nil || host != "0.0.0.0" {
 			t.Errorf("%s: --%s=%q: want 0.0.0.0:PORT, the pod's address the kubelet and Prometheus reach", where, flag, flags[flag])
@@ -388,8 +388,8 @@ func checkMonitoring(t *testing.T, r rendered, public string) {
 	}
 	var svc corev1.Service
 	r.decode(t, "Service", scraped[0].Metadata.Name, &svc)
-	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Path != "/metrics" || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != sm.Spec.Endpoints[0].Port || svc.Spec.Ports[0].TargetPort != intstr.FromString("monitor") {
-		t.Errorf("the ServiceMonitor's endpoints %+v do not reach /metrics on the relay's monitor port through %s", sm.Spec.Endpoints, svc.Name)
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Path != "/metrics" || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != sm.Spec.Endpoints[0].Port || svc.Spec.Ports[0].TargetPort != intstr.FromString("metrics") {
+		t.Errorf("the ServiceMonitor's endpoints %+v do not reach /metrics on the relay's metrics port through %s", sm.Spec.Endpoints, svc.Name)
 	}
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP && svc.Spec.Type != "" {
 		t.Errorf("Service %s is of type %s; the metrics stay in the cluster (ClusterIP)", svc.Name, svc.Spec.Type)
@@ -445,19 +445,21 @@ func checkNetworkPolicy(t *testing.T, r rendered, podLabels map[string]string) n
 	if !matches(np.Spec.PodSelector.MatchLabels, podLabels) {
 		t.Errorf("NetworkPolicy %s selects %v, not the relay's pods %v", np.Name, np.Spec.PodSelector.MatchLabels, podLabels)
 	}
-	monitor := false
-	for _, in := range np.Spec.Ingress {
-		for _, p := range in.Ports {
-			if p.Port != nil && *p.Port == intstr.FromString("monitor") {
-				monitor = true
-				if len(in.From) == 0 || in.From[0].PodSelector == nil || len(in.From[0].PodSelector.MatchLabels) == 0 {
-					t.Errorf("NetworkPolicy %s: the monitor port is open to every pod", np.Name)
+	for _, port := range []string{"monitor", "metrics"} {
+		admitted := false
+		for _, in := range np.Spec.Ingress {
+			for _, p := range in.Ports {
+				if p.Port != nil && *p.Port == intstr.FromString(port) {
+					admitted = true
+					if len(in.From) == 0 || in.From[0].PodSelector == nil || len(in.From[0].PodSelector.MatchLabels) == 0 {
+						t.Errorf("NetworkPolicy %s: the %s port is open to every pod", np.Name, port)
+					}
 				}
 			}
 		}
-	}
-	if !monitor {
-		t.Errorf("NetworkPolicy %s admits nothing to the monitor port (Prometheus cannot scrape)", np.Name)
+		if !admitted {
+			t.Errorf("NetworkPolicy %s admits nothing to the %s port", np.Name, port)
+		}
 	}
 	return np
 }

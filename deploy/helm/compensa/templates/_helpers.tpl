@@ -89,6 +89,7 @@ sidecar's health reaches people through the alert rules instead.
     - run
     - --http-addr=0.0.0.0:{{ .Values.ports.monitor }}
     - --probe-addr=0.0.0.0:{{ .Values.ports.probe }}
+    - --metrics-addr=0.0.0.0:{{ .Values.ports.metrics }}
     - --workers={{ .Values.relay.workers }}
     - --stop-timeout={{ .Values.relay.stopTimeoutSeconds }}s
     {{- range .Values.relay.extraArgs }}
@@ -134,6 +135,8 @@ sidecar's health reaches people through the alert rules instead.
       containerPort: {{ .Values.ports.monitor }}
     - name: probe
       containerPort: {{ .Values.ports.probe }}
+    - name: metrics
+      containerPort: {{ .Values.ports.metrics }}
   livenessProbe:
     httpGet:
       path: /healthz
