@@ -149,17 +149,17 @@ func constraints(s schema) string {
 	num("maximum", "maximum")
 	num("minLength", "at least")
 	if v, ok := s["minLength"].(float64); ok {
-		cs[len(cs)-1] = fmt.Sprintf("at least %v characters", v)
+		cs[len(cs)-1] = plural("at least %v character", v)
 	}
 	num("maxLength", "at most")
 	if v, ok := s["maxLength"].(float64); ok {
-		cs[len(cs)-1] = fmt.Sprintf("at most %v characters", v)
+		cs[len(cs)-1] = plural("at most %v character", v)
 	}
 	if v, ok := s["minItems"].(float64); ok {
-		cs = append(cs, fmt.Sprintf("at least %v items", v))
+		cs = append(cs, plural("at least %v item", v))
 	}
 	if v, ok := s["maxItems"].(float64); ok {
-		cs = append(cs, fmt.Sprintf("at most %v items", v))
+		cs = append(cs, plural("at most %v item", v))
 	}
 	if p, ok := s["pattern"].(string); ok {
 		cs = append(cs, "matches `"+strings.ReplaceAll(p, "|", `\|`)+"`")
@@ -169,6 +169,15 @@ func constraints(s schema) string {
 		cs = append(cs, "default `"+string(b)+"`")
 	}
 	return strings.Join(cs, "; ")
+}
+
+// plural formats a count and its noun, with an s unless the count is 1.
+func plural(format string, n float64) string {
+	s := fmt.Sprintf(format, n)
+	if n != 1 {
+		s += "s"
+	}
+	return s
 }
 
 // cell makes text fit one Markdown table cell.
