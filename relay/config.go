@@ -24,7 +24,7 @@ import (
 // Only DatabaseURL and Registry are required.
 type Config struct {
 	// DatabaseURL is a PostgreSQL URL or keyword/value DSN. The role needs the
-	// REPLICATION attribute unless NoStream is set (see README "Quickstart").
+	// REPLICATION attribute unless NoStream is set (see docs/getting-started.md, "Quickstart").
 	DatabaseURL string
 
 	// Registry holds the saga definitions this relay starts and runs. The
@@ -70,7 +70,7 @@ type Config struct {
 	// SagaRetention: the history (step records, journal events, inbox
 	// rows) of an instance that ended COMPLETED or COMPENSATED longer ago
 	// than this is deleted, and its row kept as a small tombstone until
-	// DedupeWindow (see README "Retention"). Zero means
+	// DedupeWindow (see docs/operations.md, "Retention"). Zero means
 	// DefaultSagaRetention (24h); KeepForever keeps every history.
 	// Re-driven dead letters and skipped sink deliveries go after it too.
 	SagaRetention time.Duration
@@ -114,7 +114,7 @@ type Config struct {
 	// carry at least 128 random bits (httpapi.CheckTokenStrength).
 	APIToken string
 	// APITokensFile is a token file (YAML: tokens with name, token_env or
-	// sha256, tenant or "*", role operate or read; see README.md, "API
+	// sha256, tenant or "*", role operate or read; see docs/operations.md, "API
 	// tokens"), loaded and validated by New with every problem reported as
 	// file:line:col. Its tokens work beside APIToken; a tenant-scoped one
 	// sees and acts on its tenant only.
@@ -173,8 +173,8 @@ type Config struct {
 	// the relay's metrics beside its own (names start with compensa_).
 	MetricsRegistry *prometheus.Registry
 
-	// TracerProvider receives the relay's OpenTelemetry spans (README
-	// "Tracing"). Nil: the standard OTEL_* environment variables decide
+	// TracerProvider receives the relay's OpenTelemetry spans
+	// (docs/tracing.md). Nil: the standard OTEL_* environment variables decide
 	// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...); when they ask
 	// for no traces, tracing is off and costs nothing. Stop flushes a
 	// provider passed here (its owner shuts it down) and shuts down one

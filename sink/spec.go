@@ -7,7 +7,7 @@ import (
 
 // fieldSpec describes one key of a sinks file. The same tree drives the
 // loader (unknown and required keys), the JSON Schema (Schema) and the
-// README's reference, so that the three cannot disagree.
+// docs/sinks.md's reference, so that the three cannot disagree.
 type fieldSpec struct {
 	Key      string
 	Type     string // string, duration, integer, list, object

@@ -224,7 +224,7 @@ func runDemo(ctx context.Context, d demoOptions, opts *rootOptions, stdout, stde
 	if mismatch != "" {
 		fmt.Fprintln(stderr, "warning: "+mismatch)
 	}
-	fmt.Fprintf(stderr, "\nThe relay keeps running: open %s, edit a brief (see README.md), press Ctrl-C to stop.\n", monitor)
+	fmt.Fprintf(stderr, "\nThe relay keeps running: open %s, edit a brief (see docs/getting-started.md), press Ctrl-C to stop.\n", monitor)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(stderr, "stopping ...")
@@ -490,7 +490,7 @@ func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL,
 	fmt.Fprintf(w, "\nmonitor:   %s (API token %s)\n", monitor, d.apiToken)
 	fmt.Fprintf(w, "database:  %s\n", dbURL)
 	fmt.Fprintf(w, "slot:      %s\n", slot)
-	// The README's demo sections use these variables: one line to paste
+	// The demo sections of docs/getting-started.md use these variables: one line to paste
 	// into another shell.
 	fmt.Fprintf(w, "\nin another shell:\n  export DB='%s' TOKEN='%s' RELAY='%s' SLOT='%s'\n",
 		dbURL, d.apiToken, strings.TrimSuffix(monitor, "/"), slot)

@@ -1,6 +1,6 @@
 // Command relay is Compensa's sidecar: it streams committed outbox inserts out
 // of PostgreSQL's write-ahead log, starts saga instances exactly once and runs
-// their steps. See README.md for the commands and flags.
+// their steps. See docs/operations.md and docs/cli/ for the commands and flags.
 package main
 
 import (

@@ -104,7 +104,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	lf.StringVar(&status, "status", "", "only this status: RUNNING, COMPENSATING, FAILED, COMPLETED, COMPENSATED or TIMED_OUT")
 	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
 	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
-	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (at most %d)", admin.MaxLimit))
+	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (1 to %d)", admin.MaxLimit))
 	lf.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (printed at its end)")
 	lf.BoolVar(&asJSON, "json", false, `print {"items": [...], "next_cursor": ...} as the API does`)
 

@@ -88,7 +88,7 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&payloadFile, "payload", "", "a file holding the trigger event's payload, a JSON object (\"-\": standard input)")
+	f.StringVar(&payloadFile, "payload", "", "a file holding the trigger event's payload, a JSON object (\"-\": standard input; none: {})")
 	f.StringVar(&aggregateID, "aggregate-id", "", "the trigger event's aggregate id")
 	f.StringVar(&key, "idempotency-key", "", "the same key never starts the saga twice (per saga and tenant, within the relay's --dedupe-window)")
 	f.StringVar(&tenant, "tenant", "", "the trigger event's tenant (UUID)")

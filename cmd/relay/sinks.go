@@ -195,13 +195,13 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&since, "since", "", "start of the window (created_at, inclusive)")
+	f.StringVar(&since, "since", "", "start of the window (created_at, inclusive; required): RFC 3339 or a date (UTC)")
 	f.StringVar(&until, "until", "", "end of the window (created_at, exclusive; default now)")
 	f.StringVar(&aggType, "aggregate-type", "", "only this aggregate type")
 	f.StringVar(&eventType, "event-type", "", "only event types matching this glob, e.g. 'order.*'")
 	f.BoolVar(&dryRun, "dry-run", false, "only count the rows")
 	f.BoolVar(&includeSkipped, "include-skipped", false, "deliver the events an operator skipped for this sink too")
-	f.StringVar(&file, "sinks", "", "the sinks file (env RELAY_SINKS)")
+	f.StringVar(&file, "sinks", "", "the sinks file the relay runs with (required; the sink's own match applies too) (env RELAY_SINKS)")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

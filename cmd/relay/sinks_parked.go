@@ -122,7 +122,7 @@ func newSinksSkipCmd(opts *rootOptions) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&id, "id", "", "the parked event's id (required; see relay sinks parked)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why it can never be delivered (required; kept with the event)")
-	cmd.Flags().StringVar(&actor, "actor", "", "who skips it (default cli:<OS user>)")
+	cmd.Flags().StringVar(&actor, "actor", "", "who skips it, as kept in relay_sink_skipped with the database role (default cli:<OS user>)")
 	return cmd
 }
 

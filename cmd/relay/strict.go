@@ -38,8 +38,8 @@ var sharedFlags = []string{"database-url", "slot", "publication", "http-addr", "
 // nothing to a command (--slot to `relay version`, --database-url to `relay
 // demo`, which starts its own database) is not offered by it. A command that
 // is not listed takes them all, so a new command works at once; list it here
-// when it needs fewer (README's flag tables must say the same: the
-// README-vs-CLI test checks it).
+// when it needs fewer (docs/cli/ is generated from the usage strings: a
+// test checks it is current).
 var sharedFlagsOf = map[string][]string{
 	"relay version":           {},
 	"relay help":              {},

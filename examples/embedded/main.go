@@ -3,7 +3,7 @@
 // same transaction, a two-step saga (reserve the stock, charge the payment)
 // fulfils it and compensates the reservation when the payment is declined, and
 // the relay that streams the outbox and runs the saga is embedded with
-// relay.New. See README.md.
+// relay.New. See README.md and docs/producers.md.
 package main
 
 import (

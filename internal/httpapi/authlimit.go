@@ -13,7 +13,7 @@ import (
 // Retry-After until the window ends, whatever it sends — a right guess
 // while blocked must not be told apart from a wrong one. The address is
 // the TCP peer's: behind a proxy that is the proxy, so the limit then
-// applies to all clients together (see README.md, Security).
+// applies to all clients together (see docs/security.md).
 type authLimiter struct {
 	mu          sync.Mutex
 	window      time.Duration

@@ -255,7 +255,7 @@ func (s *Server) routes() {
 		}))
 	}
 	m.Handle("/v1/", s.api(func(w http.ResponseWriter, r *http.Request, _ *admin.Admin) {
-		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see README.md for the API)")
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see docs/api.md for the API)")
 	}, ""))
 
 	s.pageRoutes(m)

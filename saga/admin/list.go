@@ -130,7 +130,7 @@ type Page struct {
 }
 
 // MarshalJSON writes every key, always: items is [] when empty and
-// next_cursor null on the last page, as the README documents.
+// next_cursor null on the last page, as docs/http-api.md documents.
 func (p Page) MarshalJSON() ([]byte, error) {
 	items := p.Items
 	if items == nil {

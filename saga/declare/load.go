@@ -121,7 +121,7 @@ func LoadFile(name string, body []byte, opt Options) (*Saga, Problems) {
 		if len(doc.Content) > 0 {
 			at = nodeAt(doc.Content[0])
 		}
-		r.add(at, "the file is not a saga definition (a mapping with saga, version, triggers, steps); start from the example in README.md")
+		r.add(at, "the file is not a saga definition (a mapping with saga, version, triggers, steps); start from the complete example in docs/sagas.md")
 		return nil, r.list.sorted()
 	}
 	root := doc.Content[0]

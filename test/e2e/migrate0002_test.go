@@ -16,7 +16,7 @@ import (
 	"github.com/compensa/compensa/test/testkit"
 )
 
-// plainSQLInsert is the statement README.md's producer section shows first:
+// plainSQLInsert is the statement docs/producers.md shows first:
 // no id, the default outbox table fills it in.
 const plainSQLInsert = `INSERT INTO outbox (tenant_id, aggregate_type, aggregate_id, event_type, payload)
 VALUES ($1, 'research_brief', $2, 'research_brief.created', $3)`

@@ -28,12 +28,12 @@ import (
 
 type readmeBlock struct{ lang, body string }
 
-// quickstartBlocks returns the fenced blocks between README.md's quickstart
+// quickstartBlocks returns the fenced blocks between docs/getting-started.md's quickstart
 // markers, in order.
 func quickstartBlocks(t *testing.T) []readmeBlock {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "getting-started.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func quickstartBlocks(t *testing.T) []readmeBlock {
 	start := strings.Index(s, "<!-- quickstart")
 	end := strings.Index(s, "<!-- /quickstart -->")
 	if start < 0 || end < start {
-		t.Fatal("README.md has no <!-- quickstart --> ... <!-- /quickstart --> section")
+		t.Fatal("docs/getting-started.md has no <!-- quickstart --> ... <!-- /quickstart --> section")
 	}
 	var out []readmeBlock
 	for _, m := range regexp.MustCompile("(?s)```(\\w+)\n(.*?)```").FindAllStringSubmatch(s[start:end], -1) {
@@ -83,7 +83,7 @@ func metricValue(t *testing.T, addr, series string) float64 {
 	return -1
 }
 
-// The quickstart, followed as README.md writes it, with two roles: a schema
+// The quickstart, followed as docs/getting-started.md writes it, with two roles: a schema
 // owner that migrates and a least-privilege role that runs. Then the example
 // saga, added the same way, runs to completion under the unprivileged role.
 func TestQuickstartWithTwoRoles(t *testing.T) {
@@ -93,7 +93,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The README's placeholders: host db:5432, database app.
+	// The page's placeholders: host db:5432, database app.
 	local := func(s string) string {
 		s = strings.ReplaceAll(s, "db:5432/app", u.Host+"/"+db.Name)
 		return strings.ReplaceAll(s, "DATABASE app ", "DATABASE "+db.Name+" ")
