@@ -230,7 +230,7 @@ func TestSagasValidateWarnsOfExpressionHosts(t *testing.T) {
 		}
 		return dir
 	}
-	const open = "saga: cb\nversion: 1\ntriggers: [{event_type: e}]\nsteps:\n  - name: call\n    http: {method: POST, url: \"${ trigger.payload.callback }\"}\n"
+	const open = "saga: cb\nversion: 1\ntriggers: [{event_type: e}]\nsteps:\n  - name: call\n    http: {method: POST, url: \"${ raw(trigger.payload.callback) }\"}\n"
 	dir := write(open)
 	out, code := runDeclaredCLI(t, "sagas", "validate", dir)
 	if code != 0 || !strings.Contains(out, filepath.Join(dir, "cb.yaml")+":6:31: warning: step call builds the host of its http.url from an expression and the file has no egress.allow") {

@@ -150,7 +150,7 @@ func TestOneTraceFromProducerToBroker(t *testing.T) {
     webhook: { url: %s/events, timeout: 5s }
   - name: bus
     match: { event_types: ["order.confirmed"] }
-    nats: { url: %s, stream: TRACED, subject: "traced.{event_type}" }
+    nats: { url: %s, stream: TRACED, subject: "traced.{raw(event_type)}" }
 `, hook.URL, ns.URL())), 0o600)
 
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.URL)
