@@ -73,6 +73,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 				}
 				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
 			}
+			if err := f.Check(); err != nil {
+				return usageError("%s", strings.TrimPrefix(err.Error(), saga.ErrInvalid.Error()+": "))
+			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
 				page, err := a.List(cmd.Context(), f)
 				if err != nil {
@@ -107,6 +110,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
 	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
 	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (at most %d)", admin.MaxLimit))
+	setFlagMax(lf, "limit", admin.MaxLimit)
 	lf.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (printed at its end)")
 	lf.BoolVar(&asJSON, "json", false, `print {"items": [...], "next_cursor": ...} as the API does`)
 
