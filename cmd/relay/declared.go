@@ -185,7 +185,7 @@ func newSagasTestCmd() *cobra.Command {
 	f.StringVar(&trigger, "trigger", "", "the sample trigger event: a JSON file, or inline JSON")
 	f.StringArrayVar(&replies, "reply", nil, "step=JSON: the reply a command step gets (default {\"ok\": true})")
 	f.StringArrayVar(&responses, "response", nil, "step=JSON or step=STATUS:JSON: the response of an http step ({\"status\", \"headers\", \"body\"} or just the body)")
-	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects")
+	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects, or a number: the rows a statement without RETURNING affects")
 	f.StringVar(&fail, "fail", "", "the step that fails for good: shows the compensation path from it")
 	f.StringVar(&expect, "expect", "", "the outcome the walk must end with (COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER): exit 1 on another")
 	return cmd
