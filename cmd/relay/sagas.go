@@ -216,7 +216,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(), newSagasTestCmd())
+	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
 	return cmd
 }
 

@@ -49,7 +49,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
 	"relay sagas start":       {"database-url", "outbox-table"},
-	"relay sagas validate":    {},
+	"relay sagas validate":    {"database-url"},
 	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
