@@ -762,7 +762,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 	if !timedOut {
 		if class := Classify(err); class.holds() {
 			ev.Class = class
-			ev.RetryIn = w.capToDeadline(w.heldDelay(pol, err))
+			ev.RetryIn = RoundDelay(w.capToDeadline(w.heldDelay(pol, err)))
 			return w.hold(ctx, step, false, attempt, ev, err, took)
 		}
 	}
@@ -771,7 +771,7 @@ func (w *work) fail(ctx context.Context, step Step, attempt int, err error, reas
 		if d, ok := RetryAfterOf(err); ok && d > ev.RetryIn {
 			ev.RetryIn = d // the service asked for at least this much
 		}
-		ev.RetryIn = w.capToDeadline(ev.RetryIn)
+		ev.RetryIn = RoundDelay(w.capToDeadline(ev.RetryIn))
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err
@@ -1055,7 +1055,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 	ev := Event{Kind: EventCompensationFailed, Step: w.inst.CurrentStep, StepName: step.Name, Error: msg}
 	if class := Classify(err); class.holds() && !timedOut {
 		ev.Class = class
-		ev.RetryIn = w.heldDelay(pol, err)
+		ev.RetryIn = RoundDelay(w.heldDelay(pol, err))
 		return w.hold(ctx, step, true, attempt, ev, err, took)
 	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
@@ -1063,6 +1063,7 @@ func (w *work) compensationFailed(ctx context.Context, step Step, attempt int, e
 		if d, ok := RetryAfterOf(err); ok && d > ev.RetryIn {
 			ev.RetryIn = d
 		}
+		ev.RetryIn = RoundDelay(ev.RetryIn)
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err

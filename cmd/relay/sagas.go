@@ -426,7 +426,7 @@ func sagaEventDetails(raw json.RawMessage) string {
 		parts = append(parts, "error: "+clipText(ev.Error, 80))
 	}
 	if ev.RetryIn > 0 {
-		parts = append(parts, "retry in "+ev.RetryIn.String())
+		parts = append(parts, "retry in "+saga.RoundDelay(ev.RetryIn).String())
 	}
 	if !ev.Until.IsZero() {
 		parts = append(parts, "until "+ev.Until.UTC().Format(time.RFC3339))
