@@ -136,3 +136,13 @@ func eventNotes(raw json.RawMessage) string {
 	}
 	return strings.Join(parts, " · ")
 }
+
+// reasonClass is how an instance's reason is shown: a COMPENSATED
+// instance's reason is why it was undone as designed (an expected
+// outcome), in the text's colour; any other's is an error's, in red.
+func reasonClass(st saga.Status) string {
+	if st == saga.StatusCompensated {
+		return "expected"
+	}
+	return "err"
+}
