@@ -34,6 +34,14 @@ install: build ## install bin/relay as $(PREFIX)/bin/relay (PREFIX=/usr/local)
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 0755 bin/relay $(DESTDIR)$(PREFIX)/bin/relay
 
+# `make image` builds the image a release publishes: $(IMAGE):VERSION, the
+# version without the v of its git tag (v0.1.0 -> compensa/relay:0.1.0).
+# Nothing builds or publishes :latest.
+IMAGE ?= compensa/relay
+.PHONY: image
+image: ## build the container image $(IMAGE):VERSION (a Docker engine needed)
+	docker build -t $(IMAGE):$(patsubst v%,%,$(VERSION)) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) .
+
 postgres: ## install PostgreSQL's server binaries with apt when missing
 	@./scripts/ensure-postgres.sh
 
@@ -46,14 +54,14 @@ vet: ## gofmt and go vet, the relay's module and the bench's
 	$(GO) vet -tags failpoint ./cmd/relay ./internal/failpoint ./relay
 	cd bench && $(GO) vet ./...
 
-# The race-enabled run of every package but the failover suite, the stream's
-# tests on PostgreSQL 17 and 18, the short failover suite and the short fault
-# suite run side by side: each spends most of its time waiting on PostgreSQL
+# The race-enabled run of every package but the failover suite, the bench
+# module's tests, the deploy checks, the stream's tests on PostgreSQL 17 and
+# 18, the short failover suite and the short fault suite run side by side: each spends most of its time waiting on PostgreSQL
 # or on the faults it makes, so together they keep two cores busy. Each one's
 # output is printed whole when it ends. The two suites run the relay as a
 # process built without -race, as users run it.
-test: postgres chromium vet deploy-check ## the full suite CI runs (about 12 minutes)
-	$(MAKE) --no-print-directory --output-sync=target -j6 test-race test-bench test-pg17 test-pg18 test-failover chaos QUICK=1
+test: postgres chromium vet ## the full suite CI runs (about 12 minutes)
+	$(MAKE) --no-print-directory --output-sync=target -j7 test-race test-bench deploy-check test-pg17 test-pg18 test-failover chaos QUICK=1
 
 # The longest packages go first: go test starts packages in the order given,
 # and one started last would run alone at the end.
@@ -118,8 +126,10 @@ example-orders: postgres build ## run examples/orders: declared sagas and a Pyth
 	$(GO) run ./examples/orders/run
 
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
-# own rule parser (model/rulefmt, as promtool does). It is a module of its own
-# (deploy/check) so that the Prometheus module stays out of the relay's go.mod.
+# own rule parser (model/rulefmt, as promtool does), and lints and renders the
+# Helm chart deploy/helm/compensa in both modes with Helm's own code. It is a
+# module of its own (deploy/check) so that the Prometheus and Helm modules stay
+# out of the relay's go.mod.
 .PHONY: deploy-check
 deploy-check: ## check deploy/ with the tools of Prometheus (and Helm)
 	cd deploy/check && $(GO) test -count=1 ./...

@@ -13,6 +13,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A sink that fails leaves the batch unacknowledged; the stream reconnects
@@ -36,7 +37,7 @@ func TestSinkFailureReplaysTheBatch(t *testing.T) {
 		return nil
 	})
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	ids := writeEvents(t, db.Pool, 3, "order.placed")
 	deadline := time.Now().Add(30 * time.Second)
@@ -57,7 +58,7 @@ func TestSinkFailureReplaysTheBatch(t *testing.T) {
 		t.Fatalf("the sink saw the batch %d times, want 3 (two failures, then success)", n)
 	}
 	assertExactlyOnce(t, db.Pool, ids)
-	waitFor(t, 10*time.Second, "confirmed_flush_lsn past the handled batch", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "confirmed_flush_lsn past the handled batch", func() bool {
 		c, _ := slotState(t, db.Pool, db.Slot)
 		return c > pglogrepl.LSN(commitLSN.Load())
 	})
@@ -75,7 +76,7 @@ func TestSinkCanStopTheStream(t *testing.T) {
 		return nil
 	})
 	r := startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	writeEvents(t, db.Pool, 1, "x")
 	err, done := r.wait(20 * time.Second)
 	if !done || !errors.Is(err, cdc.ErrStop) || !strings.Contains(err.Error(), "the schema is too old") {
@@ -105,10 +106,10 @@ func TestAckNeverPassesABatchInFlight(t *testing.T) {
 	})
 	cfg := baseConfig(t, db)
 	first := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	ids := writeEvents(t, db.Pool, 5, "order.placed")
-	waitFor(t, 10*time.Second, "the sink to hold the batch", func() bool { return held.Load() != 0 })
+	testkit.WaitFor(t, 10*time.Second, "the sink to hold the batch", func() bool { return held.Load() != 0 })
 	exec(t, db.Pool, `CREATE TABLE other (id int, pad text)`)
 	for i := range 20 {
 		exec(t, db.Pool, `INSERT INTO other SELECT g, repeat('x', 200) FROM generate_series(1, 500) g`)
@@ -128,7 +129,7 @@ func TestAckNeverPassesABatchInFlight(t *testing.T) {
 
 	close(release)
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "the replayed batch", func() bool { return countHandled(t, db.Pool) == len(ids) })
+	testkit.WaitFor(t, 20*time.Second, "the replayed batch", func() bool { return countHandled(t, db.Pool) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 }
 
@@ -144,7 +145,7 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 	for range 5 {
 		all = append(all, writeEvents(t, db.Pool, 10, "a")...)
 	}
-	waitFor(t, 20*time.Second, "first events", func() bool { return countHandled(t, db.Pool) == len(all) })
+	testkit.WaitFor(t, 20*time.Second, "first events", func() bool { return countHandled(t, db.Pool) == len(all) })
 	if err := r.stop(t); err != nil {
 		t.Fatalf("clean stop: Run returned %v", err)
 	}
@@ -152,7 +153,7 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 		all = append(all, writeEvents(t, db.Pool, 10, "b")...)
 	}
 	r = startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "events written while stopped", func() bool { return countHandled(t, db.Pool) == len(all) })
+	testkit.WaitFor(t, 20*time.Second, "events written while stopped", func() bool { return countHandled(t, db.Pool) == len(all) })
 	if !strings.Contains(logs.String(), "resuming") || !strings.Contains(logs.String(), "checkpoint=") {
 		t.Fatalf("the restart did not log the checkpoint against the slot's position:\n%s", logs.String())
 	}
@@ -165,7 +166,7 @@ func TestRestartResumesWithoutLoss(t *testing.T) {
 	startStream(t, cfg, sink)
 	time.Sleep(300 * time.Millisecond)
 	all = append(all, prod.finish(t)...)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) == len(all) })
+	testkit.WaitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) == len(all) })
 	assertExactlyOnce(t, db.Pool, all)
 }
 
@@ -181,9 +182,9 @@ func TestRepliesWhenTheServerAsks(t *testing.T) {
 	cfg.StatusInterval = time.Hour
 	cfg.HeartbeatInterval = time.Hour
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	ids := writeEvents(t, db.Pool, 3, "x")
-	waitFor(t, 10*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
+	testkit.WaitFor(t, 10*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
 	var end pglogrepl.LSN
 	for _, b := range sink.snapshot() {
 		if len(b.Events) == 0 && !b.Snapshot {
@@ -212,7 +213,7 @@ func TestStopInterruptsTheWaitForTheNextMessage(t *testing.T) {
 	cfg.HeartbeatInterval = time.Hour
 	r := startStream(t, cfg, sink)
 	ids := writeEvents(t, db.Pool, 2, "x")
-	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 2 })
+	testkit.WaitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 2 })
 	time.Sleep(200 * time.Millisecond) // waiting for a message now
 	began := time.Now()
 	if err := r.stop(t); err != nil && !errors.Is(err, context.Canceled) {

@@ -46,7 +46,7 @@ func TestHugeTransactionInBoundedParts(t *testing.T) {
 	cfg := baseConfig(t, db)
 	cfg.MaxBatchEvents = part
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	runtime.GC()
 	var base runtime.MemStats
@@ -72,10 +72,10 @@ func TestHugeTransactionInBoundedParts(t *testing.T) {
 	exec(t, db.Pool, `INSERT INTO outbox (id, event_type, payload)
 		SELECT gen_random_uuid(), 'bulk', jsonb_build_object('i', g, 'pad', repeat('x', 1000))
 		FROM generate_series(1, $1::int) g`, rows)
-	waitFor(t, 120*time.Second, "every row", func() bool { return countHandled(t, db.Pool) == rows })
+	testkit.WaitFor(t, 120*time.Second, "every row", func() bool { return countHandled(t, db.Pool) == rows })
 	// The last part may hold no rows (here 100,000 is a multiple of the
 	// part size): every row is handled before the final batch arrives.
-	waitFor(t, 20*time.Second, "the transaction's final batch", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the transaction's final batch", func() bool {
 		var partAt pglogrepl.LSN
 		for _, b := range sink.snapshot() {
 			if b.Partial {
@@ -111,7 +111,7 @@ func TestHugeTransactionInBoundedParts(t *testing.T) {
 	if ck := checkpointLSN(t, db.Pool, db.Slot); ck < final.EndLSN {
 		t.Fatalf("checkpoint %s is short of the transaction's end %s", ck, final.EndLSN)
 	}
-	waitFor(t, 10*time.Second, "confirmed_flush_lsn at the transaction's end", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "confirmed_flush_lsn at the transaction's end", func() bool {
 		c, _ := slotState(t, db.Pool, db.Slot)
 		return c >= final.EndLSN
 	})
@@ -141,7 +141,7 @@ func TestCrashBetweenPartsReplaysTheTransaction(t *testing.T) {
 		return nil
 	})
 	r := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	exec(t, db.Pool, `INSERT INTO outbox (id, event_type, payload) SELECT gen_random_uuid(), 'bulk', '{}' FROM generate_series(1, 10000)`)
 	<-crashed
 	r.crash(t)
@@ -150,7 +150,7 @@ func TestCrashBetweenPartsReplaysTheTransaction(t *testing.T) {
 	}
 	sink.setBefore(nil)
 	startStream(t, cfg, sink)
-	waitFor(t, 30*time.Second, "every row", func() bool { return countHandled(t, db.Pool) == 10000 })
+	testkit.WaitFor(t, 30*time.Second, "every row", func() bool { return countHandled(t, db.Pool) == 10000 })
 	var replayed int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM cdc_handled WHERE n > 1`).Scan(&replayed); err != nil {
 		t.Fatal(err)

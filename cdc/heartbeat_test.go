@@ -27,7 +27,7 @@ func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 	cfg := baseConfig(t, db)
 	cfg.HeartbeatInterval = 100 * time.Millisecond
 	r := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	ctx := context.Background()
 	exec(t, db.Pool, `CREATE TABLE filler (id bigserial, pad text)`)
 	var from int64

@@ -20,6 +20,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -278,17 +279,6 @@ func (r *running) wait(d time.Duration) (error, bool) {
 	}
 }
 
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // writeEvents commits n outbox rows in one application transaction and
 // returns their ids.
 func writeEvents(t testing.TB, pool *pgxpool.Pool, n int, eventType string) []uuid.UUID {
@@ -417,7 +407,7 @@ func exec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
 // waitHandled waits until the sink has handled every one of ids.
 func waitHandled(t testing.TB, pool *pgxpool.Pool, what string, ids []uuid.UUID) {
 	t.Helper()
-	waitFor(t, 20*time.Second, what, func() bool {
+	testkit.WaitFor(t, 20*time.Second, what, func() bool {
 		got := handledCounts(t, pool)
 		for _, id := range ids {
 			if got[id] == 0 {

@@ -28,8 +28,8 @@ func TestQueryLagReportsTheSlot(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	r := startStream(t, baseConfig(t, db), sink)
 	writeEvents(t, db.Pool, 2, "x")
-	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 2 })
-	waitFor(t, 10*time.Second, "an active slot", func() bool { _, active := slotState(t, db.Pool, db.Slot); return active })
+	testkit.WaitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 2 })
+	testkit.WaitFor(t, 10*time.Second, "an active slot", func() bool { _, active := slotState(t, db.Pool, db.Slot); return active })
 
 	rep, err := cdc.QueryLag(ctx, db.Pool, db.Slot)
 	if err != nil {
@@ -69,7 +69,7 @@ func TestQueryLagReportsTheSlot(t *testing.T) {
 
 	// The slot is active from START_REPLICATION on; the stream reports its
 	// flush position once its session has begun, a moment later.
-	waitFor(t, 10*time.Second, "the stream's flush position", func() bool { return r.s.Lag().FlushLSN != 0 })
+	testkit.WaitFor(t, 10*time.Second, "the stream's flush position", func() bool { return r.s.Lag().FlushLSN != 0 })
 	lag := r.s.Lag()
 	if !lag.Leader || lag.Slot != db.Slot || lag.FlushLSN == 0 || lag.LastCommit.IsZero() || lag.Seconds > 30 {
 		t.Fatalf("Stream.Lag() = %+v", lag)
@@ -127,7 +127,7 @@ func TestLagIsTheAgeOfTheOldestUnhandledChange(t *testing.T) {
 	cfg.HeartbeatInterval = 2 * time.Second
 	r := startStream(t, cfg, sink)
 	writeEvents(t, db.Pool, 3, "x")
-	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
+	testkit.WaitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == 3 })
 
 	read := func() (mem, query float64) {
 		t.Helper()
@@ -177,8 +177,8 @@ func TestLagIsTheAgeOfTheOldestUnhandledChange(t *testing.T) {
 		prevMem, prevQuery = mem, query
 	}
 	close(release)
-	waitFor(t, 20*time.Second, "the stuck rows", func() bool { return countHandled(t, db.Pool) == 5 })
-	waitFor(t, 10*time.Second, "the lag back under a second", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the stuck rows", func() bool { return countHandled(t, db.Pool) == 5 })
+	testkit.WaitFor(t, 10*time.Second, "the lag back under a second", func() bool {
 		mem, query := read()
 		return mem < 1 && query < 1
 	})

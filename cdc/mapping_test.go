@@ -14,6 +14,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A Debezium-style outbox table with a text id and a text payload, mapped
@@ -38,12 +39,12 @@ func TestDebeziumStyleOutboxTable(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	exec(t, db.Pool, `INSERT INTO app.dbz_outbox VALUES
 		('order-1', 'Order', '42', 'OrderCreated', '{"total": 10}'),
 		('order-2', 'Order', '43', 'OrderCreated', 'not json {'),
 		('6f9619ff-8b86-d011-b42d-00cf4fc964ff', 'Order', '44', 'OrderCreated', '[1,2]')`)
-	waitFor(t, 20*time.Second, "three events", func() bool { return len(sink.kept()) == 3 })
+	testkit.WaitFor(t, 20*time.Second, "three events", func() bool { return len(sink.kept()) == 3 })
 	evs := sink.kept()
 	if e := evs[0]; e.RawID != "order-1" || e.ID != outbox.EventIDFromText("order-1") || e.EventType != "OrderCreated" ||
 		e.AggregateType != "Order" || e.AggregateID != "42" || string(e.Payload) != `{"total": 10}` || e.Poison != "" ||
@@ -77,12 +78,12 @@ func TestByteaPayloadAndOtherColumnTypes(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	tenant, corr, id1, id2 := uuid.New(), uuid.New(), uuid.New(), uuid.New()
 	exec(t, db.Pool, `INSERT INTO events_out (eid, tenant, kind, body, meta, corr) VALUES
 		($1, $2, 'k', convert_to('{"a": "é"}', 'UTF8'), '{"h": 1}', $3),
 		($4, 'not-a-uuid', 'k', '\x00ff'::bytea, NULL, NULL)`, id1, tenant.String(), corr, id2)
-	waitFor(t, 20*time.Second, "two events", func() bool { return len(sink.kept()) == 2 })
+	testkit.WaitFor(t, 20*time.Second, "two events", func() bool { return len(sink.kept()) == 2 })
 	evs := sink.kept()
 	want := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	if e := evs[0]; e.ID != id1 || e.TenantID != tenant || string(e.Payload) != `{"a": "é"}` || string(e.Headers) != `{"h": 1}` ||
@@ -102,10 +103,10 @@ func TestJSONBPayloadIsMarked(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	id := uuid.New()
 	exec(t, db.Pool, `INSERT INTO outbox (id, event_type, payload, created_at) VALUES ($1, 'k', '{"a": [1, 2.50, "\u00e9"]}', '2026-12-01 22:25:18.123456+00')`, id)
-	waitFor(t, 20*time.Second, "the event", func() bool { return len(sink.kept()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the event", func() bool { return len(sink.kept()) == 1 })
 	e := sink.kept()[0]
 	if e.ID != id || !e.PayloadJSONB || string(e.Payload) != `{"a": [1, 2.50, "é"]}` || e.Poison != "" ||
 		!e.CreatedAt.Equal(time.Date(2026, 12, 1, 22, 25, 18, 123456000, time.UTC)) {
@@ -188,10 +189,10 @@ func TestHostileIdentifiersAreQuotedOrRefused(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	id := uuid.New()
 	exec(t, db.Pool, `INSERT INTO `+q(schema, table)+` VALUES ($1, 'hostile.ok', '{"ok": true}')`, id)
-	waitFor(t, 20*time.Second, "the event", func() bool { return len(sink.kept()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the event", func() bool { return len(sink.kept()) == 1 })
 	if e := sink.kept()[0]; e.ID != id || e.EventType != "hostile.ok" || string(e.Payload) != `{"ok": true}` {
 		t.Fatalf("event %+v", e)
 	}
@@ -220,7 +221,7 @@ func TestLargePayloadArrivesWhole(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	blob := strings.Repeat("0123456789abcdef", 10<<20/16)
 	payload, _ := json.Marshal(map[string]string{"blob": blob})
 	ctx := context.Background()
@@ -230,7 +231,7 @@ func TestLargePayloadArrivesWhole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the big event", func() bool { return len(sink.kept()) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the big event", func() bool { return len(sink.kept()) == 1 })
 	var got map[string]string
 	if err := json.Unmarshal(sink.kept()[0].Payload, &got); err != nil || got["blob"] != blob {
 		t.Fatalf("payload of %d bytes came back as %d bytes (err %v)", len(payload), len(sink.kept()[0].Payload), err)
@@ -261,8 +262,8 @@ func TestPartitionedOutboxTable(t *testing.T) {
 	sink := newSink(t, db.Pool)
 	sink.keep = true
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	exec(t, db.Pool, `INSERT INTO part_outbox (id, event_type, payload, created_at) VALUES
 		(gen_random_uuid(), 'old', '{}', '2020-01-01'), (gen_random_uuid(), 'new', '{}', now())`)
-	waitFor(t, 20*time.Second, "events from both partitions", func() bool { return len(sink.kept()) == 2 })
+	testkit.WaitFor(t, 20*time.Second, "events from both partitions", func() bool { return len(sink.kept()) == 2 })
 }

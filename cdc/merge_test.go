@@ -9,6 +9,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // Small transactions that queue up while the sink is busy reach it merged,
@@ -39,7 +40,7 @@ func TestSmallTransactionsMergeWhileTheSinkIsBusy(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // let the stream decode the backlog
 	close(gate)
-	waitFor(t, 30*time.Second, "all 201 events", func() bool { return countHandled(t, db.Pool) == len(want) })
+	testkit.WaitFor(t, 30*time.Second, "all 201 events", func() bool { return countHandled(t, db.Pool) == len(want) })
 	assertExactlyOnce(t, db.Pool, want)
 
 	merged, maxTx := 0, 0

@@ -3,6 +3,7 @@ package cdc_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // emitSQL emits a transactional message in tx and returns its LSN.
@@ -68,7 +70,7 @@ func TestMessagesAreEventsOfTheirTransaction(t *testing.T) {
 		return errors.New("the first handing over fails")
 	})
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	// Rolled back: nothing.
 	tx, err := db.Pool.Begin(ctx)
@@ -128,6 +130,11 @@ func TestMessagesAreEventsOfTheirTransaction(t *testing.T) {
 	tx.Rollback(ctx)
 	last := writeEvents(t, db.Pool, 1, "last")[0]
 	waitHandled(t, db.Pool, "the row after everything", []uuid.UUID{last})
+	// The sink keeps a batch's events once its transaction committed: wait
+	// for the last one there too.
+	testkit.WaitFor(t, 10*time.Second, "the sink to keep the last batch", func() bool {
+		return slices.ContainsFunc(sink.kept(), func(e outbox.Event) bool { return e.ID == last })
+	})
 
 	var evs []outbox.Event
 	for _, e := range sink.kept() {

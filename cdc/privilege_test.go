@@ -72,11 +72,11 @@ func TestLeastPrivilegeRoleStreams(t *testing.T) {
 	sink := newSink(t, db.Pool) // the sink is the correlator's business, with its own grants
 	before := writeEvents(t, db.Pool, 5, "before")
 	r := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "the first-start snapshot", func() bool { return countHandled(t, db.Pool) == 5 })
+	testkit.WaitFor(t, 20*time.Second, "the first-start snapshot", func() bool { return countHandled(t, db.Pool) == 5 })
 	after := writeEvents(t, db.Pool, 5, "after")
-	waitFor(t, 20*time.Second, "streamed events", func() bool { return countHandled(t, db.Pool) == 10 })
+	testkit.WaitFor(t, 20*time.Second, "streamed events", func() bool { return countHandled(t, db.Pool) == 10 })
 	assertExactlyOnce(t, db.Pool, append(before, after...))
-	waitFor(t, 10*time.Second, "a heartbeat", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a heartbeat", func() bool {
 		for _, b := range sink.snapshot() {
 			if b.Heartbeat {
 				return true
@@ -184,7 +184,7 @@ func TestSSLModeIsHonoured(t *testing.T) {
 	cfg, logs := baseConfigLogs(t, db)
 	cfg.DatabaseURL = strings.Replace(db.URL, "sslmode=disable", "sslmode=require", 1)
 	r := startStream(t, cfg, newSink(t, db.Pool))
-	waitFor(t, 20*time.Second, "a refused connection", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "a refused connection", func() bool {
 		l := strings.ToLower(logs.String())
 		return strings.Contains(l, "reconnecting") && (strings.Contains(l, "tls") || strings.Contains(l, "ssl"))
 	})

@@ -23,11 +23,11 @@ func TestReconnectAfterTerminatedBackends(t *testing.T) {
 	reconnects := &countReconnects{}
 	cfg.Metrics = reconnects
 	r := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	prod := startProducer(db.Pool, 5, 10*time.Millisecond)
 	for i := range 4 {
 		time.Sleep(400 * time.Millisecond)
-		waitFor(t, 10*time.Second, "an active walsender", func() bool { _, active := slotState(t, db.Pool, db.Slot); return active })
+		testkit.WaitFor(t, 10*time.Second, "an active walsender", func() bool { _, active := slotState(t, db.Pool, db.Slot); return active })
 		if i == 2 {
 			// Cut the connection that holds the leadership lock.
 			exec(t, db.Pool, `SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND granted`)
@@ -37,7 +37,7 @@ func TestReconnectAfterTerminatedBackends(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	ids := prod.finish(t)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	if _, done := r.wait(0); done {
 		t.Fatal("Run ended on a transient failure")
@@ -64,7 +64,7 @@ func TestReconnectAfterServerCrashRestart(t *testing.T) {
 	reconnects := &countReconnects{}
 	cfg.Metrics = reconnects
 	r := startStream(t, cfg, sink)
-	waitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 30*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	prod := startRetryingProducer(db.Pool)
 	for range 2 {
 		time.Sleep(500 * time.Millisecond)
@@ -77,7 +77,7 @@ func TestReconnectAfterServerCrashRestart(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	ids := prod.finish(t)
-	waitFor(t, 60*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
+	testkit.WaitFor(t, 60*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	if _, done := r.wait(0); done {
 		t.Fatal("Run ended on a server restart")

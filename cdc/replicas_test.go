@@ -21,7 +21,7 @@ func TestReplicasTakeOverUnderLoad(t *testing.T) {
 	leader := func() *running {
 		t.Helper()
 		var found *running
-		waitFor(t, 15*time.Second, "exactly one leader", func() bool {
+		testkit.WaitFor(t, 15*time.Second, "exactly one leader", func() bool {
 			found = nil
 			n := 0
 			for _, s := range streams {
@@ -37,7 +37,7 @@ func TestReplicasTakeOverUnderLoad(t *testing.T) {
 		})
 		return found
 	}
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	prod := startProducer(db.Pool, 4, 5*time.Millisecond)
 	var worst time.Duration
 	for i := range 6 {
@@ -55,11 +55,11 @@ func TestReplicasTakeOverUnderLoad(t *testing.T) {
 				streams[j] = startStream(t, cfg, sink)
 			}
 		}
-		waitFor(t, 20*time.Second, "a new leader to stream", func() bool { return handledCounts(t, db.Pool)[marker] == 1 })
+		testkit.WaitFor(t, 20*time.Second, "a new leader to stream", func() bool { return handledCounts(t, db.Pool)[marker] == 1 })
 		worst = max(worst, time.Since(killed))
 	}
 	ids := prod.finish(t)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) >= len(ids)+6 })
+	testkit.WaitFor(t, 30*time.Second, "every event", func() bool { return countHandled(t, db.Pool) >= len(ids)+6 })
 	assertExactlyOnce(t, db.Pool, ids)
 	t.Logf("%d events, 6 leader changes, slowest takeover %s", len(ids), worst.Round(time.Millisecond))
 	if worst > 10*time.Second {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // insertAged commits n outbox rows whose created_at lies age in the past.
@@ -61,11 +62,11 @@ func TestRetentionDeletesOnlyHandledRows(t *testing.T) {
 	cfg.RetentionInterval = 100 * time.Millisecond
 	cfg.RetentionBatchSize = 7
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	old := insertAged(t, db, 20, "old", 2*time.Hour)
 	young := writeEvents(t, db.Pool, 5, "young")
-	waitFor(t, 20*time.Second, "old handled rows deleted", func() bool { return stillInOutbox(t, db, old) == 0 })
+	testkit.WaitFor(t, 20*time.Second, "old handled rows deleted", func() bool { return stillInOutbox(t, db, old) == 0 })
 	// The young rows commit in a transaction of their own, which can reach
 	// the sink after the old rows are already deleted.
 	waitHandled(t, db.Pool, "the young rows handled", young)
@@ -79,7 +80,7 @@ func TestRetentionDeletesOnlyHandledRows(t *testing.T) {
 		t.Fatalf("retention deleted %d rows the sink had not handled", 3-n)
 	}
 	close(release)
-	waitFor(t, 20*time.Second, "the held rows, handled, deleted", func() bool { return stillInOutbox(t, db, unhandled) == 0 })
+	testkit.WaitFor(t, 20*time.Second, "the held rows, handled, deleted", func() bool { return stillInOutbox(t, db, unhandled) == 0 })
 	if n := stillInOutbox(t, db, young); n != len(young) {
 		t.Fatalf("retention deleted %d rows younger than the retention", len(young)-n)
 	}

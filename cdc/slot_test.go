@@ -21,12 +21,12 @@ func TestDroppedSlotIsFatalAndNotRecreated(t *testing.T) {
 	cfg := baseConfig(t, db)
 	r := startStream(t, cfg, sink)
 	ids := writeEvents(t, db.Pool, 3, "before")
-	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == len(ids) })
+	testkit.WaitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == len(ids) })
 	ctx := context.Background()
 
 	// The relay reconnects at once, so terminate its walsender and drop
 	// until the drop wins.
-	waitFor(t, 20*time.Second, "the slot to be dropped", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the slot to be dropped", func() bool {
 		db.Pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, db.Slot)
 		_, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
 		return err == nil
@@ -60,12 +60,12 @@ func TestDroppedSlotIsFatalAndNotRecreated(t *testing.T) {
 	// are re-read, so the events committed while the slot was gone arrive.
 	cfg.RecreateSlot = true
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "events committed while the slot was gone", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "events committed while the slot was gone", func() bool {
 		got := handledCounts(t, db.Pool)
 		return got[lost[0]] >= 1 && got[lost[1]] >= 1
 	})
 	after := writeEvents(t, db.Pool, 2, "after")
-	waitFor(t, 20*time.Second, "events after re-creation", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "events after re-creation", func() bool {
 		got := handledCounts(t, db.Pool)
 		return got[after[0]] == 1 && got[after[1]] == 1
 	})
@@ -83,7 +83,7 @@ func TestInvalidatedSlotIsFatal(t *testing.T) {
 	cfg := baseConfig(t, db)
 	r := startStream(t, cfg, sink)
 	ids := writeEvents(t, db.Pool, 3, "before")
-	waitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == len(ids) })
+	testkit.WaitFor(t, 20*time.Second, "events", func() bool { return countHandled(t, db.Pool) == len(ids) })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestInvalidatedSlotIsFatal(t *testing.T) {
 		db.Pool.Exec(ctx, `SELECT pg_reload_conf()`)
 	})
 	exec(t, db.Pool, `CREATE TABLE filler (pad text)`)
-	waitFor(t, 60*time.Second, "wal_status 'lost'", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "wal_status 'lost'", func() bool {
 		exec(t, db.Pool, `INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
 		exec(t, db.Pool, `SELECT pg_switch_wal()`)
 		exec(t, db.Pool, `CHECKPOINT`)

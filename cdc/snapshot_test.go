@@ -9,6 +9,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // First start: 1,000 rows committed before the relay ever ran, and a
@@ -26,11 +27,11 @@ func TestFirstStartHandlesRowsWrittenBeforeTheSlot(t *testing.T) {
 	prod := startProducer(db.Pool, 2, 2*time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
 	startStream(t, baseConfig(t, db), sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	time.Sleep(500 * time.Millisecond)
 	during := prod.finish(t)
 	all := append(append([]uuid.UUID(nil), before...), during...)
-	waitFor(t, 30*time.Second, "every row", func() bool { return countHandled(t, db.Pool) >= len(all) })
+	testkit.WaitFor(t, 30*time.Second, "every row", func() bool { return countHandled(t, db.Pool) >= len(all) })
 	assertExactlyOnce(t, db.Pool, all)
 
 	var viaSnapshot, viaStream int
@@ -64,7 +65,7 @@ func TestSetupThenFirstRunMissesNothing(t *testing.T) {
 	between := writeEvents(t, db.Pool, 30, "between")
 	sink := newSink(t, db.Pool)
 	startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "the table read", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "the table read", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	after := writeEvents(t, db.Pool, 10, "after")
 	all := append(append(append([]uuid.UUID(nil), older...), between...), after...)
 	waitHandled(t, db.Pool, "every row", all)

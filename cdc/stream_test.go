@@ -10,6 +10,7 @@ import (
 
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestCommittedTransactionIsDeliveredRolledBackIsNot(t *testing.T) {
@@ -20,7 +21,7 @@ func TestCommittedTransactionIsDeliveredRolledBackIsNot(t *testing.T) {
 	ctx := context.Background()
 
 	// The stream has taken its snapshot and streams once a checkpoint exists.
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 
 	rolledBack := uuid.New()
 	tx, err := db.Pool.Begin(ctx)
@@ -48,7 +49,7 @@ func TestCommittedTransactionIsDeliveredRolledBackIsNot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the committed event", func() bool { return handledCounts(t, db.Pool)[committed] == 1 })
+	testkit.WaitFor(t, 20*time.Second, "the committed event", func() bool { return handledCounts(t, db.Pool)[committed] == 1 })
 	got := handledCounts(t, db.Pool)
 	if _, ok := got[rolledBack]; ok {
 		t.Fatalf("the rolled-back event was delivered")

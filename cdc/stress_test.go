@@ -8,6 +8,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // countingMetrics records what the stream reports.
@@ -52,7 +53,7 @@ func TestStartStopStress(t *testing.T) {
 	m := &countingMetrics{}
 	cfg.Metrics = m
 	first := startStream(t, cfg, sink)
-	waitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
+	testkit.WaitFor(t, 20*time.Second, "first checkpoint", func() bool { return checkpointLSN(t, db.Pool, db.Slot) != 0 })
 	first.stop(t)
 	prod := startProducer(db.Pool, 3, 3*time.Millisecond)
 	const cycles = 15
@@ -67,11 +68,11 @@ func TestStartStopStress(t *testing.T) {
 	}
 	ids := prod.finish(t)
 	startStream(t, cfg, sink)
-	waitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "every event", func() bool { return countHandledOf(t, db.Pool, ids) == len(ids) })
 	assertExactlyOnce(t, db.Pool, ids)
 	// The stream reports a batch after the sink committed it: the last
 	// batch's report may come a moment after its rows are visible.
-	waitFor(t, 10*time.Second, "the last batch's report", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the last batch's report", func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return m.events >= len(ids)

@@ -30,6 +30,7 @@ var dbDown = func() time.Duration {
 // failure, then once a minute with a count), logs its recovery, and goes on
 // without a restart.
 func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
+	testkit.SkipShort(t, "keeps the database down for 10 s")
 	t.Parallel()
 	ctx := context.Background()
 	c, url := haltableDB(t, "dbdown")
@@ -53,8 +54,8 @@ func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
 		return n
 	}
 	writeOrder(t, pool, "before")
-	waitUntil(t, 30*time.Second, "the first saga's steps", func() bool { return steps() == 2 })
-	waitUntil(t, 10*time.Second, "/readyz ready", func() bool { return probe(t, r.Addr()).status == 200 })
+	testkit.WaitFor(t, 30*time.Second, "the first saga's steps", func() bool { return steps() == 2 })
+	testkit.WaitFor(t, 10*time.Second, "/readyz ready", func() bool { return probe(t, r.Addr()).status == 200 })
 
 	// A probe every second, as an orchestrator would.
 	probeCtx, stopProbes := context.WithCancel(ctx)
@@ -139,8 +140,8 @@ func TestDatabaseDownLogsLittleAndRecovers(t *testing.T) {
 
 	// Recovery: logged, ready again, and the stream and the runner go on.
 	writeOrder(t, pool, "after")
-	waitUntil(t, 60*time.Second, "the saga of an event written after the restart", func() bool { return steps() == 4 })
-	waitUntil(t, 30*time.Second, "/readyz ready after the restart", func() bool { return probe(t, r.Addr()).status == 200 })
+	testkit.WaitFor(t, 60*time.Second, "the saga of an event written after the restart", func() bool { return steps() == 4 })
+	testkit.WaitFor(t, 30*time.Second, "/readyz ready after the restart", func() bool { return probe(t, r.Addr()).status == 200 })
 	after := logs.between(resumed, time.Now())
 	if withMsg(after, "stream recovered") != 1 {
 		t.Errorf("the stream's recovery is not logged once; lines since the restart: %v", after)

@@ -16,6 +16,7 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/relay"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // haltableDB starts a cluster of the test's own (the test stops and starts
@@ -91,6 +92,7 @@ func cdcLines(lines []map[string]any, prefix string) int {
 // database outage: the stream logs its recovery, once, when it streams
 // again, not at the next batch, which may be hours away.
 func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
+	testkit.SkipShort(t, "stops and restarts a cluster of its own")
 	t.Parallel()
 	ctx := context.Background()
 	began := time.Now()
@@ -108,7 +110,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 		StatusInterval: 200 * time.Millisecond, HeartbeatInterval: time.Hour,
 		HTTPAddr: "127.0.0.1:0", Logger: logs.logger(),
 	})
-	waitUntil(t, 30*time.Second, "the stream to stream", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the stream to stream", func() bool {
 		return cdcLines(logs.between(began, time.Now()), "streaming") > 0
 	})
 	outboxRows := func() int {
@@ -124,7 +126,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 	if err := c.Halt(true); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 30*time.Second, "the stream to log the outage", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the stream to log the outage", func() bool {
 		return cdcLines(logs.between(halted, time.Now()), "replication session ended; reconnecting") > 0
 	})
 	resuming := time.Now()
@@ -137,7 +139,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 	resumed := time.Now()
 	// The reconnect waits for the backoff (at most 15 s) and the server's
 	// start-up: a generous deadline, polled.
-	waitUntil(t, 45*time.Second, "the stream to log its recovery with no new outbox row", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "the stream to log its recovery with no new outbox row", func() bool {
 		return cdcLines(logs.between(resuming, time.Now()), "stream recovered") > 0
 	})
 	t.Logf("recovery logged %s after PostgreSQL accepted connections again", time.Since(resumed).Round(time.Millisecond))
@@ -155,6 +157,7 @@ func TestStreamLogsRecoveryWhenItReconnects(t *testing.T) {
 // and the reasons /readyz gives, and nothing of the database's error nor
 // the URL's password.
 func TestPageDuringDatabaseOutage(t *testing.T) {
+	testkit.SkipShort(t, "stops and restarts a cluster of its own")
 	t.Parallel()
 	ctx := context.Background()
 	c, dsn := haltableDB(t, "pagedown")
@@ -208,7 +211,7 @@ func TestPageDuringDatabaseOutage(t *testing.T) {
 	// Once the stream's own reason is there (after StallAfter), the page
 	// must carry it as /readyz does.
 	var ready readiness
-	waitUntil(t, 30*time.Second, "/readyz to give the database's and the stream's reasons", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "/readyz to give the database's and the stream's reasons", func() bool {
 		ready = probe(t, r.Addr())
 		return ready.status == http.StatusServiceUnavailable && len(ready.reasons) >= 2
 	})
@@ -242,7 +245,7 @@ func TestPageDuringDatabaseOutage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start PostgreSQL again: %v", err)
 	}
-	waitUntil(t, 45*time.Second, "the page to answer 200 again", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "the page to answer 200 again", func() bool {
 		st, _ := get("/")
 		return st == http.StatusOK
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // floodSagas: tenant A's flood goes through a step limited to 20 starts a
@@ -64,6 +65,7 @@ func writeTenantTriggers(t *testing.T, db *pgtest.DB, tenant uuid.UUID, eventTyp
 // workers. A worker that waited for its turn instead kept both workers
 // waiting, and B's saga took as long as A's backlog.
 func TestRateTurnHoldsNoWorker(t *testing.T) {
+	testkit.SkipShort(t, "floods a rated step with 300 rows")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := t.Context()

@@ -20,6 +20,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // logLines collects a relay's JSON log lines.
@@ -163,22 +164,12 @@ func writeOrder(t *testing.T, pool *pgxpool.Pool, id string) {
 	}
 }
 
-func waitUntil(t *testing.T, limit time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // Revoking a privilege the stream needs (writing its checkpoint) while the
 // relay runs turns /readyz unready within --stall-after, with the reason;
 // granting it back makes it ready again without a restart, and every event
 // written meanwhile starts its saga exactly once.
 func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
+	testkit.SkipShort(t, "waits out --stall-after twice")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := t.Context()
@@ -199,7 +190,7 @@ func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
 		return got == 2*n
 	}
 	writeOrder(t, db.Pool, "o-0")
-	waitUntil(t, 30*time.Second, "the first saga's two steps", func() bool { return stepsDone(1) })
+	testkit.WaitFor(t, 30*time.Second, "the first saga's two steps", func() bool { return stepsDone(1) })
 	if rd := probe(t, r.Addr()); rd.status != 200 || rd.state != "ok" {
 		t.Fatalf("/readyz before the revoke: %d %s", rd.status, rd.body)
 	}
@@ -210,7 +201,7 @@ func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
 		writeOrder(t, db.Pool, fmt.Sprintf("o-%d", i))
 	}
 	var rd readiness
-	waitUntil(t, 20*time.Second, "/readyz unready after the revoke", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "/readyz unready after the revoke", func() bool {
 		rd = probe(t, r.Addr())
 		return rd.status == http.StatusServiceUnavailable
 	})
@@ -246,9 +237,9 @@ func TestReadyzUnreadyWhileAPrivilegeIsRevoked(t *testing.T) {
 
 	mustExec(t, db.Pool, `GRANT INSERT, UPDATE ON relay_checkpoints TO `+role)
 	granted := time.Now()
-	waitUntil(t, 40*time.Second, "/readyz ready again after the grant", func() bool { return probe(t, r.Addr()).status == 200 })
+	testkit.WaitFor(t, 40*time.Second, "/readyz ready again after the grant", func() bool { return probe(t, r.Addr()).status == 200 })
 	t.Logf("ready %s after the grant", time.Since(granted).Round(10*time.Millisecond))
-	waitUntil(t, 30*time.Second, "every saga's steps", func() bool { return stepsDone(11) })
+	testkit.WaitFor(t, 30*time.Second, "every saga's steps", func() bool { return stepsDone(11) })
 	var sagas, orders int
 	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM saga_instances WHERE saga_name = 'order'),
 		(SELECT count(DISTINCT order_id) FROM relay_test_steps)`).Scan(&sagas, &orders); err != nil {

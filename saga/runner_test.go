@@ -15,6 +15,7 @@ import (
 
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestRunnerHappyPath(t *testing.T) {
@@ -503,6 +504,7 @@ func TestRunnerOutboxRowsExistExactlyWhenTheirStepCommitted(t *testing.T) {
 }
 
 func TestRunnerTwoProcessesThousandSagasEffectsOnce(t *testing.T) {
+	testkit.SkipShort(t, "runs a thousand sagas in two runners")
 	t.Parallel()
 	r := newRig(t)
 	def := typedDef("bulk", effectStep("a"), effectStep("b"), effectStep("c"))

@@ -1,5 +1,7 @@
 package saga
 
+import "slices"
+
 // Status is where a saga instance stands. The values are the saga_status enum.
 type Status string
 
@@ -23,14 +25,11 @@ func (s Status) Terminal() bool {
 	return false
 }
 
+// Statuses lists every status, in the order an instance meets them.
+var Statuses = []Status{StatusRunning, StatusCompensating, StatusFailed, StatusCompleted, StatusCompensated, StatusTimedOut}
+
 // Valid reports whether s is one of the known statuses.
-func (s Status) Valid() bool {
-	switch s {
-	case StatusRunning, StatusCompleted, StatusCompensating, StatusCompensated, StatusFailed, StatusTimedOut:
-		return true
-	}
-	return false
-}
+func (s Status) Valid() bool { return slices.Contains(Statuses, s) }
 
 // StepStatus is where one step of an instance stands: the saga_step_status enum.
 type StepStatus string

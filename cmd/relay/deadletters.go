@@ -8,14 +8,13 @@ import (
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
 	"github.com/compensa/compensa/outbox"
 )
-
-func init() { registerCommand(newDeadLettersCmd) }
 
 func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 	cmd := &cobra.Command{
@@ -35,19 +34,11 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			pool, err := openPool(ctx, opts, 2)
+			corr, pool, err := openCorrelator(ctx, opts)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			reg, err := registryFor(ctx, pool)
-			if err != nil {
-				return err
-			}
-			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
-			if err != nil {
-				return err
-			}
 			items, err := corr.ListDeadLetters(ctx, !all, limit)
 			if err != nil {
 				return err
@@ -97,19 +88,11 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 				return usageError("dead letter id %q is not a positive number (see `relay deadletters list`)", args[0])
 			}
 			ctx := cmd.Context()
-			pool, err := openPool(ctx, opts, 2)
+			corr, pool, err := openCorrelator(ctx, opts)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			reg, err := registryFor(ctx, pool)
-			if err != nil {
-				return err
-			}
-			corr, err := correlator.New(pool, &correlator.Config{Registry: reg})
-			if err != nil {
-				return err
-			}
 			var d correlator.DeadLetter
 			if fromOutbox {
 				table, terr := outbox.ParseTableName(opts.OutboxTable)
@@ -139,4 +122,23 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 	retry.Flags().BoolVar(&fromOutbox, "from-outbox", false, "re-drive the event's current outbox row (when it still exists) instead of the stored copy")
 	cmd.AddCommand(list, retry)
 	return cmd
+}
+
+// openCorrelator opens a small pool and a correlator with the sagas this
+// binary knows there, for the commands that read or re-drive dead letters.
+// The caller closes the pool.
+func openCorrelator(ctx context.Context, opts *rootOptions) (*correlator.Correlator, *pgxpool.Pool, error) {
+	pool, err := openPool(ctx, opts, 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg, err := registryFor(ctx, pool)
+	if err == nil {
+		var corr *correlator.Correlator
+		if corr, err = correlator.New(pool, &correlator.Config{Registry: reg}); err == nil {
+			return corr, pool, nil
+		}
+	}
+	pool.Close()
+	return nil, nil, err
 }

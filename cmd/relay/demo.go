@@ -24,8 +24,6 @@ import (
 	"github.com/compensa/compensa/relay"
 )
 
-func init() { registerCommand(newDemoCmd) }
-
 // demoTenant owns the demo's briefs, so that they are easy to find in the
 // monitor next to other data of an external server.
 var demoTenant = uuid.MustParse("d3e0d3e0-0000-4000-8000-00000000de70")

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -92,6 +93,7 @@ type k8sContainer struct {
 	} `yaml:"ports"`
 	LivenessProbe  *k8sProbe `yaml:"livenessProbe"`
 	ReadinessProbe *k8sProbe `yaml:"readinessProbe"`
+	StartupProbe   *k8sProbe `yaml:"startupProbe"`
 	Resources      struct {
 		Requests map[string]string `yaml:"requests"`
 		Limits   map[string]string `yaml:"limits"`
@@ -328,6 +330,10 @@ func TestKubernetesManifestsMatchTheBinary(t *testing.T) {
 			// database outage or a stalled stream.
 			if c.ReadinessProbe != nil {
 				t.Errorf("%s: a readinessProbe on the relay sidecar gates the application's readiness on the relay; give it only a livenessProbe (its health reaches people through alerts)", rc.where)
+			}
+			// A container is not ready before its startup probe passes.
+			if c.StartupProbe != nil {
+				t.Errorf("%s: a startupProbe on the relay sidecar holds the application's readiness until the relay starts; give it only a livenessProbe", rc.where)
 			}
 		} else {
 			probes = append(probes, struct {
@@ -1043,5 +1049,83 @@ func TestKubernetesManifestsLimitWhatReachesTheRelay(t *testing.T) {
 	}
 	if metricsServices != 1 {
 		t.Errorf("%d Services carry the metrics port, want one of its own", metricsServices)
+	}
+}
+
+// TestImageNamesTheRelease: `make image` tags the image as a release
+// publishes it (compensa/relay:X.Y.Z from the git tag vX.Y.Z, never
+// :latest), and the Helm chart deploys by default the release the raw
+// manifests name.
+func TestImageNamesTheRelease(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	cmd := exec.Command("make", "--no-print-directory", "-n", "image", "VERSION=v1.2.3", "COMMIT=0123456789abcdef")
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n image: %v\n%s", err, out)
+	}
+	words := shellWords(strings.TrimSpace(string(out)))
+	i := slices.Index(words, "-t")
+	if i < 0 || i+1 >= len(words) || words[i+1] != relayImage+":1.2.3" {
+		t.Errorf("make image VERSION=v1.2.3 runs %q: want -t %s:1.2.3", out, relayImage)
+	}
+	if strings.Contains(string(out), ":latest") {
+		t.Errorf("make image tags :latest: %s", out)
+	}
+
+	b, err := os.ReadFile("../../deploy/helm/compensa/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		AppVersion string `yaml:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &chart); err != nil {
+		t.Fatal(err)
+	}
+	if !releaseTag.MatchString(chart.AppVersion) {
+		t.Errorf("deploy/helm/compensa/Chart.yaml: appVersion %q is not a release's version X.Y.Z", chart.AppVersion)
+	}
+	for _, rc := range relayContainers(t, manifests(t)) {
+		if rc.c.Image != relayImage+":"+chart.AppVersion {
+			t.Errorf("%s: image %s, but the chart deploys %s:%s: a release names one version in both", rc.where, rc.c.Image, relayImage, chart.AppVersion)
+		}
+	}
+}
+
+// TestDeploymentGuideKeepsUp: docs/deployment.md, linked from the README,
+// names every top-level value of the Helm chart, and its relative links
+// reach files of the repository.
+func TestDeploymentGuideKeepsUp(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/deployment.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "(docs/deployment.md)") {
+		t.Error("README.md does not link docs/deployment.md")
+	}
+	b, err := os.ReadFile("../../deploy/helm/compensa/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		if !regexp.MustCompile("`" + regexp.QuoteMeta(k) + "[`.]").Match(doc) {
+			t.Errorf("docs/deployment.md does not describe the chart's value %s", k)
+		}
+	}
+	for _, m := range regexp.MustCompile(`\]\((\.\./[^)#]+)`).FindAllSubmatch(doc, -1) {
+		if _, err := os.Stat(filepath.Join("../../docs", string(m[1]))); err != nil {
+			t.Errorf("docs/deployment.md links %s: %v", m[1], err)
+		}
 	}
 }

@@ -16,8 +16,6 @@ import (
 	"github.com/compensa/compensa/outbox"
 )
 
-func init() { registerCommand(newLagCmd) }
-
 // newLagCmd is `relay lag`: the slot's replication lag, read with read-only
 // queries, so that it works from another shell while the relay runs.
 func newLagCmd(opts *rootOptions) *cobra.Command {

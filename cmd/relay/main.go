@@ -96,23 +96,19 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	// The command tree, each command in a file of its own.
 	root.AddCommand(
 		newVersionCmd(),
 		newMigrateCmd(opts),
+		newRunCmd(opts),
+		newLagCmd(opts),
+		newSagasCmd(opts),
+		newSinksCmd(opts),
+		newDeadLettersCmd(opts),
+		newDemoCmd(opts),
 	)
-	for _, extra := range extraCommands {
-		root.AddCommand(extra(opts))
-	}
 	harden(root, opts)
 	return root
-}
-
-// extraCommands lets each command live in its own file (run.go, lag.go, ...)
-// and register itself from an init function.
-var extraCommands []func(*rootOptions) *cobra.Command
-
-func registerCommand(f func(*rootOptions) *cobra.Command) {
-	extraCommands = append(extraCommands, f)
 }
 
 func newVersionCmd() *cobra.Command {

@@ -19,8 +19,6 @@ import (
 	"github.com/compensa/compensa/saga/declare"
 )
 
-func init() { registerCommand(newRunCmd) }
-
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
 		cfg          relay.Config

@@ -21,8 +21,6 @@ import (
 	"github.com/compensa/compensa/saga/pgjournal"
 )
 
-func init() { registerCommand(newSagasCmd) }
-
 // newSagasCmd is `relay sagas`: the operator's commands, run against the
 // database directly (no relay needs to be running) through saga/admin, the
 // same code behind the HTTP API.

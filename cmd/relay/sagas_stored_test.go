@@ -17,6 +17,7 @@ import (
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/declare"
 	"github.com/compensa/compensa/saga/pgjournal"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestSagasCLIKnowsStoredDefinitions: a declared saga pinned by some relay
@@ -26,6 +27,7 @@ import (
 // An instance of a version neither in the binary nor stored is still
 // reported as unregistered.
 func TestSagasCLIKnowsStoredDefinitions(t *testing.T) {
+	testkit.SkipShort(t, "runs the CLI against stored definitions at length")
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

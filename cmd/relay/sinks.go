@@ -15,8 +15,6 @@ import (
 	"github.com/compensa/compensa/sink/dial"
 )
 
-func init() { registerCommand(newSinksCmd) }
-
 // newSinksCmd is `relay sinks`: check a sinks file, and see and re-drive
 // each sink's deliveries (against the database; no relay needs to run).
 func newSinksCmd(opts *rootOptions) *cobra.Command {

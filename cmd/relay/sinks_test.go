@@ -23,7 +23,7 @@ func runCLI(args ...string) (int, string) {
 func TestSinksValidate(t *testing.T) {
 	code, stderr := runCLI("sinks", "validate", "../../sink/testdata/sinks.yaml")
 	if code != 0 {
-		t.Fatalf("the issue's example: exit %d, %s", code, stderr)
+		t.Fatalf("the example sinks file: exit %d, %s", code, stderr)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("sinks:\n  - name: x\n    webhok: {url: 'http://a'}\n  - name: y\n    nats: {url: 'nats://h:1'}\n"), 0o600)

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/saga"
 )
 
 // The CLI is strict because scripts call it: a mistyped command, a stray
@@ -301,10 +302,19 @@ func (v *checkedValue) Set(s string) error {
 	return v.Value.Set(s)
 }
 
-// enumFlags are flags that take one of a few words.
+// enumFlags are flags that take one of a few words, from the packages that
+// own them.
 var enumFlags = map[string][]string{
 	"log-level": {"debug", "info", "warn", "error"},
-	"status":    {"RUNNING", "COMPENSATING", "FAILED", "COMPLETED", "COMPENSATED", "TIMED_OUT"},
+	"status":    statusNames(),
+}
+
+func statusNames() []string {
+	names := make([]string, len(saga.Statuses))
+	for i, st := range saga.Statuses {
+		names[i] = string(st)
+	}
+	return names
 }
 
 // stringChecks check free-text flags that still have a form.

@@ -192,7 +192,7 @@ func TestEveryCommandRefusesBadInputWithExit2(t *testing.T) {
 	t.Logf("%d commands, %d bad flag values refused", len(cmds), checked)
 }
 
-func TestTheIssuesExamples(t *testing.T) {
+func TestCommonMistakesExitTwo(t *testing.T) {
 	clearRelayEnv(t)
 	cases := []struct {
 		args []string

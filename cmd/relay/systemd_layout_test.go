@@ -266,3 +266,37 @@ func lookupIDs(t *testing.T, name string) (uid, gid uint32) {
 	}
 	return uint32(a), uint32(b)
 }
+
+// TestSystemdUnitVerifies runs deploy/systemd/relay.service through
+// systemd's own parser (systemd-analyze verify), with ExecStart pointed at
+// an executable that exists here: an unknown or misspelt key, a bad value
+// or a wrong section is a warning there and a failure here.
+func TestSystemdUnitVerifies(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed")
+	}
+	unit, err := os.ReadFile("../../deploy/systemd/relay.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := unitValues(t, "../../deploy/systemd/relay.service")
+	exe := shellWords(u["ExecStart"])[0]
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(unit), "ExecStart="+exe) {
+		t.Fatalf("ExecStart=%s: not found as written", u["ExecStart"])
+	}
+	path := filepath.Join(t.TempDir(), "relay.service")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(string(unit), "ExecStart="+exe, "ExecStart="+self)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, analyze, "verify", path).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("systemd-analyze verify relay.service: %v\n%s", err, out)
+	}
+}

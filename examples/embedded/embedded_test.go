@@ -69,7 +69,7 @@ func TestEmbeddedShopFulfilsAndCompensates(t *testing.T) {
 	})
 	base := "http://" + addr
 	http.DefaultClient.Timeout = 10 * time.Second
-	waitUntil(t, 60*time.Second, "the shop to serve the relay's /healthz", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the shop to serve the relay's /healthz", func() bool {
 		resp, err := http.Get(base + "/relay/healthz")
 		if err != nil {
 			return false
@@ -106,7 +106,7 @@ func TestEmbeddedShopFulfilsAndCompensates(t *testing.T) {
 	}
 	tea := place(`{"sku": "tea", "quantity": 2, "total_cents": 1200}`)
 	coffee := place(`{"sku": "coffee", "quantity": 1, "total_cents": 50000}`)
-	waitUntil(t, 60*time.Second, "the tea order to be confirmed and the coffee order cancelled", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the tea order to be confirmed and the coffee order cancelled", func() bool {
 		return status(tea) == "confirmed" && status(coffee) == "cancelled"
 	})
 
@@ -150,16 +150,6 @@ func TestEmbeddedShopFulfilsAndCompensates(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatalf("the shop did not stop within 40s of SIGTERM\n%s", logs.String())
 	}
-}
-
-func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out after %s waiting for %s", limit, what)
 }
 
 func grepLines(s, substr string) string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -300,6 +301,7 @@ func TestDetachSourcesWaitsForTheMarkerToGo(t *testing.T) {
 }
 
 func TestScoreBrief(t *testing.T) {
+	testkit.SkipShort(t, "scores the whole corpus")
 	t.Parallel()
 	b := setupTx(t)
 	id := b.enriching(t, "Healthier farm soil", "How much do cover crops and no-till planting raise soil organic carbon?")

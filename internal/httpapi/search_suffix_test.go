@@ -6,12 +6,15 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestSearchByTheEndOfAnID: the API and the page find an instance by the
 // last characters of its id (the 12 the list shows, or 8 or more), and say
 // to give more when those characters end several ids.
 func TestSearchByTheEndOfAnID(t *testing.T) {
+	testkit.SkipShort(t, "searches thousands of instances")
 	t.Parallel()
 	b := setup(t, options{})
 	ids := []uuid.UUID{

@@ -1,4 +1,4 @@
--- Sinks (issue 15): deliveries to brokers and webhooks that could not be made
+-- Sinks: deliveries to brokers and webhooks that could not be made
 -- at once, and each sink's state. Forward-only: never edit, add a new file.
 
 -- relay_sink_parked holds events a sink has not acknowledged yet. A row is

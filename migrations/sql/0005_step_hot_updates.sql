@@ -1,4 +1,4 @@
--- Issue 16: a saga step's update of its instance row is a HOT update.
+-- A saga step's update of its instance row is a HOT update.
 --
 -- A step that completes changes none of saga_instances' indexed columns
 -- (the runner keeps next_attempt_at of an instance that is already due, and

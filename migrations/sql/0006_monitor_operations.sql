@@ -1,4 +1,4 @@
--- 0006: what the monitor's operations need (issue 17): search by the ids an
+-- 0006: what the monitor's operations need: search by the ids an
 -- operator holds, and an overview that stays fast with millions of
 -- instances.
 

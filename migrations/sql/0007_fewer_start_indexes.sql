@@ -1,4 +1,4 @@
--- 0007: fewer index entries per saga start (issue 16, correlate_ratio).
+-- 0007: fewer index entries per saga start (the correlator's insert cost).
 --
 -- Every instance the correlator starts wrote a heap row and nine index
 -- entries; the start's INSERT is most of a batch's cost. Three of those

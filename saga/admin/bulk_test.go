@@ -12,6 +12,7 @@ import (
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // failingOrder is a saga whose last step fails for good and whose charge
@@ -107,6 +108,7 @@ func (l *live) fingerprint(t *testing.T) string {
 // with instances retried one by one); a further identical call finds
 // nothing; the runner then compensates each from where it stood.
 func TestBulkRetryOf5000FailedInstances(t *testing.T) {
+	testkit.SkipShort(t, "retries 5,000 instances")
 	t.Parallel()
 	const n = 5000
 	var refundDown atomic.Bool

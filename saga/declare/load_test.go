@@ -131,7 +131,7 @@ func TestLoadDirDuplicateVersion(t *testing.T) {
 	}
 }
 
-// TestLoadExample loads the example and checks what it compiled to.
+// TestLoadExample loads the README's example and checks what it compiled to.
 func TestLoadExample(t *testing.T) {
 	t.Parallel()
 	sagas, err := LoadDir("testdata/valid", Options{})

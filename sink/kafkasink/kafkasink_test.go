@@ -18,6 +18,7 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/sinktest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -90,6 +91,7 @@ func TestConformance(t *testing.T) {
 // a resend of what failed (what the fan-out does from the parked table)
 // delivers every event, first arrivals in commit order per aggregate.
 func TestInjectedProduceFaults(t *testing.T) {
+	testkit.SkipShort(t, "injects produce faults into a fake Kafka cluster")
 	c := cluster(t)
 	s, err := kafkasink.New(kafkasink.Config{Brokers: c.ListenAddrs(), Topic: sink.MustTemplate("outbox.event.{aggregate_type}"), Timeout: 3 * time.Second})
 	if err != nil {

@@ -12,9 +12,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/compensa/compensa/sink"
-	"github.com/compensa/compensa/sink/internal/natstest"
 	"github.com/compensa/compensa/sink/natssink"
 	"github.com/compensa/compensa/sink/sinktest"
+	"github.com/compensa/compensa/test/natstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -13,6 +13,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 const shippingSaga = `saga: shipping
@@ -111,7 +112,7 @@ func TestDeclaredCommandStep(t *testing.T) {
 	okEvent, silentEvent := uuid.New(), uuid.New()
 	emitEvent(t, db, outbox.Message{ID: okEvent, EventType: "parcel.ready", AggregateType: "parcel", AggregateID: "p-ok", Payload: map[string]any{"parcel": "p-ok"}})
 	emitEvent(t, db, outbox.Message{ID: silentEvent, EventType: "parcel.ready", AggregateType: "parcel", AggregateID: "p-silent", Payload: map[string]any{"parcel": "p-silent"}})
-	waitFor(t, 60*time.Second, "both parcels' sagas to end", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "both parcels' sagas to end", func() bool {
 		return statusOf(t, db, okEvent) == "COMPLETED" && statusOf(t, db, silentEvent) == "COMPENSATED"
 	})
 	var payload string
@@ -135,7 +136,7 @@ func TestDeclaredCommandStep(t *testing.T) {
 	late := uuid.New()
 	emitEvent(t, db, outbox.Message{ID: late, EventType: "shipping.done", CorrelationID: silent[0],
 		Payload: map[string]any{"ok": true, "tracking": "T-late"}})
-	waitFor(t, 30*time.Second, "the late reply to be recorded", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the late reply to be recorded", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_inbox WHERE event_id = $1 AND outcome = 'late'`, late) == 1
 	})
 	if st := statusOf(t, db, silentEvent); st != "COMPENSATED" {
@@ -170,7 +171,7 @@ func TestDeclaredVersionPinning(t *testing.T) {
 	first := uuid.New()
 	emitEvent(t, db, outbox.Message{ID: first, EventType: "pin.start", Payload: map[string]any{"n": 1}})
 
-	waitFor(t, 30*time.Second, "version 1's command", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "version 1's command", func() bool {
 
 		return count(t, db, `SELECT count(*) FROM outbox WHERE event_type = 'pin.cmd'`) == 1
 	})
@@ -186,7 +187,7 @@ func TestDeclaredVersionPinning(t *testing.T) {
 	emitEvent(t, db, outbox.Message{EventType: "pin.reply", CorrelationID: cmd, Payload: map[string]any{"ok": true}})
 	second := uuid.New()
 	emitEvent(t, db, outbox.Message{ID: second, EventType: "pin.start", Payload: map[string]any{"n": 2}})
-	waitFor(t, 30*time.Second, "the first instance to complete", func() bool { return statusOf(t, db, first) == "COMPLETED" })
+	testkit.WaitFor(t, 30*time.Second, "the first instance to complete", func() bool { return statusOf(t, db, first) == "COMPLETED" })
 	var version int
 	var done json.RawMessage
 	if err := db.Pool.QueryRow(context.Background(), `SELECT saga_version FROM saga_instances WHERE trigger_event_id = $1`, first).Scan(&version); err != nil {
@@ -198,7 +199,7 @@ func TestDeclaredVersionPinning(t *testing.T) {
 	if version != 1 || !strings.Contains(string(done), `"version": 1`) {
 		t.Fatalf("the first instance ran on version %d and emitted %s; want version 1 throughout", version, done)
 	}
-	waitFor(t, 30*time.Second, "the second trigger to start an instance", func() bool { return statusOf(t, db, second) != "" })
+	testkit.WaitFor(t, 30*time.Second, "the second trigger to start an instance", func() bool { return statusOf(t, db, second) != "" })
 	if err := db.Pool.QueryRow(context.Background(), `SELECT saga_version FROM saga_instances WHERE trigger_event_id = $1`, second).Scan(&version); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 const perAccountSaga = `saga: per_account
@@ -58,11 +59,11 @@ func TestDeclaredConcurrencySurvivesKill(t *testing.T) {
 	completed := func() int {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'per_account' AND status = 'COMPLETED'`)
 	}
-	waitFor(t, time.Minute, "a quarter of the instances to complete", func() bool { return completed() >= n/4 })
+	testkit.WaitFor(t, time.Minute, "a quarter of the instances to complete", func() bool { return completed() >= n/4 })
 	p1.Kill()
 	t.Logf("killed one relay with %d of %d instances completed", completed(), n)
 	p3 := relaytest.Start(t, nil, args...)
-	waitFor(t, 3*time.Minute, "every instance to complete", func() bool { return completed() == n })
+	testkit.WaitFor(t, 3*time.Minute, "every instance to complete", func() bool { return completed() == n })
 	p2.Stop(30 * time.Second)
 	p3.Stop(30 * time.Second)
 
@@ -138,7 +139,7 @@ steps:
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the wait to be journaled", func() bool {
+	testkit.WaitFor(t, time.Minute, "the wait to be journaled", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_events WHERE kind = 'step_waiting'`) == 1
 	})
 	p1.Kill()
@@ -150,7 +151,7 @@ steps:
 		t.Fatalf("the kill came %s before the wait's end: not during the wait", time.Until(until))
 	}
 	p2 := relaytest.Start(t, nil, args...)
-	waitFor(t, time.Minute, "the saga to complete", func() bool {
+	testkit.WaitFor(t, time.Minute, "the saga to complete", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`) == 1
 	})
 	p2.Stop(30 * time.Second)

@@ -62,7 +62,7 @@ func TestDeclaredOrdersSurviveKills(t *testing.T) {
 			p = relaytest.Start(t, env, args...)
 		}
 	}
-	waitFor(t, 3*time.Minute, "every order's saga to end", func() bool {
+	testkit.WaitFor(t, 3*time.Minute, "every order's saga to end", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE status IN ('COMPLETED', 'COMPENSATED')`) == len(orders)
 	})
 	p.Stop(30 * time.Second)

@@ -12,6 +12,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 const reloadV1 = `saga: hup
@@ -42,26 +43,26 @@ func TestDeclaredReloadOnSIGHUP(t *testing.T) {
 		return ev
 	}
 	first := start()
-	waitFor(t, 30*time.Second, "version 1 to complete", func() bool { return versionOf(first) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "version 1 to complete", func() bool { return versionOf(first) == 1 })
 
 	writeSaga(t, dir, "hup.yaml", strings.Replace(reloadV1, "version: 1", "version: 2\ncolour: red", 1), "")
 	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the refused reload in the log", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the refused reload in the log", func() bool {
 		return strings.Contains(p.Output(), `hup.yaml:3:1: unknown key \"colour\" in the file`) &&
 			strings.Contains(p.Output(), "the previous set keeps running")
 	})
 	second := start()
-	waitFor(t, 30*time.Second, "version 1 to go on running", func() bool { return versionOf(second) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "version 1 to go on running", func() bool { return versionOf(second) == 1 })
 
 	writeSaga(t, dir, "hup.yaml", strings.Replace(reloadV1, "version: 1", "version: 2", 1), "")
 	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the reload in the log", func() bool { return strings.Contains(p.Output(), "saga reload done") })
+	testkit.WaitFor(t, 30*time.Second, "the reload in the log", func() bool { return strings.Contains(p.Output(), "saga reload done") })
 	third := start()
-	waitFor(t, 30*time.Second, "version 2 to start on new triggers", func() bool { return versionOf(third) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "version 2 to start on new triggers", func() bool { return versionOf(third) == 2 })
 	p.Stop(30 * time.Second)
 }
 

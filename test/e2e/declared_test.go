@@ -19,6 +19,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // plantedSecret must never leave the HTTP request it authorises.
@@ -29,7 +30,7 @@ CREATE TABLE orders (id uuid PRIMARY KEY, status text NOT NULL DEFAULT 'PLACED',
 CREATE TABLE stock (sku text PRIMARY KEY, on_hand integer NOT NULL, reserved integer NOT NULL DEFAULT 0);
 INSERT INTO stock (sku, on_hand) VALUES ('apple', 1000), ('pear', 1000);`
 
-// orderSaga is the issue's example without the shipping step.
+// orderSaga is the orders example without the shipping step.
 const orderSaga = `# yaml-language-server: $schema=saga.schema.json
 saga: order_fulfilment
 version: 1
@@ -261,7 +262,7 @@ func TestDeclaredOrderSaga(t *testing.T) {
 		orders = append(orders, o)
 		placeOrder(t, db, o)
 	}
-	waitFor(t, 60*time.Second, "every order's saga to end", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every order's saga to end", func() bool {
 		for _, o := range orders {
 			if st := statusOf(t, db, o.event); st != "COMPLETED" && st != "COMPENSATED" {
 				return false

@@ -18,6 +18,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // egressSecret authorises the calls of the sagas below; it must reach no
@@ -151,7 +152,7 @@ func emit(t *testing.T, db *pgtest.DB, eventType string, payload map[string]any)
 
 func endOf(t *testing.T, db *pgtest.DB, event uuid.UUID) (status, lastError string) {
 	t.Helper()
-	waitFor(t, 60*time.Second, "the saga of "+event.String()+" to end", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the saga of "+event.String()+" to end", func() bool {
 		st := statusOf(t, db, event)
 		return st == "COMPLETED" || st == "FAILED" || st == "COMPENSATED"
 	})

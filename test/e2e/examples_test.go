@@ -10,6 +10,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // An application that happens to have the example tables gets no example
@@ -23,7 +24,7 @@ func TestRunRegistersTheExampleSagaOnlyWhenAsked(t *testing.T) {
 	p := relaytest.Start(t, nil, relayArgs(db, "--with-examples=false")...)
 	trigger := createBrief(t, db, "no example saga", true)
 	ignored := regexp.MustCompile(`(?m)^compensa_events_total\{[^}]*outcome="ignored"[^}]*\} [1-9]`)
-	waitFor(t, 30*time.Second, "the trigger streamed and counted as ignored", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the trigger streamed and counted as ignored", func() bool {
 		resp, err := http.Get("http://" + p.Addr + "/metrics")
 		if err != nil {
 			return false
@@ -42,7 +43,7 @@ func TestRunRegistersTheExampleSagaOnlyWhenAsked(t *testing.T) {
 
 	p = relaytest.Start(t, nil, relayArgs(db, "--with-examples")...)
 	second := createBrief(t, db, "example saga asked for", true)
-	waitFor(t, 30*time.Second, "the example saga started with --with-examples", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the example saga started with --with-examples", func() bool {
 		return instancesFor(t, db, second) == 1
 	})
 	p.Stop(30 * time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A deployment migrates with --create-slot, the application writes before the
@@ -54,7 +55,7 @@ func TestRowsWrittenBeforeTheFirstRunAreHandled(t *testing.T) {
 	}()
 	p := relaytest.Start(t, nil, relayArgs(db)...)
 	wg.Wait()
-	waitFor(t, 60*time.Second, "500 sagas", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "500 sagas", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances`) == 500
 	})
 	if n := count(t, db, `SELECT count(*) FROM saga_instances i JOIN outbox o ON o.id = i.trigger_event_id

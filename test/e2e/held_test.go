@@ -15,6 +15,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // bookingSaga is a saga NAME on EVENT whose first step books a row, undone
@@ -123,7 +124,7 @@ CREATE TABLE notes (id uuid PRIMARY KEY, amount integer NOT NULL CHECK (amount >
 
 	// The step's own answer compensates, at once: the 503 after two
 	// attempts.
-	waitFor(t, 60*time.Second, "the 503 saga to compensate", func() bool { return statusOf(t, db, fiveHundreds) == "COMPENSATED" })
+	testkit.WaitFor(t, 60*time.Second, "the 503 saga to compensate", func() bool { return statusOf(t, db, fiveHundreds) == "COMPENSATED" })
 
 	// Held: many attempts past max_attempts 2, nothing compensated.
 	failedAttempts := func(ev uuid.UUID) int {
@@ -131,7 +132,7 @@ CREATE TABLE notes (id uuid PRIMARY KEY, amount integer NOT NULL CHECK (amount >
 			WHERE i.trigger_event_id = $1 AND e.kind = 'step_failed'`, ev)
 	}
 	held := append(append(append([]uuid.UUID{}, notes...), calls...), checkViolation)
-	waitFor(t, 60*time.Second, "five failed attempts of every held instance", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "five failed attempts of every held instance", func() bool {
 		for _, ev := range held {
 			if failedAttempts(ev) < 5 {
 				return false
@@ -161,7 +162,7 @@ CREATE TABLE notes (id uuid PRIMARY KEY, amount integer NOT NULL CHECK (amount >
 			LastError   string `json:"last_error"`
 		} `json:"items"`
 	}
-	waitFor(t, 30*time.Second, "the held instances in `relay sagas list --stuck`", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the held instances in `relay sagas list --stuck`", func() bool {
 		out, code := relaytest.Run(t, nil, "sagas", "list", "--stuck", "--json", "--hold-after", "1s", "--database-url", db.URL)
 		if code != 0 {
 			t.Fatalf("relay sagas list --stuck: code %d\n%s", code, out)
@@ -198,7 +199,7 @@ CREATE TABLE notes (id uuid PRIMARY KEY, amount integer NOT NULL CHECK (amount >
 	srv := &http.Server{Handler: participant}
 	go srv.Serve(ln)
 	defer srv.Close()
-	waitFor(t, 90*time.Second, "the held instances to finish", func() bool {
+	testkit.WaitFor(t, 90*time.Second, "the held instances to finish", func() bool {
 		for _, ev := range append(append([]uuid.UUID{}, notes...), calls...) {
 			if statusOf(t, db, ev) != "COMPLETED" {
 				return false

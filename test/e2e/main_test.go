@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -69,19 +68,6 @@ func count(t *testing.T, db *pgtest.DB, sql string, args ...any) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
-}
-
-// waitFor polls cond until it holds or limit passes.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", limit, what)
 }
 
 func instancesFor(t *testing.T, db *pgtest.DB, event uuid.UUID) int {

@@ -22,6 +22,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // briefHook is a webhook endpoint that records, per brief, the ids
@@ -101,7 +102,7 @@ func TestMessagesSurviveTwoKills(t *testing.T) {
 	// A message lives in the WAL only: one committed before the relay's
 	// slot first existed is not there to read (an outbox row would be, in
 	// the slot's snapshot).
-	waitFor(t, 60*time.Second, "the first checkpoint", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the first checkpoint", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1`, db.Slot) == 1
 	})
 
@@ -180,9 +181,9 @@ func TestMessagesSurviveTwoKills(t *testing.T) {
 	}
 	before := 0
 	for k, at := range []int{total / 3, 2 * total / 3} {
-		waitFor(t, 60*time.Second, fmt.Sprintf("%d transactions before kill %d", at, k+1), func() bool { return int(produced.Load()) >= at })
+		testkit.WaitFor(t, 60*time.Second, fmt.Sprintf("%d transactions before kill %d", at, k+1), func() bool { return int(produced.Load()) >= at })
 		// Each relay streams before it is killed.
-		waitFor(t, 60*time.Second, fmt.Sprintf("relay %d to start sagas", k+1), func() bool { return sagas() > before })
+		testkit.WaitFor(t, 60*time.Second, fmt.Sprintf("relay %d to start sagas", k+1), func() bool { return sagas() > before })
 		before = sagas()
 		p.Kill()
 		t.Logf("kill %d after %d transactions and %d sagas, %s in", k+1, produced.Load(), before, time.Since(began).Round(time.Millisecond))
@@ -198,11 +199,11 @@ func TestMessagesSurviveTwoKills(t *testing.T) {
 			t.Logf("instances %d, dead letters:\n%s\nrelay:\n%s", count(t, db, `SELECT count(*) FROM saga_instances`), dl, p.Output())
 		}
 	})
-	waitFor(t, 120*time.Second, "every committed event to start its saga", func() bool {
+	testkit.WaitFor(t, 120*time.Second, "every committed event to start its saga", func() bool {
 		return count(t, db, `SELECT count(DISTINCT trigger_event_id) FROM saga_instances WHERE saga_name = 'brief_enrichment'`) >= committed
 	})
-	waitFor(t, 120*time.Second, "every committed event at the webhook", func() bool { return len(hook.snapshot()) >= committed })
-	waitFor(t, 60*time.Second, "three dead letters", func() bool { return count(t, db, `SELECT count(*) FROM relay_dead_letters`) >= 3 })
+	testkit.WaitFor(t, 120*time.Second, "every committed event at the webhook", func() bool { return len(hook.snapshot()) >= committed })
+	testkit.WaitFor(t, 60*time.Second, "three dead letters", func() bool { return count(t, db, `SELECT count(*) FROM relay_dead_letters`) >= 3 })
 	t.Logf("all %d events started and delivered after %s", committed, time.Since(began).Round(time.Millisecond))
 	time.Sleep(time.Second) // a duplicate start or delivery would show by now
 	p.Stop(30 * time.Second)

@@ -13,6 +13,7 @@ import (
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // plainSQLInsert is the statement README.md's producer section shows first:
@@ -63,7 +64,7 @@ func TestPlainSQLOutboxRowsWithoutAnIDStartTheirSagas(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		briefs = append(briefs, writeBriefPlainSQL(t, db.Pool, fmt.Sprintf("plain SQL %d", i)))
 	}
-	waitFor(t, 60*time.Second, "5 sagas started by plain-SQL rows", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "5 sagas started by plain-SQL rows", func() bool {
 		return sagasForBriefs(t, db, briefs) == 5
 	})
 	p.Stop(30 * time.Second)
@@ -153,7 +154,7 @@ func TestMigration0002OnADatabaseOfThePreviousRelease(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		briefs = append(briefs, writeBriefPlainSQL(t, pool, fmt.Sprintf("after the upgrade %d", i)))
 	}
-	waitFor(t, 60*time.Second, "3 sagas started by plain-SQL rows after the upgrade", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "3 sagas started by plain-SQL rows after the upgrade", func() bool {
 		return sagasForBriefs(t, db, briefs) == 3
 	})
 	p.Stop(30 * time.Second)

@@ -18,6 +18,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestOrdersExampleRefundsATimedOutCharge runs the orders example's saga
@@ -70,7 +71,7 @@ func TestOrdersExampleRefundsATimedOutCharge(t *testing.T) {
 		json.NewDecoder(resp.Body).Decode(&s)
 		return s
 	}
-	waitFor(t, 20*time.Second, "the payment service", func() bool { return stats() != nil })
+	testkit.WaitFor(t, 20*time.Second, "the payment service", func() bool { return stats() != nil })
 
 	// The example's saga as shipped, on the service's port, with short
 	// timeouts and retries; and the same saga with the refund written by
@@ -131,7 +132,7 @@ func TestOrdersExampleRefundsATimedOutCharge(t *testing.T) {
 		st := statusOf(t, db, ev)
 		return st == "COMPENSATED" || st == "FAILED" || st == "COMPLETED"
 	}
-	waitFor(t, 90*time.Second, "both sagas to end", func() bool { return ended(event) && ended(legacy) })
+	testkit.WaitFor(t, 90*time.Second, "both sagas to end", func() bool { return ended(event) && ended(legacy) })
 
 	if st := statusOf(t, db, event); st != "COMPENSATED" {
 		t.Errorf("the example's timed-out charge: %s, want COMPENSATED\n%s", st, p.Output())

@@ -21,12 +21,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // grantedRole creates a LOGIN role with nothing else (no REPLICATION, no
@@ -126,20 +127,7 @@ func (s *switchable) count() int {
 }
 
 // startNATS runs an embedded nats-server with JetStream for the test.
-func startNATS(t *testing.T) string {
-	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server did not start")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
-}
+func startNATS(t *testing.T) string { return natstest.Start(t).URL() }
 
 // outageLength is how long the webhook stays down: a few seconds in a normal
 // run, COMPENSA_GRANT_OUTAGE (e.g. 30s) for the long one.
@@ -246,8 +234,8 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	}
 	outageStart := time.Now()
 	done := placeOrders(5)
-	waitFor(t, 60*time.Second, "5 orders completed while the webhook is down", func() bool { return statuses(done, "COMPLETED") })
-	waitFor(t, 30*time.Second, "the 10 events (placed, confirmed) parked for the webhook", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "5 orders completed while the webhook is down", func() bool { return statuses(done, "COMPLETED") })
+	testkit.WaitFor(t, 30*time.Second, "the 10 events (placed, confirmed) parked for the webhook", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'hook'`).Scan(&n)
 		return n == 10
@@ -261,7 +249,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the 10 events in the NATS stream", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the 10 events in the NATS stream", func() bool {
 		s, err := js.Stream(ctx, "OUTBOX")
 		if err != nil {
 			return false
@@ -276,7 +264,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 		time.Sleep(rest)
 	}
 	hook.down.Store(false)
-	waitFor(t, 60*time.Second, "the parked events delivered once the webhook is back", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the parked events delivered once the webhook is back", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&n)
 		return n == 0 && hook.count() == 10
@@ -287,7 +275,7 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	//    token compensates them.
 	pay.down.Store(true)
 	failed := placeOrders(3)
-	waitFor(t, 60*time.Second, "3 instances FAILED while the payment service is down", func() bool { return statuses(failed, "FAILED") })
+	testkit.WaitFor(t, 60*time.Second, "3 instances FAILED while the payment service is down", func() bool { return statuses(failed, "FAILED") })
 	pay.down.Store(false)
 	body, _ := json.Marshal(map[string]any{"filter": map[string]any{"saga": "grant_check", "status": "FAILED"},
 		"reason": "payments are back", "dry_run": false})
@@ -306,13 +294,13 @@ INSERT INTO stock (sku) VALUES ('apple');`); err != nil {
 	if err := json.Unmarshal(answer, &bulk); resp.StatusCode != 200 || err != nil || bulk.Outcomes["retried"] != 3 {
 		t.Fatalf("bulk retry: %d %s", resp.StatusCode, answer)
 	}
-	waitFor(t, 60*time.Second, "the 3 retried instances compensated", func() bool { return statuses(failed, "COMPENSATED") })
+	testkit.WaitFor(t, 60*time.Second, "the 3 retried instances compensated", func() bool { return statuses(failed, "COMPENSATED") })
 	var reserved int
 	db.Pool.QueryRow(ctx, `SELECT reserved FROM stock WHERE sku = 'apple'`).Scan(&reserved)
 	if reserved != 5 {
 		t.Fatalf("stock reserved = %d; want the 5 completed orders' only", reserved)
 	}
-	waitFor(t, 30*time.Second, "every event of the run delivered to the webhook", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every event of the run delivered to the webhook", func() bool {
 		var n int
 		db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
 		return hook.count() == n

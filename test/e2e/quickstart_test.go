@@ -23,6 +23,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 type readmeBlock struct{ lang, body string }
@@ -232,18 +233,18 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 		VALUES ($1, 'order', '42', 'order.placed', '{"total": 10}')`, uuid.New()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, `compensa_events_total{outcome="ignored"} to count the event no saga listens to`, func() bool {
+	testkit.WaitFor(t, 30*time.Second, `compensa_events_total{outcome="ignored"} to count the event no saga listens to`, func() bool {
 		return metricValue(t, p.Addr, `compensa_events_total{outcome="ignored"}`) >= 1
 	})
 	// The webhook is down: the relay's role parks the event (a row and its
 	// sequence), then delivers it once the webhook is back.
-	waitFor(t, 30*time.Second, "the event parked while the webhook answers 503", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the event parked while the webhook answers 503", func() bool {
 		var n int
 		super.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'events'`).Scan(&n)
 		return n == 1
 	})
 	hook.up.Store(true)
-	waitFor(t, 60*time.Second, "the parked event delivered once the webhook is back", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the parked event delivered once the webhook is back", func() bool {
 		var n int
 		super.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&n)
 		return n == 0 && hook.delivered.Load() >= 1

@@ -21,6 +21,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // writeMsgs commits msgs in one transaction.
@@ -124,7 +125,7 @@ func TestSinksReplay(t *testing.T) {
 	writeMsgs(t, db.Pool, outbox.Message{ID: other, AggregateType: "invoice", AggregateID: "i-1", EventType: "replay.event", Payload: map[string]int{}})
 	time.Sleep(50 * time.Millisecond)
 	until := time.Now()
-	waitFor(t, 3*time.Minute, "the live delivery of the window", func() bool {
+	testkit.WaitFor(t, 3*time.Minute, "the live delivery of the window", func() bool {
 		_, n := rec.snapshot()
 		for _, id := range rows {
 			if n[id] == 0 {
@@ -196,7 +197,7 @@ func TestSinksReplay(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "sink hook: 10000 rows found, 10000 delivered") {
 		t.Fatalf("replay: exit %d\n%s", code, out)
 	}
-	waitFor(t, time.Minute, "the live events", func() bool {
+	testkit.WaitFor(t, time.Minute, "the live events", func() bool {
 		_, n := rec.snapshot()
 		for _, id := range live {
 			if n[id] == 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestResyncKilledMidwayResumes: with --on-slot-lost=resync, a relay SIGKILLed
@@ -29,11 +30,11 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 	p := relaytest.Start(t, nil, args...)
 	t.Logf("first relay serving after %s", time.Since(began).Round(time.Millisecond))
 	first := createBrief(t, db, "before the slot is lost", true)
-	waitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, first) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, first) == 1 })
 	p.Stop(30 * time.Second)
 
 	// The walsender of the stopped relay may linger a moment.
-	waitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
 		_, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
 		return err == nil
 	})
@@ -65,7 +66,7 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 	}
 
 	p = relaytest.Start(t, nil, args...)
-	waitFor(t, 45*time.Second, "every row of the window to start its saga", func() bool {
+	testkit.WaitFor(t, 45*time.Second, "every row of the window to start its saga", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = ANY($1)`, window) >= len(window)
 	})
 	t.Logf("the window's sagas started after %s", time.Since(began).Round(time.Millisecond))
@@ -74,7 +75,7 @@ func TestResyncKilledMidwayResumes(t *testing.T) {
 			t.Errorf("trigger %s started %d sagas, want 1", ev, n)
 		}
 	}
-	waitFor(t, 10*time.Second, "the resync marker to be cleared", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the resync marker to be cleared", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1 AND resync_checkpoint IS NOT NULL`, db.Slot) == 0
 	})
 	if !strings.Contains(p.Output(), "resuming a resync that did not finish") {

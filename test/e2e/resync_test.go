@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestResyncAfterSlotLost: with --on-slot-lost=resync, the slot is dropped
@@ -32,20 +33,12 @@ func TestResyncAfterSlotLost(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := context.Background()
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	ns := natstest.Start(t)
 	file := filepath.Join(t.TempDir(), "sinks.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
   - name: bus
     nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 2s }
-`, ns.ClientURL())), 0o600)
+`, ns.URL())), 0o600)
 	p := relaytest.Start(t, nil, relayArgs(db, "--sinks", file, "--on-slot-lost", "resync", "--resync-margin", "1m")...)
 
 	var written atomic.Int64
@@ -71,7 +64,7 @@ func TestResyncAfterSlotLost(t *testing.T) {
 		}()
 	}
 	time.Sleep(2 * time.Second)
-	waitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
 		db.Pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, db.Slot)
 		_, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
 		return err == nil
@@ -86,7 +79,7 @@ func TestResyncAfterSlotLost(t *testing.T) {
 	}
 
 	triggers := count(t, db, `SELECT count(*) FROM outbox WHERE event_type = 'research_brief.created'`)
-	waitFor(t, 3*time.Minute, "every trigger row to have its saga", func() bool {
+	testkit.WaitFor(t, 3*time.Minute, "every trigger row to have its saga", func() bool {
 		return count(t, db, `SELECT count(*) FROM outbox o WHERE o.event_type = 'research_brief.created'
 			AND NOT EXISTS (SELECT 1 FROM saga_instances i WHERE i.trigger_event_id = o.id)`) == 0
 	})
@@ -105,8 +98,8 @@ func TestResyncAfterSlotLost(t *testing.T) {
 	}
 	rows.Close()
 	var got map[string]int
-	waitFor(t, 3*time.Minute, "every outbox row in the NATS stream", func() bool {
-		got = streamIDs(ns.ClientURL())
+	testkit.WaitFor(t, 3*time.Minute, "every outbox row in the NATS stream", func() bool {
+		got = streamIDs(ns.URL())
 		for _, id := range ids {
 			if got[id] == 0 {
 				return false
@@ -122,7 +115,7 @@ func TestResyncAfterSlotLost(t *testing.T) {
 		t.Errorf("the slot was not re-created")
 	}
 	resyncs := regexp.MustCompile(`(?m)^compensa_slot_resyncs_total 1$`)
-	waitFor(t, 10*time.Second, "compensa_slot_resyncs_total 1", func() bool { return resyncs.MatchString(metrics(t, p.Addr)) })
+	testkit.WaitFor(t, 10*time.Second, "compensa_slot_resyncs_total 1", func() bool { return resyncs.MatchString(metrics(t, p.Addr)) })
 	deliveries := 0
 	for _, c := range got {
 		deliveries += c
@@ -136,7 +129,7 @@ func TestResyncAfterSlotLost(t *testing.T) {
 		late = append(late, createBrief(t, db, "written while no relay and no slot", true))
 	}
 	p = relaytest.Start(t, nil, relayArgs(db, "--sinks", file, "--on-slot-lost", "resync", "--resync-margin", "1m")...)
-	waitFor(t, time.Minute, "the sagas of the rows written while the slot was gone", func() bool {
+	testkit.WaitFor(t, time.Minute, "the sagas of the rows written while the slot was gone", func() bool {
 		for _, ev := range late {
 			if instancesFor(t, db, ev) != 1 {
 				return false

@@ -20,6 +20,7 @@ import (
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // parcelSaga waits for a reply between two steps, so that a finished
@@ -369,10 +370,10 @@ func TestRetentionUnderLoad(t *testing.T) {
 	}
 
 	triggers := 3 + int(written.Load())
-	waitFor(t, 2*time.Minute, "every trigger to have its instance", func() bool {
+	testkit.WaitFor(t, 2*time.Minute, "every trigger to have its instance", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances`) >= triggers
 	})
-	waitFor(t, 2*time.Minute, "the FAILED brief and every finished instance's tombstone", func() bool {
+	testkit.WaitFor(t, 2*time.Minute, "the FAILED brief and every finished instance's tombstone", func() bool {
 		return statusOf(t, db, failed) == "FAILED" &&
 			count(t, db, `SELECT count(*) FROM saga_instances WHERE status NOT IN ('COMPLETED', 'COMPENSATED', 'FAILED', 'RUNNING')
 				OR (status IN ('COMPLETED', 'COMPENSATED') AND history_deleted_at IS NULL)
@@ -514,7 +515,7 @@ func TestResyncAfterHistoryDeletedStartsNothingTwice(t *testing.T) {
 		}
 	}
 	triggers := briefs + parcels
-	waitFor(t, 2*time.Minute, "every instance to finish and become a tombstone", func() bool {
+	testkit.WaitFor(t, 2*time.Minute, "every instance to finish and become a tombstone", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE history_deleted_at IS NOT NULL AND status IN ('COMPLETED', 'COMPENSATED')`) == triggers
 	})
 	ship.Stop()
@@ -535,7 +536,7 @@ func TestResyncAfterHistoryDeletedStartsNothingTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "the trigger written after the resync to start its saga", func() bool { return instancesFor(t, db, marker) == 1 })
+	testkit.WaitFor(t, 2*time.Minute, "the trigger written after the resync to start its saga", func() bool { return instancesFor(t, db, marker) == 1 })
 	out := p.Output()
 	m := regexp.MustCompile(`msg="snapshot handed over"[^\n]* rows=(\d+)`).FindStringSubmatch(out)
 	if m == nil {
@@ -617,7 +618,7 @@ steps:
 		t.Fatalf("first start: %d %+v, want 202 created", code, first)
 	}
 	var inst uuid.UUID
-	waitFor(t, time.Minute, "the instance to finish and become a tombstone", func() bool {
+	testkit.WaitFor(t, time.Minute, "the instance to finish and become a tombstone", func() bool {
 		err := db.Pool.QueryRow(ctx, `SELECT id FROM saga_instances WHERE trigger_event_id = $1 AND status = 'COMPLETED' AND history_deleted_at IS NOT NULL`, first.EventID).Scan(&inst)
 		return err == nil
 	})
@@ -642,7 +643,7 @@ steps:
 	if code != http.StatusAccepted {
 		t.Fatalf("a new key: %d, want 202", code)
 	}
-	waitFor(t, time.Minute, "the new key's instance", func() bool { return instancesFor(t, db, other.EventID) == 1 })
+	testkit.WaitFor(t, time.Minute, "the new key's instance", func() bool { return instancesFor(t, db, other.EventID) == 1 })
 	if n := instancesFor(t, db, first.EventID); n != 1 {
 		t.Fatalf("%d instances for one idempotency key after its history was deleted, want 1", n)
 	}
@@ -691,14 +692,14 @@ func TestRetentionFootprint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 3*time.Minute, fmt.Sprintf("%d sagas to complete", n), func() bool {
+	testkit.WaitFor(t, 3*time.Minute, fmt.Sprintf("%d sagas to complete", n), func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`) == n
 	})
 	p.Stop(30 * time.Second)
 	kept := size()
 
 	p = relaytest.Start(t, nil, relayArgs(db, "--saga-retention", "1s")...)
-	waitFor(t, 2*time.Minute, "every instance to become a tombstone", func() bool {
+	testkit.WaitFor(t, 2*time.Minute, "every instance to become a tombstone", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE history_deleted_at IS NOT NULL`) == n
 	})
 	p.Stop(30 * time.Second)

@@ -15,6 +15,7 @@ import (
 	"github.com/compensa/compensa/internal/briefs"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // statementTracer counts statements per connection use, batches included.
@@ -124,7 +125,7 @@ func TestHundredThousandStreamedTriggers(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	waitFor(t, 30*time.Second, "the stream's first checkpoint", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the stream's first checkpoint", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1`, db.Slot) == 1
 	})
 
@@ -136,7 +137,7 @@ func TestHundredThousandStreamedTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 	const total = single + perTx*txs
-	waitFor(t, 4*time.Minute, "100,000 instances", func() bool {
+	testkit.WaitFor(t, 4*time.Minute, "100,000 instances", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances`) >= total
 	})
 	took := time.Since(began)

@@ -16,6 +16,7 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster/pgdocker"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 func TestCommittedTriggerStartsSagaRolledBackDoesNot(t *testing.T) {
@@ -27,7 +28,7 @@ func TestCommittedTriggerStartsSagaRolledBackDoesNot(t *testing.T) {
 	// The stream is in commit order: once a later commit is handled, the
 	// rolled-back event would have been too.
 	marker := createBrief(t, db, "Marker brief", true)
-	waitFor(t, 30*time.Second, "both committed briefs to start sagas", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "both committed briefs to start sagas", func() bool {
 		return instancesFor(t, db, committed) == 1 && instancesFor(t, db, marker) == 1
 	})
 	if n := instancesFor(t, db, rolledBack); n != 0 {
@@ -53,7 +54,7 @@ func TestEventsCommittedWhileStoppedAreHandledOnce(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		events = append(events, createBrief(t, db, fmt.Sprintf("before %d", i), true))
 	}
-	waitFor(t, 30*time.Second, "the first 20 sagas", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the first 20 sagas", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances`) == 20
 	})
 	p.Stop(30 * time.Second)
@@ -61,7 +62,7 @@ func TestEventsCommittedWhileStoppedAreHandledOnce(t *testing.T) {
 		events = append(events, createBrief(t, db, fmt.Sprintf("while down %d", i), true))
 	}
 	p = relaytest.Start(t, nil, relayArgs(db)...)
-	waitFor(t, 30*time.Second, "all 70 sagas", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "all 70 sagas", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances`) == len(events)
 	})
 	for _, e := range events {
@@ -108,10 +109,10 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 	// Warm up: the slot exists and has acknowledged everything so far.
 	p := relaytest.Start(t, nil, relayArgs(db)...)
 	warm := createBrief(t, db, "warm-up", true)
-	waitFor(t, 90*time.Second, "warm-up saga", func() bool { return instancesFor(t, db, warm) == 1 })
+	testkit.WaitFor(t, 90*time.Second, "warm-up saga", func() bool { return instancesFor(t, db, warm) == 1 })
 	// Let the warm-up saga finish and its emitted outbox rows be streamed and
 	// acknowledged, so that the next batch with events is the crash victim's.
-	waitFor(t, 90*time.Second, "warm-up saga to complete", func() bool {
+	testkit.WaitFor(t, 90*time.Second, "warm-up saga to complete", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE trigger_event_id = $1 AND status = 'COMPLETED'`, warm) == 1
 	})
 	var walNow string
@@ -119,7 +120,7 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 		t.Fatal(err)
 	}
 	target, _ := pglogrepl.ParseLSN(walNow)
-	waitFor(t, 90*time.Second, "the slot to acknowledge the warm-up", func() bool { return slotFlushed(t, db) >= target })
+	testkit.WaitFor(t, 90*time.Second, "the slot to acknowledge the warm-up", func() bool { return slotFlushed(t, db) >= target })
 	p.Stop(30 * time.Second)
 
 	// The failpoint SIGKILLs the relay right after the correlator commits
@@ -147,17 +148,17 @@ func TestKilledBetweenCommitAndAcknowledgementReplaysWithoutDoubling(t *testing.
 	// Restart: PostgreSQL replays the transaction; the relay recognises it.
 	p = relaytest.Start(t, nil, relayArgs(db, "--log-level", "debug")...)
 	after := createBrief(t, db, "after restart", true)
-	waitFor(t, 90*time.Second, "the post-restart saga", func() bool { return instancesFor(t, db, after) == 1 })
+	testkit.WaitFor(t, 90*time.Second, "the post-restart saga", func() bool { return instancesFor(t, db, after) == 1 })
 	if n := instancesFor(t, db, event); n != 1 {
 		t.Fatalf("the replayed event has %d sagas, want 1", n)
 	}
 	if total := count(t, db, `SELECT count(*) FROM saga_instances`); total != 3 {
 		t.Fatalf("instances = %d, want 3", total)
 	}
-	waitFor(t, 60*time.Second, "the replay to be logged as recognised", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the replay to be logged as recognised", func() bool {
 		return strings.Contains(p.Output(), "replayed batch skipped")
 	})
-	waitFor(t, 60*time.Second, "the slot to acknowledge past the checkpoint", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the slot to acknowledge past the checkpoint", func() bool {
 		return slotFlushed(t, db) >= checkpointLSN(t, db)
 	})
 	p.Stop(30 * time.Second)

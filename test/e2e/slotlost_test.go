@@ -8,6 +8,7 @@ import (
 
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A slot dropped under a running relay stops it, at once and non-zero, with a
@@ -18,10 +19,10 @@ func TestDroppedSlotStopsTheRelay(t *testing.T) {
 	ctx := context.Background()
 	p := relaytest.Start(t, nil, relayArgs(db)...)
 	ev := createBrief(t, db, "before the slot is lost", true)
-	waitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, ev) == 1 })
+	testkit.WaitFor(t, 30*time.Second, "the first saga", func() bool { return instancesFor(t, db, ev) == 1 })
 
 	dropped := time.Now()
-	waitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the slot to be dropped", func() bool {
 		db.Pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, db.Slot)
 		_, err := db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, db.Slot)
 		return err == nil

@@ -25,7 +25,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
@@ -33,6 +32,7 @@ import (
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/relaytest"
 	"github.com/compensa/compensa/test/testkit"
 )
@@ -113,7 +113,7 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
   - name: bus
     nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 2s }
-`, ns.ClientURL())), 0o600)
+`, ns.URL())), 0o600)
 	const slot = "relay_failover"
 	p := relaytest.Start(t, nil, "--database-url", url, "--slot", slot, "--publication", "relay_failover_pub",
 		"--status-interval", "200ms", "--heartbeat-interval", "500ms", "--workers", "4", "--sinks", file)
@@ -198,7 +198,7 @@ func testRelayFollowsPromotion(t *testing.T, version int) {
 	prod.stop()
 	t.Logf("producers: %d transactions committed, %d failed (during the failovers)", prod.ok.Load(), prod.failed.Load())
 
-	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, primary, ns.ClientURL(), p)
+	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, primary, ns.URL(), p)
 	// The last primary has no standby: the relay says so when it resumes.
 	lag := lagJSON(t, url, slot)
 	if lag["failover"] != true || lag["failover_ready"] != false {
@@ -454,19 +454,7 @@ func lagJSON(t *testing.T, url, slot string) map[string]any {
 	return m
 }
 
-func startNATS(t *testing.T) *natsserver.Server {
-	t.Helper()
-	s, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
+func startNATS(t *testing.T) *natstest.Server { return natstest.Start(t) }
 
 // natsIDs counts the messages of the OUTBOX stream by dedupe id.
 func natsIDs(t *testing.T, url string) map[string]int {
@@ -695,7 +683,7 @@ func TestPlannedSwitchover(t *testing.T) {
 	os.WriteFile(file, []byte(fmt.Sprintf(`sinks:
   - name: bus
     nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 2s }
-`, ns.ClientURL())), 0o600)
+`, ns.URL())), 0o600)
 	const slot = "relay_switch"
 	p := relaytest.Start(t, nil, "--database-url", url, "--slot", slot, "--publication", "relay_switch_pub",
 		"--status-interval", "200ms", "--heartbeat-interval", "500ms", "--workers", "4", "--sinks", file)
@@ -736,7 +724,7 @@ func TestPlannedSwitchover(t *testing.T) {
 	switchover(cb, ca, "standby_b2")
 	time.Sleep(time.Second)
 	prod.stop()
-	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, a, ns.ClientURL(), p)
+	triggers, rows, deliveries, distinct, doubled := verify(t, ctx, a, ns.URL(), p)
 	p.Stop(60 * time.Second)
 	t.Logf("FIGURES switchover pg17: 2 switchovers; triggers %d; rows %d; NATS deliveries %d (%d again); lost = 0; doubled starts = %d",
 		triggers, rows, deliveries, deliveries-distinct, doubled)

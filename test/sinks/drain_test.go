@@ -17,6 +17,7 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // refusingSink refuses the first event of each aggregate it is handed (and
@@ -82,7 +83,7 @@ func TestDrainerDefersAPageInOneStatement(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); f.Run(runCtx) }()
-	waitFor(t, 20*time.Second, "a drain round", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "a drain round", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE attempts > 0`) == aggs
 	})
 	cancel()
@@ -135,7 +136,7 @@ func TestUnreadableParkedRowHoldsOnlyItsAggregate(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); f.Run(runCtx) }()
 	defer func() { cancel(); wg.Wait() }()
-	waitFor(t, 20*time.Second, "the readable aggregate to drain", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the readable aggregate to drain", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE aggregate_key LIKE '%o-2%'`) == 0
 	})
 	if n := count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE event_id = 'bad-1' AND attempts > 0

@@ -176,7 +176,7 @@ func setupOn(t *testing.T, db *pgtest.DB, timeout time.Duration, maxParked int, 
 		}
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	waitFor(t, 30*time.Second, "the first checkpoint", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the first checkpoint", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1`, db.Slot) == 1
 	})
 	return &bundle{db: db, ep: ep, fanout: f}
@@ -189,17 +189,6 @@ func count(t *testing.T, db *pgtest.DB, q string, args ...any) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // write commits n events over aggs aggregates, one transaction each, and
@@ -262,11 +251,11 @@ func TestSinkDownParksSlotAdvancesThenDrainsInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2*time.Second)
 	up, _ := write(t, b.db, 0, 10, 3)
-	waitFor(t, 30*time.Second, "direct deliveries", func() bool { return len(b.ep.ids()) >= 10 })
+	testkit.WaitFor(t, 30*time.Second, "direct deliveries", func() bool { return len(b.ep.ids()) >= 10 })
 
 	b.ep.status.Store(503)
 	down, lsn := write(t, b.db, 10, 30, 3)
-	waitFor(t, 30*time.Second, "the slot to pass the events written while the sink is down", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the slot to pass the events written while the sink is down", func() bool {
 		return confirmedFlush(t, b.db) >= lsn
 	})
 	// The slot passed them: every one must be delivered or parked now.
@@ -293,7 +282,7 @@ func TestSinkDownParksSlotAdvancesThenDrainsInOrder(t *testing.T) {
 	b.ep.status.Store(0)
 	more, _ := write(t, b.db, 40, 10, 3) // while draining
 	all := append(append(append([]string(nil), up...), down...), more...)
-	waitFor(t, 60*time.Second, "the parked events to drain", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the parked events to drain", func() bool {
 		return count(t, b.db, `SELECT count(*) FROM relay_sink_parked`) == 0 && len(firstSeen(b.ep.ids())) >= len(all)
 	})
 	pos := firstSeen(b.ep.ids())
@@ -342,7 +331,7 @@ func TestSlotHeldWhileDeliveryIsInFlight(t *testing.T) {
 	}
 	b.ep.hanging.Store(false)
 	close(b.ep.hang)
-	waitFor(t, 30*time.Second, "the slot to pass the delivered event", func() bool { return confirmedFlush(t, b.db) >= lsn })
+	testkit.WaitFor(t, 30*time.Second, "the slot to pass the delivered event", func() bool { return confirmedFlush(t, b.db) >= lsn })
 	if got := b.ep.ids(); len(got) != 1 || got[0] != ids[0] {
 		t.Fatalf("delivered %v, want [%s]", got, ids[0])
 	}
@@ -355,8 +344,8 @@ func TestGoneDisablesUntilRetry(t *testing.T) {
 	b := setup(t, 2*time.Second)
 	b.ep.status.Store(410)
 	ids, lsn := write(t, b.db, 0, 5, 2)
-	waitFor(t, 30*time.Second, "the slot to pass", func() bool { return confirmedFlush(t, b.db) >= lsn })
-	waitFor(t, 10*time.Second, "the disabled state", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the slot to pass", func() bool { return confirmedFlush(t, b.db) >= lsn })
+	testkit.WaitFor(t, 10*time.Second, "the disabled state", func() bool {
 		st, _ := sink.List(context.Background(), b.db.Pool)
 		return len(st) == 1 && st[0].State == sink.StateDisabled
 	})
@@ -371,7 +360,7 @@ func TestGoneDisablesUntilRetry(t *testing.T) {
 	if n, err := sink.RequestRetry(context.Background(), b.db.Pool, "hook"); err != nil || n != int64(len(ids)) {
 		t.Fatalf("retry: %d, %v", n, err)
 	}
-	waitFor(t, 30*time.Second, "the drain after retry", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "the drain after retry", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
 	raw, _ := json.Marshal(b.ep.ids())
 	t.Logf("delivered after retry: %s", raw)
 }
@@ -386,7 +375,7 @@ func TestMaxParkedIsBackpressure(t *testing.T) {
 	ids, lsn := write(t, b.db, 0, 20, 2)
 	// The stream merges queued transactions into one batch: a batch that
 	// would pass the cap waits whole, so fewer than 5 may be parked.
-	waitFor(t, 30*time.Second, "parked events", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "parked events", func() bool {
 		return count(t, b.db, `SELECT count(*) FROM relay_sink_parked`) >= 1
 	})
 	time.Sleep(2 * time.Second)
@@ -397,7 +386,7 @@ func TestMaxParkedIsBackpressure(t *testing.T) {
 		t.Fatalf("the slot passed every event (%s >= %s) while the sink was at max_parked", now, lsn)
 	}
 	b.ep.status.Store(0)
-	waitFor(t, 60*time.Second, "every event delivered", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
+	testkit.WaitFor(t, 60*time.Second, "every event delivered", func() bool { return len(firstSeen(b.ep.ids())) == len(ids) })
 	pos := firstSeen(b.ep.ids())
 	last := map[int]int{}
 	for i, id := range ids {
@@ -406,5 +395,5 @@ func TestMaxParkedIsBackpressure(t *testing.T) {
 		}
 		last[i%2] = pos[id]
 	}
-	waitFor(t, 30*time.Second, "the slot to pass every event", func() bool { return confirmedFlush(t, b.db) >= lsn })
+	testkit.WaitFor(t, 30*time.Second, "the slot to pass every event", func() bool { return confirmedFlush(t, b.db) >= lsn })
 }

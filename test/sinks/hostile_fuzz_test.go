@@ -28,6 +28,7 @@ import (
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/natssink"
 	"github.com/compensa/compensa/sink/webhook"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 )
 
@@ -123,16 +124,7 @@ func FuzzHostileRow(f *testing.F) {
 		w.WriteHeader(204)
 	}))
 	f.Cleanup(hook.Close)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: f.TempDir(),
-		MaxPayload: 64 << 10, NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		f.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		f.Fatal("nats-server not ready")
-	}
-	f.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(f, func(o *server.Options) { o.MaxPayload = 64 << 10 })
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
 	if err != nil {
 		f.Fatal(err)
@@ -142,7 +134,7 @@ func FuzzHostileRow(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	bus, err := natssink.New(natssink.Config{URL: ns.ClientURL(), Stream: "OUTBOX", Subject: sink.MustTemplate("outbox.{aggregate_type}.{event_type}"), Timeout: 5 * time.Second})
+	bus, err := natssink.New(natssink.Config{URL: ns.URL(), Stream: "OUTBOX", Subject: sink.MustTemplate("outbox.{aggregate_type}.{event_type}"), Timeout: 5 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -153,7 +145,7 @@ func FuzzHostileRow(f *testing.F) {
 	f.Cleanup(func() { wh.Close(); bus.Close(); kf.Close() })
 	fan, err := sink.NewFanout(ctx, sink.FanoutConfig{Pool: db.Pool, Destinations: []sink.Destination{
 		{Spec: sink.Spec{Name: "hook", Webhook: &sink.WebhookSpec{URL: hook.URL}}, Sink: wh},
-		{Spec: sink.Spec{Name: "bus", NATS: &sink.NATSSpec{URL: ns.ClientURL(), Stream: "OUTBOX"}}, Sink: bus},
+		{Spec: sink.Spec{Name: "bus", NATS: &sink.NATSSpec{URL: ns.URL(), Stream: "OUTBOX"}}, Sink: bus},
 		{Spec: sink.Spec{Name: "kafka", Kafka: &sink.KafkaSpec{Brokers: kc.ListenAddrs()}}, Sink: kf},
 	}})
 	if err != nil {

@@ -28,7 +28,9 @@ import (
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink/webhook"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // brokerLimit is the NATS server's max_payload and the Kafka sink's
@@ -86,22 +88,13 @@ func startHostileRelay(t *testing.T, db *pgtest.DB) *hostileRelay {
 	if _, err := db.Pool.Exec(ctx, hostileTable); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		MaxPayload: brokerLimit, NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, func(o *server.Options) { o.MaxPayload = brokerLimit })
 	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.ClientURL(), kafka: kc.ListenAddrs(), logs: &logCounter{}}
+	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.URL(), kafka: kc.ListenAddrs(), logs: &logCounter{}}
 
 	dir := t.TempDir()
 	sagas := filepath.Join(dir, "sagas")
@@ -141,7 +134,7 @@ steps:
 			t.Error(err)
 		}
 	})
-	waitFor(t, 30*time.Second, "the first checkpoint", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the first checkpoint", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1`, db.Slot) == 1
 	})
 	return h
@@ -312,7 +305,7 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 		insertRaw(t, conn, r.cols)
 	}
 	_, _, hostileEnd := normalEvents(t, db, 0, nil)
-	waitFor(t, 60*time.Second, "the slot to pass the hostile rows while the webhook is down", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the slot to pass the hostile rows while the webhook is down", func() bool {
 		return confirmedFlush(t, db) >= hostileEnd
 	})
 	parked := parkedReasons(t, db)["hook"]
@@ -326,10 +319,10 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 	}
 	h.ep.status.Store(0)
 	ids, aggOf, lsn := normalEvents(t, db, 24, []string{"h-1", "n-1", "n-2"})
-	waitFor(t, 60*time.Second, "the slot to pass the hostile rows and the events after them", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the slot to pass the hostile rows and the events after them", func() bool {
 		return confirmedFlush(t, db) >= lsn
 	})
-	waitFor(t, 60*time.Second, "every normal event to start its saga", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every normal event to start its saga", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'hostile_watch' AND trigger_event_id::text = ANY($1)`, ids) == len(ids)
 	})
 	var got map[string]delivered
@@ -406,7 +399,7 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 				t.Errorf("the trigger started %d sagas, want 1", n)
 			}
 			var where map[string]string
-			waitFor(t, 30*time.Second, "the row delivered or parked in every sink", func() bool {
+			testkit.WaitFor(t, 30*time.Second, "the row delivered or parked in every sink", func() bool {
 				got := h.received(t)
 				parked := parkedReasons(t, db)
 				where = map[string]string{}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestMessagesReachTheSinksInOrderWithRows: a row and messages written in one
@@ -48,8 +49,8 @@ func TestMessagesReachTheSinksInOrderWithRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "four events delivered", func() bool { return len(firstSeen(b.ep.ids())) >= 4 })
-	waitFor(t, 30*time.Second, "three dead letters", func() bool { return count(t, db, `SELECT count(*) FROM relay_dead_letters`) == 3 })
+	testkit.WaitFor(t, 30*time.Second, "four events delivered", func() bool { return len(firstSeen(b.ep.ids())) >= 4 })
+	testkit.WaitFor(t, 30*time.Second, "three dead letters", func() bool { return count(t, db, `SELECT count(*) FROM relay_dead_letters`) == 3 })
 	time.Sleep(500 * time.Millisecond) // anything refused that would be delivered has had the time
 	ids := b.ep.ids()
 	pos := firstSeen(ids)

@@ -14,6 +14,7 @@ import (
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // outageSample is one reading taken while the sink is down.
@@ -25,7 +26,7 @@ type outageSample struct {
 	parked    int
 }
 
-// TestSinkDownForMinutes: the issue's "a sink down for minutes". A relay
+// TestSinkDownForMinutes: a sink down for minutes. A relay
 // (relay.New: stream, correlator, runner, sinks) runs a saga per event under
 // a steady load while its webhook endpoint answers 503 for 2 minutes
 // (RELAY_TEST_HEAVY=1; 6 s in the short mode of make test). During the outage the
@@ -120,7 +121,7 @@ func TestSinkDownForMinutes(t *testing.T) {
 	}()
 	written := func() int { mu.Lock(); defer mu.Unlock(); return len(ids) }
 
-	waitFor(t, 60*time.Second, "deliveries while the endpoint is up", func() bool { return len(ep.ids()) >= 20 })
+	testkit.WaitFor(t, 60*time.Second, "deliveries while the endpoint is up", func() bool { return len(ep.ids()) >= 20 })
 
 	sample := func(start time.Time) outageSample {
 		var s outageSample
@@ -187,7 +188,7 @@ func TestSinkDownForMinutes(t *testing.T) {
 	mu.Lock()
 	all := append([]string(nil), ids...)
 	mu.Unlock()
-	waitFor(t, 5*time.Minute, "the parked events to drain and every event to be delivered", func() bool {
+	testkit.WaitFor(t, 5*time.Minute, "the parked events to drain and every event to be delivered", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_sink_parked`) == 0 && len(firstSeen(ep.ids())) >= len(all)
 	})
 	drained := time.Since(recovered)
@@ -203,7 +204,7 @@ func TestSinkDownForMinutes(t *testing.T) {
 		}
 		last[i%aggs] = p
 	}
-	waitFor(t, 60*time.Second, "every saga to complete", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every saga to complete", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'placed' AND status = 'COMPLETED'`) == len(all)
 	})
 	st, err := sink.List(ctx, db.Pool)

@@ -23,6 +23,7 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // logLines collects the JSON log lines of a slog handler.
@@ -164,16 +165,16 @@ func TestParkedEventsListedAndSkipped(t *testing.T) {
 
 	// Other aggregates are unaffected; the refused ones are parked with
 	// their aggregates' later events behind them.
-	waitFor(t, 30*time.Second, "B1 and B2 delivered", func() bool { return len(b.ep.ids()) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "B1 and B2 delivered", func() bool { return len(b.ep.ids()) == 2 })
 	if got := names(b.ep.ids()); !slices.Equal(got, []string{"B1", "B2"}) {
 		t.Fatalf("delivered %v, want [B1 B2]", got)
 	}
-	waitFor(t, 30*time.Second, "five events parked", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "five events parked", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'hook'`) == 5
 	})
 
 	// A burst of refusals: the drainer retries both heads with backoff.
-	waitFor(t, 30*time.Second, "a burst of 422 answers", func() bool { return b.ep.refused.Load() >= 12 })
+	testkit.WaitFor(t, 30*time.Second, "a burst of 422 answers", func() bool { return b.ep.refused.Load() >= 12 })
 	const refusedMsg = "destination refused events"
 	if warns := logs.records(t, refusedMsg); len(warns) != 1 || warns[0]["level"] != "WARN" || warns[0]["sink"] != "hook" ||
 		warns[0]["status"] != 422.0 || !strings.Contains(warns[0]["reason"].(string), "answered 422") {
@@ -190,16 +191,16 @@ func TestParkedEventsListedAndSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	name[idF] = "F1"
-	waitFor(t, 30*time.Second, "the 400 logged", func() bool { return len(logs.records(t, refusedMsg)) == 2 })
+	testkit.WaitFor(t, 30*time.Second, "the 400 logged", func() bool { return len(logs.records(t, refusedMsg)) == 2 })
 	n400 := b.ep.refused.Load()
-	waitFor(t, 30*time.Second, "more refusals", func() bool { return b.ep.refused.Load() >= n400+6 })
+	testkit.WaitFor(t, 30*time.Second, "more refusals", func() bool { return b.ep.refused.Load() >= n400+6 })
 	if warns := logs.records(t, refusedMsg); len(warns) != 2 || warns[1]["status"] != 400.0 {
 		t.Fatalf("after a 400: %v; want a second WARN, for status 400", warns)
 	}
 
 	// relay sinks list shows the reason of the last failure.
 	env := []string{"RELAY_DATABASE_URL=" + db.URL}
-	waitFor(t, 10*time.Second, "last_reason", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "last_reason", func() bool {
 		st, err := sink.List(ctx, db.Pool)
 		return err == nil && len(st) == 1 && strings.Contains(st[0].LastReason, "answered 4")
 	})
@@ -292,7 +293,7 @@ func TestParkedEventsListedAndSkipped(t *testing.T) {
 	if code != 200 || res["skipped_by"] != "ops" || res["event_id"] != ids["A1"] || !strings.Contains(res["reason"].(string), "answered 422") {
 		t.Fatalf("skip A1: %d %v", code, res)
 	}
-	waitFor(t, 30*time.Second, "A2 and A3 delivered after the skip", func() bool { return len(b.ep.ids()) == 4 })
+	testkit.WaitFor(t, 30*time.Second, "A2 and A3 delivered after the skip", func() bool { return len(b.ep.ids()) == 4 })
 	if got := names(b.ep.ids()); !slices.Equal(got, []string{"B1", "B2", "A2", "A3"}) {
 		t.Fatalf("delivered %v, want [B1 B2 A2 A3]", got)
 	}
@@ -334,7 +335,7 @@ func TestParkedEventsListedAndSkipped(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "skipped by alice") {
 		t.Fatalf("relay sinks skip: exit %d\n%s", code, out)
 	}
-	waitFor(t, 30*time.Second, "C2 delivered after the skip", func() bool { return len(b.ep.ids()) == 5 })
+	testkit.WaitFor(t, 30*time.Second, "C2 delivered after the skip", func() bool { return len(b.ep.ids()) == 5 })
 	if got := names(b.ep.ids()); !slices.Equal(got, []string{"B1", "B2", "A2", "A3", "C2"}) {
 		t.Fatalf("delivered %v, want [B1 B2 A2 A3 C2]", got)
 	}

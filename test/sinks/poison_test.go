@@ -17,6 +17,7 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // envelope is a webhook body as a consumer parses it.
@@ -71,7 +72,7 @@ func TestPoisonEventsReachTheSinks(t *testing.T) {
 		insert(`{"n":3}`, `oops`, "acme"),
 		insert(`{"n":4}`, `{}`, ""),
 	}
-	waitFor(t, 30*time.Second, "every event delivered", func() bool { return len(firstSeen(b.ep.ids())) >= len(ids) })
+	testkit.WaitFor(t, 30*time.Second, "every event delivered", func() bool { return len(firstSeen(b.ep.ids())) >= len(ids) })
 	pos := firstSeen(b.ep.ids())
 	for i := 1; i < len(ids); i++ {
 		if pos[ids[i]] < pos[ids[i-1]] {
@@ -91,7 +92,7 @@ func TestPoisonEventsReachTheSinks(t *testing.T) {
 	}
 	// The sinks may have an event before the correlator's transaction that
 	// parks its dead letter commits: wait for the commit, do not race it.
-	waitFor(t, 30*time.Second, "both poison events to be dead letters", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "both poison events to be dead letters", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_dead_letters WHERE event_id = ANY($1)`, []string{ids[1], ids[3]}) == 2
 	})
 
@@ -105,12 +106,12 @@ func TestPoisonEventsReachTheSinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	lsn, _ = pglogrepl.ParseLSN(s)
-	waitFor(t, 30*time.Second, "the slot to pass the parked poison event", func() bool { return confirmedFlush(t, db) >= lsn })
+	testkit.WaitFor(t, 30*time.Second, "the slot to pass the parked poison event", func() bool { return confirmedFlush(t, db) >= lsn })
 	if n := count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE event_id = $1 AND event->>'poison' <> ''`, bad); n != 1 {
 		t.Fatalf("the poison event written while the sink is down is not parked with its reason")
 	}
 	b.ep.status.Store(0)
-	waitFor(t, 30*time.Second, "the parked poison event to drain", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the parked poison event to drain", func() bool {
 		p := firstSeen(b.ep.ids())
 		_, ok1 := p[bad]
 		_, ok2 := p[after]
@@ -198,7 +199,7 @@ func TestUndecidablePoisonIsHeldForTheOperator(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE event_id LIKE '(no id)%' AND next_attempt_at = 'infinity'`); n != 2 {
 		t.Fatalf("the row without an id is held in %d of 2 sinks", n)
 	}
-	waitFor(t, 10*time.Second, "the unfiltered sink's direct deliveries", func() bool { return len(all.ids()) >= 2 })
+	testkit.WaitFor(t, 10*time.Second, "the unfiltered sink's direct deliveries", func() bool { return len(all.ids()) >= 2 })
 	time.Sleep(time.Second) // the drainers run every 50ms: nothing held may leave
 	if got := filtered.ids(); len(got) != 0 {
 		t.Fatalf("the filtering sink delivered %v before the operator's retry", got)
@@ -214,7 +215,7 @@ func TestUndecidablePoisonIsHeldForTheOperator(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "the held events delivered after retry", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the held events delivered after retry", func() bool {
 		return len(firstSeen(filtered.ids())) == 3 && len(firstSeen(all.ids())) == 3
 	})
 	if got := filtered.ids(); got[0] != unreadID.String() || got[1] != behind.RawID || !strings.HasPrefix(got[2], "(no id) ") {
@@ -249,7 +250,7 @@ func TestUndecidablePoisonIsHeldForTheOperator(t *testing.T) {
 		t.Fatal("the event whose payload jsonb refuses is not parked")
 	}
 	filtered.status.Store(0)
-	waitFor(t, 20*time.Second, "the parked event to drain", func() bool { _, ok := firstSeen(filtered.ids())[nul.RawID]; return ok })
+	testkit.WaitFor(t, 20*time.Second, "the parked event to drain", func() bool { _, ok := firstSeen(filtered.ids())[nul.RawID]; return ok })
 	env := filtered.envelope(t, nul.RawID)
 	if string(env.Payload) != `{"note":"a\u0000b","big":1e200000}` {
 		t.Fatalf("drained payload %s, want it unchanged", env.Payload)

@@ -18,6 +18,7 @@ import (
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // A webhook sink is down and the relay's role loses INSERT on the parked
@@ -109,7 +110,7 @@ func TestReadyzUnreadyWhileASinkCanNeitherDeliverNorPark(t *testing.T) {
 	}
 
 	ids, _ := write(t, db, 0, 3, 3)
-	waitFor(t, 30*time.Second, "the first deliveries", func() bool { return len(ep.ids()) >= 3 })
+	testkit.WaitFor(t, 30*time.Second, "the first deliveries", func() bool { return len(ep.ids()) >= 3 })
 	if code, _, body := readyz(); code != 200 {
 		t.Fatalf("/readyz before the outage: %d %s", code, body)
 	}
@@ -117,7 +118,7 @@ func TestReadyzUnreadyWhileASinkCanNeitherDeliverNorPark(t *testing.T) {
 	ep.status.Store(503)
 	more, _ := write(t, db, 3, 2, 3)
 	ids = append(ids, more...)
-	waitFor(t, 30*time.Second, "events parked while the endpoint is down", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "events parked while the endpoint is down", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_sink_parked WHERE sink = 'hook'`) >= 1
 	})
 
@@ -129,7 +130,7 @@ func TestReadyzUnreadyWhileASinkCanNeitherDeliverNorPark(t *testing.T) {
 	ids = append(ids, more...)
 	var reasons []string
 	var body string
-	waitFor(t, 20*time.Second, "/readyz unready", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "/readyz unready", func() bool {
 		var code int
 		code, reasons, body = readyz()
 		return code == http.StatusServiceUnavailable
@@ -143,7 +144,7 @@ func TestReadyzUnreadyWhileASinkCanNeitherDeliverNorPark(t *testing.T) {
 	if !strings.Contains(joined, "sink hook: can neither deliver nor park its events") || !strings.Contains(joined, "permission denied for table relay_sink_parked") {
 		t.Errorf("/readyz reasons %q: want the sink's, naming the missing privilege", reasons)
 	}
-	waitFor(t, 10*time.Second, "relay sinks list showing the sink failing", func() bool { return hook().State == sink.StateFailing })
+	testkit.WaitFor(t, 10*time.Second, "relay sinks list showing the sink failing", func() bool { return hook().State == sink.StateFailing })
 	if s := hook(); !strings.Contains(s.Reason, "permission denied for table relay_sink_parked") {
 		t.Errorf("relay sinks list: hook is %s with reason %q, want the missing privilege", s.State, s.Reason)
 	}
@@ -151,11 +152,11 @@ func TestReadyzUnreadyWhileASinkCanNeitherDeliverNorPark(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `GRANT INSERT ON relay_sink_parked TO `+role); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 40*time.Second, "/readyz ready after the grant", func() bool { code, _, _ := readyz(); return code == 200 })
-	waitFor(t, 10*time.Second, "the sink no longer failing", func() bool { return hook().State != sink.StateFailing })
+	testkit.WaitFor(t, 40*time.Second, "/readyz ready after the grant", func() bool { code, _, _ := readyz(); return code == 200 })
+	testkit.WaitFor(t, 10*time.Second, "the sink no longer failing", func() bool { return hook().State != sink.StateFailing })
 
 	ep.status.Store(0)
-	waitFor(t, 60*time.Second, "every event delivered", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "every event delivered", func() bool {
 		got := map[string]bool{}
 		for _, id := range ep.ids() {
 			got[id] = true

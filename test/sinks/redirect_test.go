@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestRedirectingEndpointParksTheEvent: the configured endpoint answers 307
@@ -27,7 +29,7 @@ func TestRedirectingEndpointParksTheEvent(t *testing.T) {
 		http.Redirect(w, r, other.URL+"/collect", http.StatusTemporaryRedirect)
 	})
 	ids, _ := write(t, b.db, 0, 1, 1)
-	waitFor(t, 30*time.Second, "the redirected event to be parked", func() bool { return parkedIDs(t, b.db)[ids[0]] })
+	testkit.WaitFor(t, 30*time.Second, "the redirected event to be parked", func() bool { return parkedIDs(t, b.db)[ids[0]] })
 	var reason string
 	if err := b.db.Pool.QueryRow(context.Background(), `SELECT reason FROM relay_sink_parked WHERE event_id = $1`, ids[0]).Scan(&reason); err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // TestPostEventsRoundTrip: a saga step sends a command; a webhook sink
@@ -128,7 +129,7 @@ func TestPostEventsRoundTrip(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the saga to complete through the webhook and the API", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "the saga to complete through the webhook and the API", func() bool {
 		return count(t, db, `SELECT count(*) FROM saga_instances WHERE saga_name = 'checkout' AND status = 'COMPLETED'`) == 1
 	})
 	if commands.Load() < 1 || replies.Load() != 1 || bad.Load() != 0 {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -28,6 +27,7 @@ import (
 	"github.com/compensa/compensa/outbox"
 	"github.com/compensa/compensa/relay"
 	"github.com/compensa/compensa/saga"
+	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
 )
 
@@ -79,19 +79,7 @@ func traceparentOf(t *testing.T, tp string) (traceID, spanID string) {
 	return parts[1], parts[2]
 }
 
-func startNATS(t *testing.T) *server.Server {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, DisableJetStreamBanner: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
+func startNATS(t *testing.T) *natstest.Server { return natstest.Start(t) }
 
 // TestOneTraceFromProducerToBroker: a producer's traced transaction starts
 // a saga; the relay, configured by the standard OTEL_* variables, exports
@@ -142,7 +130,7 @@ func TestOneTraceFromProducerToBroker(t *testing.T) {
 	}))
 	defer hook.Close()
 	ns := startNATS(t)
-	nc, err := nats.Connect(ns.ClientURL())
+	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +151,7 @@ func TestOneTraceFromProducerToBroker(t *testing.T) {
   - name: bus
     match: { event_types: ["order.confirmed"] }
     nats: { url: %s, stream: TRACED, subject: "traced.{event_type}" }
-`, hook.URL, ns.ClientURL())), 0o600)
+`, hook.URL, ns.URL())), 0o600)
 
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", recv.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")

@@ -1,6 +1,8 @@
 // Package natstest runs a real nats-server with JetStream inside the test
 // process, on a fixed port and store so that it can be stopped and started
-// again (a broker outage) while clients reconnect.
+// again (a broker outage) while clients reconnect. The suites that kill the
+// broker with -9 run it as a process of its own instead (test/sinks'
+// natsserver command).
 package natstest
 
 import (
@@ -18,8 +20,9 @@ type Server struct {
 }
 
 // Start starts a server on a free port with JetStream storing under a
-// temporary folder; it is shut down when the test ends.
-func Start(t testing.TB) *Server {
+// temporary folder; it is shut down when the test ends. Each tweak may
+// change the server's options (a smaller MaxPayload, say).
+func Start(t testing.TB, tweaks ...func(*server.Options)) *Server {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -29,6 +32,9 @@ func Start(t testing.TB) *Server {
 	ln.Close()
 	s := &Server{opts: &server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: t.TempDir(),
 		NoLog: true, NoSigs: true, DisableJetStreamBanner: true}}
+	for _, tw := range tweaks {
+		tw(s.opts)
+	}
 	s.Restart(t)
 	t.Cleanup(s.Stop)
 	return s
