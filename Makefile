@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: help test test-short demo build vet postgres chromium
+.PHONY: help test test-short demo build install vet postgres chromium
 
 help: ## list the targets, one line each
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -24,6 +24,15 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
 build: ## the release build of the relay: bin/relay (stripped, no cgo)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
+
+# `make install` copies bin/relay to $(PREFIX)/bin (default /usr/local/bin;
+# DESTDIR for packaging), so that `relay` is on PATH; without it, `export
+# PATH=$PWD/bin:$PATH` does the same for one shell.
+PREFIX ?= /usr/local
+
+install: build ## install bin/relay as $(PREFIX)/bin/relay (PREFIX=/usr/local)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 bin/relay $(DESTDIR)$(PREFIX)/bin/relay
 
 # `make image` builds the image a release publishes: $(IMAGE):VERSION, the
 # version without the v of its git tag (v0.1.0 -> compensa/relay:0.1.0).

@@ -169,7 +169,7 @@ func (s *Stream) Run(ctx context.Context) error {
 		wait := backoff(attempt, s.cfg.MaxReconnectWait)
 		attempt++
 		s.health.sessionEnded(errText(err), time.Now())
-		s.throttle.Warn(keySession, "replication session ended; reconnecting", "err", err, "wait", wait)
+		s.throttle.Warn(keySession, "replication session ended; reconnecting", "err", err, "wait", wait.Round(time.Millisecond))
 		s.cfg.Metrics.Reconnecting(err, wait)
 		select {
 		case <-ctx.Done():

@@ -53,12 +53,20 @@ const (
 // and a column map, is one.
 type OutboxReader func(ctx context.Context, q cdc.Querier, rawID string) (ev outbox.Event, ok bool, err error)
 
+// DefaultDeadLetterLimit and MaxDeadLetterLimit bound one ListDeadLetters.
+const (
+	DefaultDeadLetterLimit = 100
+	MaxDeadLetterLimit     = 1000
+)
+
 // ListDeadLetters returns parked events, newest first. pending limits the list
-// to those not yet re-driven.
+// to those not yet re-driven. limit is at most MaxDeadLetterLimit; 0 means
+// DefaultDeadLetterLimit.
 func (c *Correlator) ListDeadLetters(ctx context.Context, pending bool, limit int) ([]DeadLetter, error) {
 	if limit <= 0 {
-		limit = 100
+		limit = DefaultDeadLetterLimit
 	}
+	limit = min(limit, MaxDeadLetterLimit)
 	rows, err := c.pool.Query(ctx, `
 		SELECT id, event_id, event_type, lsn::text, reason, raw, parked_at, retried_at, retry_count
 		FROM relay_dead_letters

@@ -34,7 +34,7 @@ func WaitForPrimary(ctx context.Context, dsn string, log *slog.Logger) error {
 		}
 		if attempt == 0 || attempt%10 == 0 {
 			log.Warn("connected to a standby (read-only): waiting for a primary; name every host of the cluster with target_session_attrs=read-write so that the relay finds the primary by itself",
-				"attempt", attempt+1, "wait", wait)
+				"attempt", attempt+1, "wait", wait.Round(time.Millisecond))
 		}
 		select {
 		case <-ctx.Done():

@@ -112,6 +112,11 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 			sinks = nil
 		}
 	}
+	if sinks != nil && cfg.Logger != nil {
+		for _, w := range sinks.Warnings() {
+			cfg.Logger.Warn(w.Msg, "component", "sinks", "sink", w.Sink)
+		}
+	}
 	if cfg.TracerProvider == nil {
 		if err := tracing.CheckEnv(); err != nil {
 			return nil, fmt.Errorf("tracing: %w", err)

@@ -107,6 +107,16 @@ func (p RetryPolicy) delay(n int, r float64) time.Duration {
 	return backoff.Policy{Base: p.Base, Factor: p.Factor, Max: p.Max, Jitter: p.Jitter}.DelayAt(max(n, 1)-1, r)
 }
 
+// RoundDelay rounds a retry delay to the millisecond (one under a
+// millisecond to the microsecond): the delay is journaled, logged and shown
+// to people, and 194.600885ms says nothing 195ms does not.
+func RoundDelay(d time.Duration) time.Duration {
+	if d < time.Millisecond {
+		return d.Round(time.Microsecond)
+	}
+	return d.Round(time.Millisecond)
+}
+
 // withJitter takes the policy's jitter off d, as Delay does.
 func (p RetryPolicy) withJitter(d time.Duration) time.Duration {
 	return backoff.Policy{Base: d, Factor: 1, Max: d, Jitter: p.Jitter}.DelayAt(0, rand.Float64())

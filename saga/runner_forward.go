@@ -277,7 +277,7 @@ func (w *work) retryOrHold(ctx context.Context, step Step, comp bool, attempt in
 	}
 	if class := Classify(err); class.holds() && !timedOut {
 		ev.Class = class
-		ev.RetryIn = limit(w.heldDelay(pol, err))
+		ev.RetryIn = RoundDelay(limit(w.heldDelay(pol, err)))
 		return w.hold(ctx, step, comp, attempt, ev, err, took), "", false
 	}
 	if !IsPermanent(err) && attempt < pol.MaxAttempts {
@@ -285,7 +285,7 @@ func (w *work) retryOrHold(ctx context.Context, step Step, comp bool, attempt in
 		if d, ok := RetryAfterOf(err); ok && d > ev.RetryIn {
 			ev.RetryIn = d // the service asked for at least this much
 		}
-		ev.RetryIn = limit(ev.RetryIn)
+		ev.RetryIn = RoundDelay(limit(ev.RetryIn))
 		if _, cerr := w.inTx(ctx, func(jctx context.Context) error {
 			_, err := w.r.journal.Append(jctx, w.inst.ID, w.lease, ev)
 			return err

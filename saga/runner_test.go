@@ -1158,3 +1158,43 @@ func TestRunnerStartStopStress(t *testing.T) {
 		t.Fatalf("effects %d distinct of %d, want %d once each", c, r.count(`SELECT count(*) FROM effects`), 2*n)
 	}
 }
+
+// A retry's delay is journaled (and logged, and shown) rounded to the
+// millisecond, jitter and all: "retry in 195ms", never 194.600885ms.
+func TestRetryDelaysAreJournaledInWholeMilliseconds(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	flaky := effectStep("flaky")
+	inner := flaky.Do
+	flaky.Retry = saga.RetryPolicy{MaxAttempts: 4, Base: 20 * time.Millisecond, Factor: 1.7}
+	flaky.Do = func(ctx context.Context, s *trail, x *saga.StepTx) error {
+		if err := inner(ctx, s, x); err != nil {
+			return err
+		}
+		if x.Attempt < 4 {
+			return fmt.Errorf("dependency unavailable (attempt %d)", x.Attempt)
+		}
+		return nil
+	}
+	def := typedDef("rounded", flaky)
+	r.reg.MustRegister(def)
+	r.run(nil, nil, nil)
+	id := r.start(def, trail{}, 0)
+	r.wait(id, saga.StatusCompleted, 20*time.Second)
+	if n := r.count(`SELECT count(*) FROM saga_events WHERE instance_id = $1 AND (payload->>'retry_in')::bigint > 0`, id); n != 3 {
+		t.Fatalf("%d journaled retries, want 3", n)
+	}
+	if n := r.count(`SELECT count(*) FROM saga_events WHERE instance_id = $1 AND (payload->>'retry_in')::bigint % 1000000 <> 0`, id); n != 0 {
+		t.Errorf("%d retries journaled with a delay that is not whole milliseconds", n)
+	}
+	for _, c := range []struct{ in, want time.Duration }{
+		{194600885 * time.Nanosecond, 195 * time.Millisecond},
+		{1500 * time.Millisecond, 1500 * time.Millisecond},
+		{1234567 * time.Nanosecond, time.Millisecond},
+		{345678 * time.Nanosecond, 346 * time.Microsecond},
+	} {
+		if got := saga.RoundDelay(c.in); got != c.want {
+			t.Errorf("RoundDelay(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}

@@ -70,6 +70,10 @@ type WebhookSpec struct {
 	Timeout   time.Duration
 	// Concurrency is how many aggregates are delivered at once.
 	Concurrency int
+	// LegacyUnderscoreHeaders sends the metadata headers under their former
+	// names (Event_type, Tenant_id, ...) instead of Event-Type, Tenant-Id,
+	// ...; deprecated: it is removed in the next release.
+	LegacyUnderscoreHeaders bool
 }
 
 // NATSSpec configures a JetStream stream.
@@ -355,6 +359,50 @@ func (p *parser) integer(n *yaml.Node, what string, lo, hi int) (int, bool) {
 	return v, true
 }
 
+func (p *parser) boolean(n *yaml.Node, what string) (bool, bool) {
+	s, ok := p.str(n, what)
+	if !ok {
+		return false, false
+	}
+	switch s {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	p.add(n.Line, n.Column, fmt.Sprintf("%s %q is not true or false", what, s), "write true or false")
+	return false, false
+}
+
+// Warning is what a valid sinks file still gets wrong, for one sink.
+type Warning struct {
+	Sink string
+	Line int
+	Msg  string
+}
+
+func (w Warning) String() string { return fmt.Sprintf("sink %q: %s", w.Sink, w.Msg) }
+
+// Warnings are what a valid file still gets wrong: a webhook sink without
+// secret_env, whose requests go out unsigned, so that its endpoint cannot
+// tell them from anyone's; one with legacy_underscore_headers, which goes
+// away in the next release.
+func (c *Config) Warnings() []Warning {
+	var out []Warning
+	for _, s := range c.Sinks {
+		if s.Webhook == nil {
+			continue
+		}
+		if s.Webhook.SecretEnv == "" {
+			out = append(out, Warning{s.Name, s.Line, "webhook without secret_env sends unsigned requests (no webhook-signature); set secret_env to the variable holding its whsec_ secret"})
+		}
+		if s.Webhook.LegacyUnderscoreHeaders {
+			out = append(out, Warning{s.Name, s.Line, "legacy_underscore_headers sends Event_type, Tenant_id, ..., which proxies drop, and is removed in the next release; move the receiver to Event-Type, Tenant-Id, ..."})
+		}
+	}
+	return out
+}
+
 func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 	s := Spec{Line: n.Line, MaxParked: DefaultMaxParked}
 	if !p.expect(n, yaml.MappingNode, "a sink", "write '- name: …' followed by one of webhook:, nats:, kafka:") {
@@ -454,6 +502,11 @@ func (p *parser) webhook(n *yaml.Node) *WebhookSpec {
 	if v, ok := f["concurrency"]; ok {
 		if c, ok := p.integer(v, "webhook.concurrency", 1, 1024); ok {
 			w.Concurrency = c
+		}
+	}
+	if v, ok := f["legacy_underscore_headers"]; ok {
+		if b, ok := p.boolean(v, "webhook.legacy_underscore_headers"); ok {
+			w.LegacyUnderscoreHeaders = b
 		}
 	}
 	return w

@@ -150,3 +150,20 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestLegacyUnderscoreHeadersOption(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]bool{"true": true, "false": false} {
+		cfg, err := sink.Parse("s.yaml", []byte("sinks:\n  - name: h\n    webhook: {url: 'http://a/x', secret_env: S, legacy_underscore_headers: "+in+"}\n"))
+		if err != nil || cfg.Sinks[0].Webhook.LegacyUnderscoreHeaders != want {
+			t.Errorf("%s: %v %+v", in, err, cfg)
+			continue
+		}
+		if got := len(cfg.Warnings()); got != map[bool]int{true: 1, false: 0}[want] {
+			t.Errorf("%s: %d warnings %v", in, got, cfg.Warnings())
+		}
+	}
+	if _, err := sink.Parse("s.yaml", []byte("sinks:\n  - name: h\n    webhook: {url: 'http://a/x', legacy_underscore_headers: yes}\n")); err == nil || !strings.Contains(err.Error(), "not true or false") {
+		t.Errorf("yes: %v", err)
+	}
+}

@@ -524,7 +524,7 @@ func (d *dest) setState(state, reason string, wait time.Duration) {
 	case StateDown:
 		d.log.Warn("sink is down: parking its events and probing", "reason", reason)
 	case StateThrottled:
-		d.log.Warn("sink asked to slow down: parking its events until the wait is over", "wait", wait, "reason", reason)
+		d.log.Warn("sink asked to slow down: parking its events until the wait is over", "wait", wait.Round(time.Millisecond), "reason", reason)
 	case StateUp:
 		d.log.Info("sink is up again: draining its parked events in order")
 	}

@@ -10,7 +10,7 @@ import (
 // docs/sinks.md's reference, so that the three cannot disagree.
 type fieldSpec struct {
 	Key      string
-	Type     string // string, duration, integer, list, object
+	Type     string // string, duration, integer, boolean, list, object
 	Required bool
 	Doc      string
 	Example  string
@@ -46,6 +46,7 @@ var (
 		{Key: "secret_env", Type: "string", Doc: "environment variable holding the whsec_ secret (Standard Webhooks signature)", Example: "RELAY_WEBHOOK_SECRET", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`},
 		{Key: "timeout", Type: "duration", Doc: "per request (default 10s)", Example: "10s"},
 		{Key: "concurrency", Type: "integer", Doc: "aggregates delivered at once (default 16)", Example: "16"},
+		{Key: "legacy_underscore_headers", Type: "boolean", Doc: "send the metadata headers under their former names (Event_type, Aggregate_type, Aggregate_id, Tenant_id, Correlation_id, Causation_id, Poison) instead of Event-Type, Aggregate-Type, Aggregate-Id, Tenant-Id, Correlation-Id, Causation-Id, Poison; deprecated, removed in the next release (default false)", Example: "false"},
 	}}
 	natsSpec = &fieldSpec{Key: "nats", Type: "object", Doc: "a NATS JetStream stream", Fields: []*fieldSpec{
 		{Key: "url", Type: "string", Required: true, Doc: "server URL(s), comma separated", Example: "nats://127.0.0.1:4222"},
@@ -100,6 +101,8 @@ func schemaOf(f *fieldSpec) map[string]any {
 	case "duration":
 		out["type"] = "string"
 		out["pattern"] = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	case "boolean":
+		out["type"] = "boolean"
 	case "integer":
 		out["type"] = []string{"integer", "string"}
 		out["pattern"] = `^[0-9_]+$`

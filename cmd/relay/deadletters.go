@@ -67,7 +67,8 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	list.Flags().BoolVar(&all, "all", false, "include events already re-driven")
-	list.Flags().IntVar(&limit, "limit", 100, "how many to show")
+	list.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("how many to show (at most %d)", correlator.MaxDeadLetterLimit))
+	setFlagMax(list.Flags(), "limit", correlator.MaxDeadLetterLimit)
 	list.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 
 	retry := &cobra.Command{

@@ -14,17 +14,23 @@ import (
 )
 
 // newSagasValidateCmd is `relay sagas validate DIR`: loads every definition
-// file as relay run --sagas would, without a database.
-func newSagasValidateCmd() *cobra.Command {
+// file as relay run --sagas would, without a database; with --database-url
+// it also compares them with the stored (pinned) versions, as a reload would.
+func newSagasValidateCmd(opts *rootOptions) *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate DIR",
-		Short: "Check the saga definition files of DIR without a database (exit 2 on any error)",
+		Short: "Check the saga definition files of DIR (exit 2 on any error); --database-url: against the stored versions too",
 		Long: "Loads every *.yaml and *.yml file of DIR as relay run --sagas does: YAML, the JSON\n" +
 			"Schema (saga/declare/saga.schema.json), CEL expressions, step references. Prints\n" +
 			"every problem, one per line, as file:line:col: what is wrong; how to fix it, and\n" +
 			"exits 2; a valid set prints one line per saga. Warnings (an http step whose host\n" +
 			"comes from an expression in a file without egress.allow) go to stderr and do not\n" +
-			"change the exit code.",
+			"change the exit code.\n\n" +
+			"Without --database-url it needs no database. With --database-url (given on the\n" +
+			"command line; the environment's is not used) it also reads saga_definitions and\n" +
+			"reports what relay run would refuse at start or reload: a saga whose name and\n" +
+			"version are stored with another body, or a stored version that unfinished\n" +
+			"instances still need and that no longer loads. It stores nothing (SELECT only).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sagas, err := declare.LoadDir(args[0], declare.Options{})
@@ -37,7 +43,22 @@ func newSagasValidateCmd() *cobra.Command {
 					fmt.Fprintln(cmd.ErrOrStderr(), w.String())
 				}
 			}
+			stored := ""
+			if cmd.Flags().Changed("database-url") {
+				pool, err := openPool(cmd.Context(), opts, 1)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				if err := declare.CheckStored(cmd.Context(), pool, sagas); err != nil {
+					return problemsExit(cmd.ErrOrStderr(), err)
+				}
+				stored = " (checked against the stored versions)"
+			}
 			printSagas(cmd.OutOrStdout(), sagas)
+			if stored != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d saga(s) agree with saga_definitions%s\n", len(sagas), stored)
+			}
 			for _, tf := range tests {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %d test case(s) for %s (run them with relay sagas test %s)\n", tf.File, len(tf.Cases), tf.Saga, args[0])
 			}
@@ -185,7 +206,7 @@ func newSagasTestCmd() *cobra.Command {
 	f.StringVar(&trigger, "trigger", "", "the sample trigger event: a JSON file, or inline JSON")
 	f.StringArrayVar(&replies, "reply", nil, "step=JSON: the reply a command step gets (default {\"ok\": true})")
 	f.StringArrayVar(&responses, "response", nil, "step=JSON or step=STATUS:JSON: the response of an http step ({\"status\", \"headers\", \"body\"} or just the body)")
-	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects")
+	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects, or a number: the rows a statement without RETURNING affects")
 	f.StringVar(&fail, "fail", "", "the step that fails for good: shows the compensation path from it")
 	f.StringVar(&expect, "expect", "", "the outcome the walk must end with (COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER): exit 1 on another")
 	return cmd

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -492,7 +494,42 @@ func printDemoSummary(w io.Writer, s demoSummary, d demoOptions, monitor, dbURL,
 	fmt.Fprintf(w, "slot:      %s\n", slot)
 	// The demo sections of docs/getting-started.md use these variables: one line to paste
 	// into another shell.
-	fmt.Fprintf(w, "\nin another shell:\n  export DB='%s' TOKEN='%s' RELAY='%s' SLOT='%s'\n",
+	fmt.Fprintf(w, "\nin another shell:\n")
+	if hint := pathHint(); hint != "" {
+		fmt.Fprintf(w, "  %s\n", hint)
+	}
+	fmt.Fprintf(w, "  export DB='%s' TOKEN='%s' RELAY='%s' SLOT='%s'\n",
 		dbURL, d.apiToken, strings.TrimSuffix(monitor, "/"), slot)
 	fmt.Fprintf(w, "  relay lag --database-url \"$DB\" --slot \"$SLOT\"\n")
+}
+
+// pathHint is the line that puts this binary on PATH for the commands the
+// demo suggests (`relay lag`, ...), or "" when `relay` on PATH is already
+// this binary. Under `make demo` the binary is bin/relay of the checkout.
+func pathHint() string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	wd, _ := os.Getwd()
+	onPath, _ := exec.LookPath("relay")
+	return pathHintFor(self, wd, onPath)
+}
+
+func pathHintFor(self, wd, onPath string) string {
+	resolve := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return p
+	}
+	self = resolve(self)
+	if onPath != "" && resolve(onPath) == self {
+		return ""
+	}
+	dir := filepath.Dir(self)
+	if wd != "" && dir == filepath.Join(wd, "bin") {
+		return "export PATH=$PWD/bin:$PATH   # relay is bin/relay here; or: sudo make install"
+	}
+	return "export PATH='" + dir + "':$PATH   # or: sudo make install"
 }

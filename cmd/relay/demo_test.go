@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +177,56 @@ func TestDemoSummaryPrintsInstructionsOnlyWhileTheClusterRuns(t *testing.T) {
 		if has == exit {
 			t.Errorf("exitWhenDone=%t: instructions printed=%t:\n%s", exit, has, got)
 		}
+	}
+}
+
+// Under `make demo` the binary is bin/relay of the checkout, which is not on
+// PATH: the demo says how to put it there before it suggests `relay lag`.
+func TestDemoSaysHowToPutRelayOnPath(t *testing.T) {
+	t.Parallel()
+	wd := t.TempDir()
+	self := filepath.Join(wd, "bin", "relay")
+	if got := pathHintFor(self, wd, ""); !strings.HasPrefix(got, "export PATH=$PWD/bin:$PATH") || !strings.Contains(got, "make install") {
+		t.Errorf("bin/relay of the working directory: %q", got)
+	}
+	if got := pathHintFor("/opt/compensa/relay", wd, "/usr/bin/relay"); !strings.HasPrefix(got, "export PATH='/opt/compensa':$PATH") {
+		t.Errorf("a binary elsewhere: %q", got)
+	}
+	if got := pathHintFor("/usr/local/bin/relay", wd, "/usr/local/bin/relay"); got != "" {
+		t.Errorf("already on PATH: %q", got)
+	}
+	var buf bytes.Buffer
+	printDemoSummary(&buf, demoSummary{}, demoOptions{apiToken: "tok"}, "http://127.0.0.1:1/", "postgres://x@127.0.0.1:2/demo", "s")
+	out := buf.String()
+	if i, j := strings.Index(out, "export PATH="), strings.Index(out, "relay lag"); i < 0 || j < i {
+		t.Errorf("the summary does not put relay on PATH before it says relay lag:\n%s", out)
+	}
+}
+
+// `make install` puts the release build where PATH finds it: $(PREFIX)/bin.
+func TestMakeInstallPutsRelayInPrefixBin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the release binary")
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	prefix := t.TempDir()
+	cmd := exec.Command("make", "--no-print-directory", "install", "PREFIX="+prefix)
+	cmd.Dir = "../.."
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	bin := filepath.Join(prefix, "bin", "relay")
+	fi, err := os.Stat(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm()&0o111 == 0 {
+		t.Errorf("%s is not executable: %v", bin, fi.Mode())
+	}
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "relay ") {
+		t.Errorf("%s version: %v %q", bin, err, out)
 	}
 }

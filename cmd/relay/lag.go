@@ -1,12 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/dbconn"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -49,6 +55,7 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 			defer pool.Close()
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
+			outage := outageNotes{every: interval}
 			for {
 				rep, err := cdc.QueryLagOf(ctx, pool, opts.Slot, table, cols["created_at"])
 				switch {
@@ -58,9 +65,16 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 					return err
 				case err != nil:
 					// Following through a restart or a missing slot: say so
-					// and keep going.
-					fmt.Fprintln(cmd.ErrOrStderr(), "relay lag: "+redactAll(err.Error(), opts.secrets()))
+					// once, and keep going.
+					msg := oneLine(redactAll(dbconn.Explain(pool, err).Error(), opts.secrets()))
+					kind := lagFailureKind(err, msg)
+					var ce *dbconn.ConnectError
+					if kind == connectionLost && !errors.As(dbconn.Explain(pool, err), &ce) {
+						msg = "lost the connection to PostgreSQL: " + msg
+					}
+					outage.fail(cmd.ErrOrStderr(), time.Now(), kind, msg)
 				default:
+					outage.ok(cmd.ErrOrStderr(), time.Now())
 					if werr := cdc.WriteLag(cmd.OutOrStdout(), rep, asJSON); werr != nil {
 						return werr
 					}
@@ -81,4 +95,56 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&interval, "interval", 2*time.Second, "time between lines with --follow")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per line")
 	return cmd
+}
+
+// outageNotes says what a follower (relay lag -f) cannot read: a failure
+// once, as one line, when it starts or its kind changes; and one line when
+// reading works again, with how long it failed. A database that stays down
+// does not fill the terminal with the same error every tick.
+type outageNotes struct {
+	every    time.Duration
+	failing  string // the kind of failure said last; "" while reading works
+	since    time.Time
+	attempts int
+}
+
+// connectionLost is the kind of every failure that means "the database
+// cannot be reached": the connection dropped, the dial refused, the server
+// shutting down or starting up. One outage goes through several of them.
+const connectionLost = "connection"
+
+// lagFailureKind sorts a failure: every way of losing the database is one
+// kind, any other failure (a missing slot, a refused privilege) is its own.
+func lagFailureKind(err error, msg string) string {
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &ce), errors.As(err, &ne), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
+		pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return connectionLost
+	case errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")):
+		return connectionLost
+	}
+	return msg
+}
+
+func (o *outageNotes) fail(w io.Writer, now time.Time, kind, msg string) {
+	if o.failing == "" {
+		o.since, o.attempts = now, 0
+	}
+	o.attempts++
+	if kind == o.failing {
+		return
+	}
+	o.failing = kind
+	fmt.Fprintf(w, "relay lag: %s (trying again every %s; said once until it changes)\n", msg, o.every)
+}
+
+func (o *outageNotes) ok(w io.Writer, now time.Time) {
+	if o.failing == "" {
+		return
+	}
+	fmt.Fprintf(w, "relay lag: reading again after %s (%d failed attempt(s))\n", now.Sub(o.since).Round(time.Second), o.attempts)
+	o.failing = ""
 }

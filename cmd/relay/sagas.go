@@ -71,6 +71,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 				}
 				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
 			}
+			if err := f.Check(); err != nil {
+				return usageError("%s", strings.TrimPrefix(err.Error(), saga.ErrInvalid.Error()+": "))
+			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
 				page, err := a.List(cmd.Context(), f)
 				if err != nil {
@@ -105,6 +108,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
 	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
 	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (1 to %d)", admin.MaxLimit))
+	setFlagMax(lf, "limit", admin.MaxLimit)
 	lf.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (printed at its end)")
 	lf.BoolVar(&asJSON, "json", false, `print {"items": [...], "next_cursor": ...} as the API does`)
 
@@ -210,7 +214,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(), newSagasTestCmd())
+	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
 	return cmd
 }
 
@@ -420,7 +424,7 @@ func sagaEventDetails(raw json.RawMessage) string {
 		parts = append(parts, "error: "+clipText(ev.Error, 80))
 	}
 	if ev.RetryIn > 0 {
-		parts = append(parts, "retry in "+ev.RetryIn.String())
+		parts = append(parts, "retry in "+saga.RoundDelay(ev.RetryIn).String())
 	}
 	if !ev.Until.IsZero() {
 		parts = append(parts, "until "+ev.Until.UTC().Format(time.RFC3339))

@@ -27,6 +27,7 @@ func (b *bulkFlags) register(cmd *cobra.Command, action string) {
 	f.StringArrayVar(&b.filters, "filter", nil, "act on every instance matching KEY=VALUE (repeatable; keys saga, version, status, step, stuck, error_contains, created_after, created_before, tenant)")
 	f.BoolVar(&b.yes, "yes", false, "really "+action+" (without it, --filter only counts and shows the first 20 ids)")
 	f.IntVar(&b.limit, "limit", admin.DefaultBulkLimit, fmt.Sprintf("with --filter --yes: act on at most this many instances (at most %d)", admin.MaxBulkLimit))
+	setFlagMax(f, "limit", admin.MaxBulkLimit)
 	f.BoolVar(&b.asJSON, "json", false, `with --filter: print the answer as the API does ({"dry_run", "matched", "sample" or "outcomes"})`)
 }
 
@@ -110,6 +111,9 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 	f, err := parseBulkFilter(b.filters)
 	if err != nil {
 		return err
+	}
+	if err := f.Check(); err != nil {
+		return usageError("--filter: %s", strings.TrimPrefix(err.Error(), saga.ErrInvalid.Error()+": "))
 	}
 	if strings.TrimSpace(reason) == "" {
 		return usageError("--reason is required with --filter: say why (it is journaled on every instance with your name)")

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -152,5 +154,92 @@ func TestSagasCLIKnowsStoredDefinitions(t *testing.T) {
 	}
 	if _, err := runSagas(t, c.URL, "sagas", "start", "no_such_saga"); err == nil || !strings.Contains(err.Error(), "no saga \"no_such_saga\" is known") {
 		t.Errorf("start of an unknown saga: %v", err)
+	}
+}
+
+// TestSagasValidateChecksStoredVersions: a saga file changed under the same
+// name and version passes `relay sagas validate DIR` offline, but with
+// --database-url it is refused as Pin (a start or reload) refuses it: exit
+// 2, the file's place and the version to give. A new version passes, and
+// nothing is stored by validate.
+func TestSagasValidateChecksStoredVersions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, pool := migratedCluster(ctx, t, migrations.Options{})
+
+	src := filepath.Join("..", "..", "examples", "orders", "sagas", "order_fulfilment.yaml")
+	body, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "order_fulfilment.yaml")
+	if err := os.WriteFile(file, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := declare.LoadDir(dir, declare.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := declare.Pin(ctx, pool, loaded); err != nil {
+		t.Fatal(err)
+	}
+	// The same file validates against what it pinned.
+	if out, err := runSagas(t, c.URL, "sagas", "validate", dir); err != nil || !strings.Contains(out, "checked against the stored versions") {
+		t.Fatalf("unchanged file: %v\n%s", err, out)
+	}
+
+	// The body changes, the version does not.
+	changed := strings.Replace(string(body), "deadline: 10m", "deadline: 11m", 1)
+	if changed == string(body) {
+		t.Fatal("the example has no deadline: 10m line to change")
+	}
+	if err := os.WriteFile(file, []byte(changed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := &rootOptions{}
+	var stderr bytes.Buffer
+	root := newRootCmd(opts)
+	root.SetOut(&bytes.Buffer{})
+	if code := execute(ctx, root, opts, []string{"sagas", "validate", dir}, &stderr); code != 0 {
+		t.Fatalf("offline validate of the changed file: exit %d: %s", code, stderr.String())
+	}
+	reloaded, reloadErr := declare.LoadDir(dir, declare.Options{})
+	if reloadErr != nil {
+		t.Fatal(reloadErr)
+	}
+	_, pinErr := declare.Pin(ctx, pool, reloaded)
+	if pinErr == nil {
+		t.Fatal("Pin accepted a changed body under the same version")
+	}
+	out, err := runSagas(t, c.URL, "sagas", "validate", dir)
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != 2 {
+		t.Fatalf("validate --database-url of the changed file: %v, want exit 2\n%s", err, out)
+	}
+	for _, line := range strings.Split(pinErr.Error(), "\n") {
+		if !strings.Contains(out, line) {
+			t.Errorf("validate does not report %q as a reload does:\n%s", line, out)
+		}
+	}
+	if !strings.Contains(out, "order_fulfilment.yaml:") || !strings.Contains(out, "changed since it was first loaded") {
+		t.Errorf("output:\n%s", out)
+	}
+
+	// A new version passes, and validate stored nothing.
+	bumped := strings.Replace(changed, "version: 1", "version: 2", 1)
+	if bumped == changed {
+		t.Fatal("the example has no version: 1 line")
+	}
+	if err := os.WriteFile(file, []byte(bumped), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runSagas(t, c.URL, "sagas", "validate", dir); err != nil {
+		t.Fatalf("a new version: %v\n%s", err, out)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM saga_definitions`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("saga_definitions holds %d rows (%v), want the 1 Pin stored", n, err)
 	}
 }

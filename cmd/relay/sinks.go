@@ -43,6 +43,9 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			for _, s := range cfg.Sinks {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s sink %q\n", args[0], s.Kind(), s.Name)
 			}
+			for _, w := range cfg.Warnings() {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s:%d: warning: %s\n", args[0], w.Line, w)
+			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d sinks, valid\n", args[0], len(cfg.Sinks))
 			return nil
 		},

@@ -78,6 +78,7 @@ func newSinksParkedCmd(opts *rootOptions) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, as GET /v1/sinks/{name}/parked answers")
 	cmd.Flags().IntVar(&limit, "limit", sink.DefaultParkedLimit, fmt.Sprintf("how many to show (1 to %d)", sink.MaxParkedLimit))
+	setFlagMax(cmd.Flags(), "limit", sink.MaxParkedLimit)
 	return cmd
 }
 

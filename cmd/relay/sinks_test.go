@@ -42,3 +42,21 @@ func TestSinksValidate(t *testing.T) {
 		t.Errorf("no FILE: exit %d, want 2", code)
 	}
 }
+
+// A webhook sink without secret_env is valid, but its requests go out
+// unsigned: sinks validate says so, naming the sink and its line, exit 0.
+func TestSinksValidateWarnsOfAnUnsignedWebhook(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sinks.yaml")
+	os.WriteFile(file, []byte("sinks:\n  - name: signed\n    webhook: {url: 'http://a/x', secret_env: S}\n  - name: open\n    webhook: {url: 'http://a/y'}\n"), 0o600)
+	code, stderr := runCLI("sinks", "validate", file)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	want := file + `:4: warning: sink "open": webhook without secret_env sends unsigned requests`
+	if !strings.Contains(stderr, want) || strings.Count(stderr, "warning") != 1 {
+		t.Errorf("stderr:\n%s\nwant one line with %q", stderr, want)
+	}
+	if code, stderr := runCLI("sinks", "validate", "../../sink/testdata/sinks.yaml"); code != 0 || strings.Contains(stderr, "warning") {
+		t.Errorf("a signed webhook: exit %d, %q", code, stderr)
+	}
+}

@@ -50,7 +50,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
 	"relay sagas start":       {"database-url", "outbox-table"},
-	"relay sagas validate":    {},
+	"relay sagas validate":    {"database-url"},
 	"relay sagas test":        {},
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
@@ -358,6 +358,28 @@ var uuidFlags = map[string]bool{"tenant": true}
 // (for the retentions: keep forever).
 var zeroAllowed = map[string]bool{"fail": true, "saga-retention": true, "dedupe-window": true}
 
+// maxAnnotation marks a number flag with its largest accepted value (see
+// setFlagMax).
+const maxAnnotation = "compensa_max"
+
+// setFlagMax bounds the number flag name of fs: a larger value is refused
+// when the flag is parsed, exit 2, before any connection is made.
+func setFlagMax(fs *pflag.FlagSet, name string, most int) {
+	if err := fs.SetAnnotation(name, maxAnnotation, []string{strconv.Itoa(most)}); err != nil {
+		panic(err)
+	}
+}
+
+// flagMax is the largest value of a number flag, if it has one.
+func flagMax(f *pflag.Flag) (int, bool) {
+	v := f.Annotations[maxAnnotation]
+	if len(v) != 1 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(v[0])
+	return n, err == nil
+}
+
 // checkFlag installs the check of one flag, decided by its name and type: a
 // number or a duration whose default is positive must be positive (0 is not
 // "the default"), one whose default is 0 may be 0 (off), none may be
@@ -377,10 +399,11 @@ func valueCheck(f *pflag.Flag) func(string) error {
 	case "int", "int32", "int64":
 		def, _ := strconv.Atoi(f.DefValue)
 		positive := def > 0 && !zeroAllowed[f.Name]
+		most, bounded := flagMax(f)
 		return func(s string) error {
 			n, err := strconv.Atoi(s)
 			switch {
-			case err != nil, n < 0, positive && n < 1:
+			case err != nil, n < 0, positive && n < 1, bounded && n > most:
 				return badValue{wantFor(f)}
 			}
 			return nil
@@ -447,10 +470,14 @@ func wantFor(f *pflag.Flag) string {
 	switch f.Value.Type() {
 	case "int", "int32", "int64":
 		def, _ := strconv.Atoi(f.DefValue)
+		least := 0
 		if def > 0 && !zeroAllowed[f.Name] {
-			return "want a whole number of at least 1"
+			least = 1
 		}
-		return "want a whole number of at least 0"
+		if most, ok := flagMax(f); ok {
+			return fmt.Sprintf("want a whole number from %d to %d", least, most)
+		}
+		return fmt.Sprintf("want a whole number of at least %d", least)
 	case "duration":
 		def, _ := time.ParseDuration(f.DefValue)
 		if def > 0 && zeroAllowed[f.Name] {

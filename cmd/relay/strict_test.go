@@ -92,6 +92,9 @@ func badValues(f *pflag.Flag) []string {
 		if def, _ := strconv.Atoi(f.DefValue); def > 0 && !zeroAllowed[f.Name] {
 			v = append(v, "0")
 		}
+		if most, ok := flagMax(f); ok {
+			v = append(v, strconv.Itoa(most+1))
+		}
 		return v
 	case "duration":
 		v := []string{"abc", "-1s", "10"}
@@ -205,6 +208,10 @@ func TestCommonMistakesExitTwo(t *testing.T) {
 		{[]string{"demo", "--database-url", "postgres://x"}, []string{`unknown flag --database-url for "relay demo"`}},
 		{[]string{"lag", "--intervl", "1s"}, []string{`did you mean "--interval"?`}},
 		{[]string{"help", "sagas", "lsit"}, []string{`did you mean "list"?`}},
+		{[]string{"sagas", "list", "--limit", "9999"}, []string{`invalid value "9999" for --limit`, "from 1 to 500"}},
+		{[]string{"sagas", "retry", "--filter", "saga=x", "--limit", "10001"}, []string{"from 1 to 10000"}},
+		{[]string{"deadletters", "list", "--limit", "1001"}, []string{"from 1 to 1000"}},
+		{[]string{"sinks", "parked", "x", "--limit", "1001"}, []string{"from 1 to 1000"}},
 	}
 	for _, tc := range cases {
 		code, stderr := cli(t, tc.args...)
@@ -214,6 +221,31 @@ func TestCommonMistakesExitTwo(t *testing.T) {
 	t.Setenv("RELAY_WORKERS", "0")
 	code, stderr := cli(t, "run")
 	oneLineNaming(t, "RELAY_WORKERS=0 relay run", code, stderr, "RELAY_WORKERS", "at least 1")
+}
+
+// Values only the command itself can judge (a --filter's status, a
+// --cursor) are refused before it connects: exit 2, one line, with a
+// database URL nothing answers.
+func TestFilterAndCursorValuesAreUsageErrors(t *testing.T) {
+	clearRelayEnv(t)
+	db := "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"sagas", "list", "--cursor", "garbage"}, []string{"cursor is malformed"}},
+		{[]string{"sagas", "retry", "--filter", "status=NOPE", "--reason", "r"}, []string{"--filter", `status "NOPE"`}},
+		{[]string{"sagas", "cancel", "--filter", "created_after=2026-02-01T00:00:00Z,created_before=2026-01-01T00:00:00Z", "--reason", "r"}, []string{"created_after"}},
+	}
+	for _, tc := range cases {
+		opts := &rootOptions{}
+		var stderr bytes.Buffer
+		code := execute(context.Background(), newRootCmd(opts), opts, append(tc.args, "--database-url", db), &stderr)
+		oneLineNaming(t, strings.Join(tc.args, " "), code, stderr.String(), tc.want...)
+		if strings.Contains(stderr.String(), "cannot reach") {
+			t.Errorf("%v: connected before checking the value: %q", tc.args, stderr.String())
+		}
+	}
 }
 
 func TestVersionComesFromTheBuildInfo(t *testing.T) {

@@ -144,6 +144,18 @@ func connectError(host string, port uint16, user, database string, err error) er
 	return wrap("cannot connect to PostgreSQL at %s: %s; check --database-url", where, rootCause(err))
 }
 
+// Explain turns a failure to connect that a query of pool met (the server
+// went away after OpenPool) into the one-line message OpenPool gives; any
+// other error is returned as it is.
+func Explain(pool *pgxpool.Pool, err error) error {
+	var ce *pgconn.ConnectError
+	if err == nil || pool == nil || !errors.As(err, &ce) {
+		return err
+	}
+	c := pool.Config().ConnConfig
+	return connectError(c.Host, c.Port, c.User, c.Database, err)
+}
+
 // rootCause returns the innermost error's text on one line: pgconn joins the
 // failures of every address it tried with newlines, which repeat each other.
 func rootCause(err error) string {

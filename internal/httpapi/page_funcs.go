@@ -126,13 +126,23 @@ func eventNotes(raw json.RawMessage) string {
 		parts = append(parts, "error: "+ev.Error)
 	}
 	if ev.RetryIn > 0 {
-		parts = append(parts, "retry in "+ev.RetryIn.String())
+		parts = append(parts, "retry in "+saga.RoundDelay(ev.RetryIn).String())
 	}
 	if !ev.Until.IsZero() {
 		parts = append(parts, "until "+ev.Until.UTC().Format(time.RFC3339))
 	}
 	if ev.AwaitFor > 0 {
-		parts = append(parts, "awaits reply for "+ev.AwaitFor.String())
+		parts = append(parts, "awaits reply for "+saga.RoundDelay(ev.AwaitFor).String())
 	}
 	return strings.Join(parts, " · ")
+}
+
+// reasonClass is how an instance's reason is shown: a COMPENSATED
+// instance's reason is why it was undone as designed (an expected
+// outcome), in the text's colour; any other's is an error's, in red.
+func reasonClass(st saga.Status) string {
+	if st == saga.StatusCompensated {
+		return "expected"
+	}
+	return "err"
 }

@@ -146,6 +146,22 @@ func (p Page) MarshalJSON() ([]byte, error) {
 	}{items, next})
 }
 
+// Check says whether f is well formed, as List would, without a database:
+// its status, version, time range, limit and the form of its cursor (not
+// whether the cursor was issued for these filters). A CLI calls it before it
+// connects, so that a bad flag value is a usage error.
+func (f Filter) Check() error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if f.Cursor != "" {
+		if _, err := parseCursor(f.Cursor); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (f *Filter) validate() error {
 	if f.Status != "" {
 		f.Status = saga.Status(strings.ToUpper(string(f.Status)))
@@ -189,7 +205,8 @@ func encodeCursor(c cursor) string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-func decodeCursor(s string, fp uint32) (cursor, error) {
+// parseCursor reads a cursor's form.
+func parseCursor(s string) (cursor, error) {
 	var c cursor
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err == nil {
@@ -197,6 +214,14 @@ func decodeCursor(s string, fp uint32) (cursor, error) {
 	}
 	if err != nil || c.ID == uuid.Nil {
 		return c, saga.Errorf(saga.ErrInvalid, "cursor is malformed: pass next_cursor from the previous page unchanged")
+	}
+	return c, nil
+}
+
+func decodeCursor(s string, fp uint32) (cursor, error) {
+	c, err := parseCursor(s)
+	if err != nil {
+		return c, err
 	}
 	if c.Filter != fp {
 		return c, saga.Errorf(saga.ErrInvalid, "cursor was issued for other filters: keep the filters of the first page, or start again without a cursor")

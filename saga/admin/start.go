@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 
@@ -160,7 +161,7 @@ func (a *Admin) Start(ctx context.Context, table string, req StartRequest) (Star
 	}
 	def, ok := a.latest(req.Saga)
 	if !ok {
-		return StartResult{}, saga.Errorf(saga.ErrNotFound, "no saga %q is known (defined in this binary or stored in saga_definitions); see relay sagas definitions or GET /v1/definitions", req.Saga)
+		return StartResult{}, saga.Errorf(saga.ErrNotFound, "no saga %q is known (defined in this binary or stored in saga_definitions); %s; GET /v1/definitions lists them with their versions (the monitor's /definitions page shows the same)", req.Saga, a.knownNames())
 	}
 	if len(def.Triggers) == 0 || def.Triggers[0].EventType == "" || def.Triggers[0].EventType == retiredEventType {
 		return StartResult{}, saga.Errorf(saga.ErrConflict, "saga %s has no trigger to start it by (its file was removed); load it again to start new instances", req.Saga)
@@ -250,6 +251,32 @@ func (a *Admin) Start(ctx context.Context, table string, req StartRequest) (Star
 const retiredEventType = "compensa.retired"
 
 // latest is the newest known version of a saga.
+// knownNames says which saga names Start knows, for the message of an
+// unknown one: at most ten, sorted.
+func (a *Admin) knownNames() string {
+	if a.cfg.Registry == nil {
+		return "none is known to this process"
+	}
+	seen := map[string]bool{}
+	var names []string
+	for _, d := range a.cfg.Registry.Definitions() {
+		if !seen[d.Name] && d.Name != "" {
+			seen[d.Name] = true
+			names = append(names, d.Name)
+		}
+	}
+	if len(names) == 0 {
+		return "none is known: load saga files with relay run --sagas DIR"
+	}
+	sort.Strings(names)
+	more := ""
+	if len(names) > 10 {
+		more = fmt.Sprintf(" and %d more", len(names)-10)
+		names = names[:10]
+	}
+	return "known: " + strings.Join(names, ", ") + more
+}
+
 func (a *Admin) latest(name string) (saga.Definition, bool) {
 	if a.cfg.Registry == nil {
 		return saga.Definition{}, false

@@ -193,3 +193,48 @@ cases:
 		t.Errorf("output:\n%s", out.String())
 	}
 }
+
+// A test file's rows take what --rows takes: a list of row objects, or the
+// number of rows a statement without RETURNING affects.
+func TestTestFileRowsTakeACount(t *testing.T) {
+	t.Parallel()
+	s, probs := LoadFile("rec.yaml", []byte(`saga: rec
+version: 1
+triggers: [{event_type: order.placed}]
+steps:
+  - name: record
+    sql: {query: "update orders set seen = true where id = 1", expect: one_row}
+`), Options{})
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	body := `saga: rec
+cases:
+  - name: one row updated
+    trigger: {event_type: order.placed, payload: {}}
+    rows: {record: 1}
+    expect: {status: COMPLETED, steps: [record]}
+  - name: no row updated
+    trigger: {event_type: order.placed, payload: {}}
+    rows: {record: 0}
+    expect: {status: COMPENSATED, reason_contains: "one row, got 0"}
+  - name: rows as a list
+    trigger: {event_type: order.placed, payload: {}}
+    rows: {record: [{id: 1}]}
+    expect: {status: COMPLETED}
+`
+	tf, probs := LoadTestFile("rec.test.yaml", []byte(body))
+	if probs != nil {
+		t.Fatal(probs)
+	}
+	var out strings.Builder
+	if passed, failed := RunTests(&out, []*Saga{s}, []*TestFile{tf}); passed != 3 || failed != 0 {
+		t.Fatalf("passed %d, failed %d:\n%s", passed, failed, out.String())
+	}
+	for _, bad := range []string{"-1", "1.5", `"one"`, "{a: 1}"} {
+		_, probs := LoadTestFile("bad.test.yaml", []byte(strings.Replace(body, "{record: 1}", "{record: "+bad+"}", 1)))
+		if probs == nil {
+			t.Errorf("rows: {record: %s} is accepted", bad)
+		}
+	}
+}

@@ -48,21 +48,39 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 			return nil, fmt.Errorf("saga definitions: store %s v%d: %w", s.Name, s.Version, err)
 		}
 	}
-	stored, err := readStoredRows(ctx, tx)
+	out, probs, err := resolveStored(ctx, tx, loaded)
 	if err != nil {
 		return nil, err
 	}
-	unfinished := map[string]bool{}
-	urows, err := tx.Query(ctx, sqlUnfinished)
+	if len(probs) > 0 {
+		return nil, probs.sorted()
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("saga definitions: commit: %w", err)
+	}
+	sortSagas(out)
+	return out, nil
+}
+
+// resolveStored compares the loaded sagas with the stored definitions: a
+// loaded version whose stored body differs is a problem, and the stored
+// versions that unfinished instances still need are added to the set.
+func resolveStored(ctx context.Context, q Querier, loaded []*Saga) ([]*Saga, Problems, error) {
+	stored, err := readStoredRows(ctx, q)
 	if err != nil {
-		return nil, fmt.Errorf("saga definitions: read instances: %w", err)
+		return nil, nil, err
+	}
+	unfinished := map[string]bool{}
+	urows, err := q.Query(ctx, sqlUnfinished)
+	if err != nil {
+		return nil, nil, fmt.Errorf("saga definitions: read instances: %w", err)
 	}
 	for urows.Next() {
 		var n string
 		var v int
 		if err := urows.Scan(&n, &v); err != nil {
 			urows.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		unfinished[fmt.Sprintf("%s@%d", n, v)] = true
 	}
@@ -77,6 +95,9 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 	}
 	for _, r := range stored {
 		highest[r.name] = max(highest[r.name], r.version)
+	}
+	for _, s := range loaded {
+		highest[s.Name] = max(highest[s.Name], s.Version)
 	}
 	var probs Problems
 	out := append([]*Saga(nil), loaded...)
@@ -103,14 +124,22 @@ func Pin(ctx context.Context, db Beginner, loaded []*Saga) ([]*Saga, error) {
 		}
 		out = append(out, s)
 	}
+	return out, probs, nil
+}
+
+// CheckStored reports, without storing anything, what Pin would refuse: a
+// loaded saga whose name and version are stored with another body, and a
+// stored version still needed by unfinished instances that no longer
+// loads. It needs only SELECT on saga_definitions and saga_instances.
+func CheckStored(ctx context.Context, q Querier, loaded []*Saga) error {
+	_, probs, err := resolveStored(ctx, q, loaded)
+	if err != nil {
+		return err
+	}
 	if len(probs) > 0 {
-		return nil, probs.sorted()
+		return probs.sorted()
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("saga definitions: commit: %w", err)
-	}
-	sortSagas(out)
-	return out, nil
+	return nil
 }
 
 // RetiredEventType is the trigger of a saga whose file was removed while it

@@ -78,7 +78,8 @@ func open(s sink.Spec, getenv func(string) string) (sink.Sink, error) {
 				return nil, fmt.Errorf("environment variable %s (secret_env) is not set; export it with the endpoint's whsec_ secret", w.SecretEnv)
 			}
 		}
-		sk, err := webhook.New(webhook.Config{URL: w.URL, Secret: secret, Timeout: w.Timeout, Concurrency: w.Concurrency})
+		sk, err := webhook.New(webhook.Config{URL: w.URL, Secret: secret, Timeout: w.Timeout, Concurrency: w.Concurrency,
+			LegacyUnderscoreHeaders: w.LegacyUnderscoreHeaders})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w.SecretEnv, err)
 		}

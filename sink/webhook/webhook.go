@@ -45,6 +45,11 @@ type Config struct {
 	Concurrency int
 	// Client is the HTTP client (default: one of its own).
 	Client *http.Client
+	// LegacyUnderscoreHeaders sends the event's metadata headers under
+	// their former names, Event_type, Tenant_id, ... (which nginx and other
+	// proxies drop by default), instead of Event-Type, Tenant-Id, ...;
+	// deprecated, removed in the next release.
+	LegacyUnderscoreHeaders bool
 }
 
 // Sink is a webhook destination; safe for concurrent use.
@@ -166,18 +171,32 @@ func (s *Sink) appendHead(b []byte, hs []sink.Header, n int) []byte {
 	return append(b, "\r\n\r\n"...)
 }
 
-// canonical holds the canonical forms of the header names every event
-// carries (sink.Event.MessageHeaders).
-var canonical = func() map[string]string {
+// metadataHeaders are the header names of every event's metadata
+// (sink.Event.MessageHeaders) as a webhook request carries them: hyphens,
+// as proxies pass them (nginx drops a name with an underscore by default).
+var metadataHeaders = map[string]string{
+	"event_type": "Event-Type", "aggregate_type": "Aggregate-Type", "aggregate_id": "Aggregate-Id",
+	"tenant_id": "Tenant-Id", "correlation_id": "Correlation-Id", "causation_id": "Causation-Id", "poison": "Poison",
+}
+
+// legacyMetadataHeaders are the former names (LegacyUnderscoreHeaders).
+var legacyMetadataHeaders = func() map[string]string {
 	m := map[string]string{}
-	for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "causation_id", "poison"} {
+	for k := range metadataHeaders {
 		m[k] = http.CanonicalHeaderKey(k)
 	}
 	return m
 }()
 
-func canonicalKey(k string) string {
-	if c, ok := canonical[k]; ok {
+// canonicalKey is the name a header of MessageHeaders is sent under: a
+// metadata header's as metadataHeaders says (a row's own headers cannot
+// take those names: sink.ReservedHeader), any other in canonical form.
+func (s *Sink) canonicalKey(k string) string {
+	names := metadataHeaders
+	if s.cfg.LegacyUnderscoreHeaders {
+		names = legacyMetadataHeaders
+	}
+	if c, ok := names[k]; ok {
 		return c
 	}
 	return http.CanonicalHeaderKey(k)
@@ -319,7 +338,7 @@ next:
 		if !validHeaderName(kv.Key) {
 			continue
 		}
-		h := sink.Header{Key: canonicalKey(kv.Key), Value: withoutControl(kv.Value)}
+		h := sink.Header{Key: s.canonicalKey(kv.Key), Value: withoutControl(kv.Value)}
 		for i := range hs {
 			if hs[i].Key == h.Key {
 				hs[i] = h

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,7 +68,15 @@ func newEndpoint(t *testing.T) *endpoint {
 		for k := range r.Header {
 			h[k] = r.Header.Get(k)
 		}
-		for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "trace", "attempt", "poison"} {
+		// The metadata arrives under hyphenated names (Event-Type), never
+		// with underscores (Event_type), which proxies drop.
+		for _, k := range []string{"event_type", "aggregate_type", "aggregate_id", "tenant_id", "correlation_id", "causation_id", "poison"} {
+			if r.Header.Get(k) != "" && k != "poison" {
+				e.bad.Add(1)
+			}
+			h[k] = r.Header.Get(strings.ReplaceAll(k, "_", "-"))
+		}
+		for _, k := range []string{"trace", "attempt"} {
 			h[k] = r.Header.Get(k)
 		}
 		e.mu.Lock()
@@ -244,5 +253,56 @@ func TestIDWithControlCharactersIsDelivered(t *testing.T) {
 	}
 	if ids, _ := got.Load().([2]string); ids[0] != `"line\nbreak\x00"` || ids[1] != evs[0].ID {
 		t.Fatalf("webhook-id %q, body id %q", ids[0], ids[1])
+	}
+}
+
+// The metadata headers are sent as Event-Type, Tenant-Id, ...: names a
+// proxy passes. legacy_underscore_headers sends the former Event_type,
+// Tenant_id, ... for one release.
+func TestMetadataHeaderNames(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		var mu sync.Mutex
+		var got http.Header
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			got = r.Header.Clone()
+			mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		for _, viaClient := range []bool{false, true} {
+			cfg := webhook.Config{URL: srv.URL, Secret: secret, Timeout: 2 * time.Second, LegacyUnderscoreHeaders: legacy}
+			if viaClient {
+				cfg.Client = srv.Client()
+			}
+			s, err := webhook.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := &sink.Event{ID: "1", EventType: "order.placed", AggregateType: "order", AggregateID: "o-1",
+				TenantID: "t-1", CorrelationID: "c-1", CausationID: "k-1", Headers: []byte(`{"x_custom": "v"}`)}
+			if errs := s.Deliver(t.Context(), []*sink.Event{ev}); errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			s.Close()
+			want := map[string]string{"Event-Type": "order.placed", "Aggregate-Type": "order", "Aggregate-Id": "o-1",
+				"Tenant-Id": "t-1", "Correlation-Id": "c-1", "Causation-Id": "k-1", "X_custom": "v"}
+			if legacy {
+				want = map[string]string{"Event_type": "order.placed", "Aggregate_type": "order", "Aggregate_id": "o-1",
+					"Tenant_id": "t-1", "Correlation_id": "c-1", "Causation_id": "k-1", "X_custom": "v"}
+			}
+			mu.Lock()
+			for k, v := range want {
+				if vs := got[k]; len(vs) != 1 || vs[0] != v {
+					t.Errorf("legacy=%t client=%t: header %s = %q, want %q (got %v)", legacy, viaClient, k, vs, v, got)
+				}
+			}
+			for k := range got {
+				if strings.Contains(k, "_") && !legacy && k != "X_custom" {
+					t.Errorf("legacy=%t client=%t: header %s has an underscore", legacy, viaClient, k)
+				}
+			}
+			mu.Unlock()
+		}
+		srv.Close()
 	}
 }

@@ -120,14 +120,38 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	if strings.Join(langs, ",") != "sql,sh,yaml,sh" {
 		t.Fatalf("the quickstart's blocks are %v; this test follows superuser SQL, migrate --grant-to, the sinks file, run --sinks", langs)
 	}
-	shCommand := func(b readmeBlock, want string) []string {
-		f := strings.Fields(local(b.body))
-		if len(f) < 2 || f[0] != "relay" || f[1] != want {
-			t.Fatalf("quickstart block %q is not `relay %s ...`", b.body, want)
+	// A shell block: `export NAME=VALUE` lines (the password, kept off the
+	// command line and out of ps), then one `relay ...` command.
+	shCommand := func(b readmeBlock, want string) (env, args []string) {
+		for _, line := range strings.Split(local(b.body), "\n") {
+			line, _, _ = strings.Cut(line, "#")
+			f := strings.Fields(line)
+			switch {
+			case len(f) == 0:
+			case f[0] == "export" && len(f) == 2 && strings.Contains(f[1], "="):
+				env = append(env, f[1])
+			case len(f) >= 2 && f[0] == "relay" && f[1] == want && args == nil:
+				args = f[1:]
+			default:
+				t.Fatalf("quickstart block %q: line %q is neither export NAME=VALUE nor `relay %s ...`", b.body, line, want)
+			}
 		}
-		return f[1:]
+		if args == nil {
+			t.Fatalf("quickstart block %q has no `relay %s ...`", b.body, want)
+		}
+		for _, a := range args {
+			if u, err := url.Parse(a); err == nil && u.User != nil {
+				if _, has := u.User.Password(); has {
+					t.Fatalf("quickstart block %q puts a password on the command line", b.body)
+				}
+			}
+		}
+		return env, args
 	}
-	migrate := shCommand(blocks[1], "migrate")
+	migrateEnv, migrate := shCommand(blocks[1], "migrate")
+	if !slices.Contains(migrateEnv, "PGPASSWORD=owner-secret") {
+		t.Fatalf("the quickstart's migrate does not give the owner's password in PGPASSWORD: %v", migrateEnv)
+	}
 	if !slices.Contains(migrate, "--grant-to") {
 		t.Fatalf("the quickstart's migrate does not grant the relay's role: %v", migrate)
 	}
@@ -143,7 +167,10 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	if err := os.WriteFile(sinksFile, []byte(strings.ReplaceAll(blocks[2].body, "http://127.0.0.1:8099", srv.URL)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run := shCommand(blocks[3], "run")
+	runEnv, run := shCommand(blocks[3], "run")
+	if !slices.Contains(runEnv, "PGPASSWORD=relay-secret") {
+		t.Fatalf("the quickstart's run does not give the relay's password in PGPASSWORD: %v", runEnv)
+	}
 	if i := slices.Index(run, "sinks.yaml"); i < 0 || run[i-1] != "--sinks" {
 		t.Fatalf("the quickstart's run has no --sinks sinks.yaml: %v", run)
 	}
@@ -157,7 +184,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 			t.Fatalf("superuser block: %s: %v", st, err)
 		}
 		if i == 0 {
-			out, code := relaytest.Run(t, nil, migrate...)
+			out, code := relaytest.Run(t, migrateEnv, migrate...)
 			if code == 0 || !strings.Contains(out, `GRANT CREATE ON SCHEMA public TO "app_owner"`) || !strings.Contains(out, `role "app_owner" lacks CREATE on schema public`) {
 				t.Fatalf("migrate without the grants: code %d, want the missing privilege and its GRANT:\n%s", code, out)
 			}
@@ -165,14 +192,14 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	}
 
 	// 2. As the schema owner.
-	out, code := relaytest.Run(t, nil, migrate...)
+	out, code := relaytest.Run(t, migrateEnv, migrate...)
 	if code != 0 || !strings.Contains(out, "applied core 0001") ||
 		!strings.Contains(out, `GRANT USAGE ON SEQUENCE relay_sink_parked_seq_seq TO "relay";`) ||
 		!strings.Contains(out, "created publication relay_outbox_pub") {
 		t.Fatalf("relay migrate --grant-to as the schema owner: code %d; want the migrations, the grants and the publication:\n%s", code, out)
 	}
 	// Idempotent: a second run migrates and grants nothing.
-	out, code = relaytest.Run(t, nil, migrate...)
+	out, code = relaytest.Run(t, migrateEnv, migrate...)
 	if code != 0 || !strings.Contains(out, "schema is up to date") || !strings.Contains(out, "role relay already has every privilege relay run needs") || strings.Contains(out, "GRANT") {
 		t.Fatalf("relay migrate --grant-to, again: code %d\n%s", code, out)
 	}
@@ -201,7 +228,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	if rolsuper || !rolrepl {
 		t.Fatalf("the relay's role: superuser %v, replication %v", rolsuper, rolrepl)
 	}
-	p := relaytest.Start(t, nil, append(run[1:], "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
+	p := relaytest.Start(t, runEnv, append(run[1:], "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
 	if _, err := owner.Exec(ctx, `INSERT INTO outbox (tenant_id, aggregate_type, aggregate_id, event_type, payload)
 		VALUES ($1, 'order', '42', 'order.placed', '{"total": 10}')`, uuid.New()); err != nil {
 		t.Fatal(err)
@@ -236,7 +263,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 	// 4. The example saga, added the same way: the owner migrates the example
 	//    schema and grants what its steps touch ("plus what your saga steps
 	//    read and write"); the relay's role runs it to completion.
-	out, code = relaytest.Run(t, nil, append(migrate, "--with-examples")...)
+	out, code = relaytest.Run(t, migrateEnv, append(migrate, "--with-examples")...)
 	if code != 0 {
 		t.Fatalf("migrate --with-examples: code %d\n%s", code, out)
 	}
@@ -249,7 +276,7 @@ func TestQuickstartWithTwoRoles(t *testing.T) {
 			t.Fatalf("%s: %v", st, err)
 		}
 	}
-	p = relaytest.Start(t, nil, append(run[1:], "--with-examples", "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
+	p = relaytest.Start(t, runEnv, append(run[1:], "--with-examples", "--status-interval", "200ms", "--heartbeat-interval", "1s")...)
 	brief, tenant := uuid.New(), uuid.New()
 	tx, err := owner.Begin(ctx)
 	if err != nil {
