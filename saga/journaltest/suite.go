@@ -1154,4 +1154,24 @@ func testRateTurns(t *testing.T, h Harness) {
 	if wait, err := rt.TakeRateTurn(ctx, second.ID, second.LeaseID.UUID, "order.pay", every); err != nil || wait != 3*every {
 		t.Fatalf("a used turn taken again: (%s, %v), want a new turn %s away", wait, err, 3*every)
 	}
+
+	// Turns claimed late do not run together: the claims come long after
+	// both turns; the first runs, the second takes the turn a spacing after
+	// it.
+	const late = "order.refund"
+	a, b := started(t, h), started(t, h)
+	for i, inst := range []saga.Instance{a, b} {
+		if wait, err := rt.TakeRateTurn(ctx, inst.ID, inst.LeaseID.UUID, late, every); err != nil || wait != time.Duration(i)*every {
+			t.Fatalf("late key, turn %d: (%s, %v)", i, wait, err)
+		}
+	}
+	h.Clock.Set(start.Add(20 * every))
+	b = claim(t, h.Journal, b.ID, lease)
+	if wait, err := rt.TakeRateTurn(ctx, b.ID, b.LeaseID.UUID, late, every); err != nil || wait != 0 {
+		t.Fatalf("the first late claim: (%s, %v), want to run now", wait, err)
+	}
+	c := started(t, h)
+	if wait, err := rt.TakeRateTurn(ctx, c.ID, c.LeaseID.UUID, late, every); err != nil || wait != every {
+		t.Fatalf("a turn right after a late run: (%s, %v), want %s after it", wait, err, every)
+	}
 }

@@ -27,8 +27,8 @@ type Journal struct {
 	// events holds every event in GlobalSeq order: events[i].GlobalSeq is
 	// i+1, since nothing is ever rolled back here.
 	events []saga.RecordedEvent
-	// rates holds the next free turn of each rate key (TakeRateTurn).
-	rates map[string]time.Time
+	// rates holds each rate key's next free turn and last run (TakeRateTurn).
+	rates map[string]rateKey
 }
 
 type entry struct {
@@ -100,8 +100,6 @@ func (j *Journal) Enqueue(_ context.Context, inst saga.Instance) error {
 	return nil
 }
 
-// ClaimPending implements saga.Journal: due instances in next_attempt_at
-// order (then id), each under a fresh random lease until now+d.
 // TakeRateTurn implements saga.RateTaker.
 func (j *Journal) TakeRateTurn(_ context.Context, id, leaseID uuid.UUID, key string, every time.Duration) (time.Duration, error) {
 	if every < time.Microsecond {
@@ -114,18 +112,17 @@ func (j *Journal) TakeRateTurn(_ context.Context, id, leaseID uuid.UUID, key str
 	if !ok || !saga.HoldsLease(e.inst, leaseID, now) {
 		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held; no rate turn was taken", id, leaseID)
 	}
-	turn := e.rateTurn
-	if turn.IsZero() {
-		if j.rates == nil {
-			j.rates = map[string]time.Time{}
-		}
-		turn = now
-		if next := j.rates[key]; next.After(now) {
-			turn = next
-		}
-		j.rates[key] = turn.Add(every.Truncate(time.Microsecond))
+	if j.rates == nil {
+		j.rates = map[string]rateKey{}
 	}
-	if !turn.After(now) {
+	k := j.rates[key]
+	var held *time.Time
+	if !e.rateTurn.IsZero() {
+		held = &e.rateTurn
+	}
+	turn, next, last, use := saga.NextRateTurn(now, held, k.next, k.last, every.Truncate(time.Microsecond))
+	j.rates[key] = rateKey{next: next, last: last}
+	if use {
 		e.rateTurn = time.Time{}
 		return 0, nil
 	}
@@ -134,6 +131,13 @@ func (j *Journal) TakeRateTurn(_ context.Context, id, leaseID uuid.UUID, key str
 	e.inst.LeaseID = uuid.NullUUID{}
 	e.inst.LeaseExpiresAt = nil
 	return turn.Sub(now), nil
+}
+
+// rateKey is one rate key's state: its next free turn and when it last let
+// a step run.
+type rateKey struct {
+	next time.Time
+	last *time.Time
 }
 
 // NextDue implements saga.DueReporter.

@@ -182,18 +182,51 @@ func (j *Journal) TakeRateTurn(ctx context.Context, id, leaseID uuid.UUID, key s
 	if every < time.Microsecond {
 		return 0, saga.Errorf(saga.ErrInvalid, "rate turn: turns must be at least 1µs apart, got %s", every)
 	}
-	var us float64
-	var given int
-	err := j.q(ctx).QueryRow(ctx, sqlRateTurn, id, leaseID, key, every.Microseconds(), j.clock()).Scan(&us, &given)
+	every = every.Truncate(time.Microsecond)
+	var wait time.Duration
+	take := func(tx pgx.Tx) error {
+		var (
+			held       *time.Time
+			now        time.Time
+			next, last *time.Time
+		)
+		err := tx.QueryRow(ctx, sqlRateTurnInstance, id, leaseID, j.clock()).Scan(&held, &now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held; no rate turn was taken", id, leaseID)
+		}
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, sqlRateTurnKey, key, now).Scan(&next, &last); err != nil {
+			return err
+		}
+		turn, nextAt, lastAt, use := saga.NextRateTurn(now, held, *next, last, every)
+		if _, err := tx.Exec(ctx, sqlRateTurnKeyUpdate, key, nextAt, lastAt); err != nil {
+			return err
+		}
+		if use {
+			if held != nil {
+				_, err = tx.Exec(ctx, sqlRateTurnUsed, id)
+			}
+			return err
+		}
+		wait = turn.Sub(now)
+		_, err = tx.Exec(ctx, sqlRateTurnGiveBack, id, turn)
+		return err
+	}
+	var err error
+	if tx, ok := saga.TxFromContext(ctx); ok {
+		err = take(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, j.pool, take)
+	}
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, saga.Errorf(saga.ErrLeaseLost, "instance %s: lease %s is not held; no rate turn was taken", id, leaseID)
+	case errors.Is(err, saga.ErrLeaseLost):
+		return 0, err
 	case err != nil:
 		return 0, fmt.Errorf("pgjournal: take a rate turn: %w", err)
-	case us <= 0:
-		return 0, nil
 	}
-	return max(time.Microsecond, time.Duration(us)*time.Microsecond), nil
+	return wait, nil
 }
 
 // Heartbeat implements saga.Journal in one statement.

@@ -299,42 +299,40 @@ WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.next_attempt_at > c.now
 ORDER BY i.next_attempt_at
 LIMIT 1`
 
-// sqlRateTurn gives instance $1, under lease $2, its turn of rate key $3,
-// whose turns are spaced by $4 microseconds. An instance that holds no turn
-// yet reserves the next free one: max(next_at, now), and next_at moves one
-// spacing past it. A turn in the future gives the instance back: due at its
-// turn, the turn kept in rate_turn_at, the lease released. A turn that has
-// come is used: rate_turn_at is cleared and the lease kept. It returns how
-// long until the turn (zero or less: now), or no row when the lease is not
-// held, and then takes nothing.
-const sqlRateTurn = `
-WITH clock AS MATERIALIZED (SELECT COALESCE($5::timestamptz, clock_timestamp()) AS now),
-inst AS MATERIALIZED (
-	SELECT i.id, i.rate_turn_at FROM saga_instances i, clock c
-	WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now
-	FOR NO KEY UPDATE OF i
-),
-taken AS (
-	INSERT INTO saga_step_rates AS r (rate_key, next_at)
-	SELECT $3, c.now + $4 * interval '1 microsecond' FROM clock c, inst WHERE inst.rate_turn_at IS NULL
-	ON CONFLICT (rate_key) DO UPDATE
-	SET next_at = GREATEST(r.next_at, (SELECT now FROM clock)) + $4 * interval '1 microsecond'
-	RETURNING r.next_at - $4 * interval '1 microsecond' AS turn_at
-),
-turn AS MATERIALIZED (
-	SELECT inst.id, COALESCE((SELECT turn_at FROM taken), inst.rate_turn_at) AS turn_at FROM inst
-),
-given AS (
-	UPDATE saga_instances i
-	SET rate_turn_at     = CASE WHEN t.turn_at > c.now THEN t.turn_at END,
-	    next_attempt_at  = CASE WHEN t.turn_at > c.now THEN t.turn_at ELSE i.next_attempt_at END,
-	    lease_id         = CASE WHEN t.turn_at > c.now THEN NULL ELSE i.lease_id END,
-	    lease_expires_at = CASE WHEN t.turn_at > c.now THEN NULL ELSE i.lease_expires_at END
-	FROM turn t, clock c
-	WHERE i.id = t.id AND (t.turn_at > c.now OR i.rate_turn_at IS NOT NULL)
-	RETURNING 1
+// The rate turn's statements (TakeRateTurn), in one transaction: the
+// instance under its lease (locked), then its rate key's row (created on
+// first use, locked, so that turns are taken one at a time), then what
+// saga.NextRateTurn decided.
+
+// sqlRateTurnInstance reads instance $1's reserved turn under lease $2, and
+// the clock ($3, or the server's).
+const sqlRateTurnInstance = `
+SELECT i.rate_turn_at, c.now
+FROM saga_instances i, (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS now) c
+WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now
+FOR NO KEY UPDATE OF i`
+
+// sqlRateTurnKey reads (creating it) and locks rate key $1: its next free
+// turn and when it last let a step run.
+const sqlRateTurnKey = `
+WITH made AS (
+	INSERT INTO saga_step_rates (rate_key, next_at) VALUES ($1, $2)
+	ON CONFLICT (rate_key) DO UPDATE SET next_at = saga_step_rates.next_at
+	RETURNING next_at, last_at
 )
-SELECT EXTRACT(EPOCH FROM (t.turn_at - c.now)) * 1000000, (SELECT count(*) FROM given) FROM turn t, clock c`
+SELECT next_at, last_at FROM made`
+
+const sqlRateTurnKeyUpdate = `UPDATE saga_step_rates SET next_at = $2, last_at = $3 WHERE rate_key = $1`
+
+// sqlRateTurnUsed clears a reserved turn the step now uses.
+const sqlRateTurnUsed = `UPDATE saga_instances SET rate_turn_at = NULL WHERE id = $1`
+
+// sqlRateTurnGiveBack gives the instance back, due at its turn $2, which it
+// keeps; its lease is released so that nobody holds it meanwhile.
+const sqlRateTurnGiveBack = `
+UPDATE saga_instances
+SET rate_turn_at = $2, next_attempt_at = $2, lease_id = NULL, lease_expires_at = NULL
+WHERE id = $1`
 
 // The retention janitor's statements (retention.go). Durations are
 // microseconds ($n * interval '1 microsecond'); each statement touches at
