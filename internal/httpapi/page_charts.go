@@ -23,12 +23,12 @@ type plotArea struct {
 }
 
 func newPlotArea(rightAxis bool) plotArea {
-	p := plotArea{Width: 680, Height: 170, Left: 58, Top: 10}
+	p := plotArea{Width: 680, Height: 176, Left: 58, Top: 10}
 	p.Right = float64(p.Width) - 12
 	if rightAxis {
 		p.Right = float64(p.Width) - 70
 	}
-	p.Base = float64(p.Height) - 28
+	p.Base = float64(p.Height) - 36
 	return p
 }
 
@@ -43,7 +43,7 @@ func (p plotArea) TickOut() float64    { return p.Right + 4 }
 func (p plotArea) LabelRight() float64 { return p.Right + 7 }
 func (p plotArea) TickDown() float64   { return p.Base + 4 }
 func (p plotArea) LabelBelow() float64 { return p.Base + 16 }
-func (p plotArea) TitleBelow() float64 { return float64(p.Height) - 1 }
+func (p plotArea) TitleBelow() float64 { return float64(p.Height) - 3 }
 func (p plotArea) MidY() float64       { return (p.Top + p.Base) / 2 }
 
 // y places v of an axis reaching top.
@@ -94,7 +94,7 @@ func (p plotArea) xTicks(first, last time.Time, n int, layout string) []tick {
 		return []tick{{At: p.Right, Label: last.UTC().Format(layout)}}
 	}
 	step := time.Second
-	for _, s := range []time.Duration{time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
+	for _, s := range []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
 		time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute, time.Hour} {
 		if step = s; span/s <= time.Duration(n) {
 			break
