@@ -261,3 +261,84 @@ func eventFromMessageRaw(d DeadLetter, raw map[string]any) (outbox.Event, string
 	}
 	return ev, ev.Poison
 }
+
+// DeadLetterFilter selects the dead letters QueryDeadLetters returns.
+type DeadLetterFilter struct {
+	// Pending keeps those not yet re-driven.
+	Pending bool
+	// Limit is at most MaxDeadLetterLimit; 0 means DefaultDeadLetterLimit.
+	Limit int
+	// Tenant, when valid, keeps the dead letters whose stored event names
+	// that tenant. A row whose tenant cannot be read (not a UUID, a message
+	// that is not JSON) belongs to no tenant and is left out.
+	Tenant uuid.NullUUID
+}
+
+// QueryDeadLetters returns dead letters, newest first, without a
+// correlator: it reads relay_dead_letters through q (the monitor's pool).
+func QueryDeadLetters(ctx context.Context, q cdc.Querier, f DeadLetterFilter) ([]DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = DefaultDeadLetterLimit
+	}
+	f.Limit = min(f.Limit, MaxDeadLetterLimit)
+	if !f.Tenant.Valid {
+		rows, err := q.Query(ctx, sqlListDeadLetters+` ORDER BY id DESC LIMIT $2`, f.Pending, f.Limit)
+		if err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+		return pgx.CollectRows(rows, scanDeadLetter)
+	}
+	// Table rows are narrowed by SQL; a message keeps its tenant inside
+	// its content, which is decoded here as a retry would decode it.
+	rows, err := q.Query(ctx, sqlListDeadLetters+` AND (raw->>'source' = 'message' OR raw->>'tenant_id' = $2)
+		ORDER BY id DESC`, f.Pending, f.Tenant.UUID.String())
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	defer rows.Close()
+	out := []DeadLetter{}
+	for rows.Next() && len(out) < f.Limit {
+		d, err := scanDeadLetter(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", err)
+		}
+		if tenantOf(d) == f.Tenant.UUID {
+			out = append(out, d)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+const sqlListDeadLetters = `
+	SELECT id, event_id, event_type, lsn::text, reason, raw, parked_at, retried_at, retry_count
+	FROM relay_dead_letters
+	WHERE (NOT $1 OR retried_at IS NULL)`
+
+func scanDeadLetter(r pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
+	err := r.Scan(&d.ID, &d.EventID, &d.EventType, &d.LSN, &d.Reason, &d.Raw, &d.ParkedAt, &d.RetriedAt, &d.RetryCount)
+	return d, err
+}
+
+// tenantOf is the tenant a dead letter's stored event names; uuid.Nil when
+// it names none or one that cannot be read.
+func tenantOf(d DeadLetter) uuid.UUID {
+	var raw map[string]any
+	if json.Unmarshal(d.Raw, &raw) != nil {
+		return uuid.Nil
+	}
+	if raw["source"] == "message" {
+		content, _ := raw["content"].(string)
+		return outbox.EventFromMessage([]byte(content)).TenantID
+	}
+	s, _ := raw["tenant_id"].(string)
+	u, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil
+	}
+	return u
+}

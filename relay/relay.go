@@ -242,7 +242,11 @@ func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbo
 			return err
 		}
 	}
-	sources := httpapi.Sources{}
+	sources := httpapi.Sources{Outcomes: func() httpapi.EventOutcomes {
+		st := r.correlator.Stats()
+		return httpapi.EventOutcomes{Started: st.OutcomeStarted, Reply: st.OutcomeReply, Ignored: st.OutcomeIgnored,
+			Filtered: st.OutcomeFiltered, Parked: st.OutcomeParked}
+	}}
 	// The monitor reads through its own pool; retry and cancel go through
 	// the journal, fenced like the runner's writes.
 	tokens, err := cfg.loadTokens()

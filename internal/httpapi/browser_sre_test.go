@@ -297,8 +297,17 @@ func TestBrowserListTimelineAndIdleLag(t *testing.T) {
 		t.Fatal(err)
 	}
 	points := pointsAttr.Value
+	// The seconds axis' first tick, labelled 0 s, is the line's baseline.
+	zeroAttr, err := chromedp.Run(tctx, chromedp.AttributeValue(css("#lag-y-seconds line"), "y1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero, err := strconv.ParseFloat(zeroAttr.Value, 64)
+	if err != nil {
+		t.Fatalf("the 0 s tick's y %q: %v", zeroAttr.Value, err)
+	}
 	for _, p := range strings.Fields(points) {
-		if _, y, _ := strings.Cut(p, ","); y != "120.0" {
+		if _, y, _ := strings.Cut(p, ","); y != strconv.FormatFloat(zero, 'f', 1, 64) {
 			t.Errorf("the seconds line leaves 0 s at %s (points %s)", p, points)
 			break
 		}

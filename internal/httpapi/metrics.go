@@ -32,6 +32,28 @@ type Sources struct {
 	// Resyncs returns how many lost slots the stream replaced with a resync
 	// from the outbox table.
 	Resyncs func() uint64
+	// Outcomes returns what became of the events this process's correlator
+	// streamed (compensa_events_total{outcome}), for the page.
+	Outcomes func() EventOutcomes
+}
+
+// EventOutcomes counts streamed events by what became of them since the
+// relay started: started a saga, went to reply correlation, ignored (no
+// saga listens), filtered (a trigger's filter said no), parked (a dead
+// letter).
+type EventOutcomes struct {
+	Started, Reply, Ignored, Filtered, Parked uint64
+}
+
+// outcomes reads Sources.Outcomes; ok is false when none is plugged in.
+func (m *Metrics) outcomes() (EventOutcomes, bool) {
+	m.mu.RLock()
+	f := m.sources.Outcomes
+	m.mu.RUnlock()
+	if f == nil {
+		return EventOutcomes{}, false
+	}
+	return f(), true
 }
 
 // Metrics holds the relay's Prometheus metric families. Stream and

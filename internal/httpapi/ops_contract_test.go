@@ -416,6 +416,24 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("sink replay as a tenant-scoped token: %d, want 403", r.status)
 			}
 		},
+		"GET /v1/deadletters": func(t *testing.T) {
+			s.seedDeadLetters(t)
+			if got := deadLetterEvents(t, s.call(t, acmeToken, "GET", "/v1/deadletters", "")); !slices.Equal(got, []string{"dl-a-msg", "dl-a1"}) {
+				t.Errorf("tenant A sees dead letters %v, want only its own [dl-a-msg dl-a1]", got)
+			}
+			if got := deadLetterEvents(t, s.call(t, acmeToken, "GET", "/v1/deadletters?all=true", "")); !slices.Equal(got, []string{"dl-a-msg", "dl-a-retried", "dl-a1"}) {
+				t.Errorf("tenant A sees dead letters %v with all=true, want [dl-a-msg dl-a-retried dl-a1]", got)
+			}
+			if got := deadLetterEvents(t, s.call(t, opsToken, "GET", "/v1/deadletters", "")); !slices.Equal(got, []string{"dl-none", "dl-a-msg", "dl-b1", "dl-a1"}) {
+				t.Errorf("the * token sees dead letters %v, want the four pending, newest first", got)
+			}
+			if got := deadLetterEvents(t, s.call(t, opsToken, "GET", "/v1/deadletters?limit=1", "", xB...)); !slices.Equal(got, []string{"dl-b1"}) {
+				t.Errorf("the * token narrowed to B sees %v", got)
+			}
+			if r := s.call(t, acmeToken, "GET", "/v1/deadletters", "", xB...); r.status != http.StatusForbidden {
+				t.Errorf("tenant A's token with X-Tenant-ID B: %d, want 403", r.status)
+			}
+		},
 		"GET /v1/openapi.json": func(t *testing.T) {
 			if r := s.call(t, acmeToken, "GET", "/v1/openapi.json", ""); r.status != http.StatusOK || bytes.Contains(r.body, []byte(tenantB.String())) {
 				t.Errorf("openapi: %d", r.status)
@@ -495,8 +513,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"POST /v1/sinks/{name}/parked/{id}/skip": {{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`},
 			{"/v1/sinks/hook/parked/ev-b1/skip", `{"reason": "r"}`}, {"/v1/sinks/hook/parked/ev-a1/skip", `{}`}},
 		"POST /v1/sinks/{name}/replay": {{"/v1/sinks/nope/replay", `{"since": "2026-01-01T00:00:00Z", "dry_run": true}`}, {"/v1/sinks/nope/replay", `{}`}},
+		"GET /v1/deadletters": {{"/v1/deadletters", ""}, {"/v1/deadletters?all=true&limit=2", ""},
+			{"/v1/deadletters?limit=0", ""}, {"/v1/deadletters?all=maybe", ""}, {"/v1/deadletters?x=1", ""}},
 	}
 	s.seedParked(t)
+	s.seedDeadLetters(t)
 	for _, rt := range s.srv.Routes() {
 		reqs, ok := requests[rt.Method+" "+rt.Path]
 		if !ok {
@@ -531,6 +552,47 @@ func (s *scoped) seedParked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// seedDeadLetters parks, oldest first, dead letters of tenant A (one a
+// table row, one already re-driven), of tenant B, a logical decoding
+// message of tenant A and a row without a tenant.
+func (s *scoped) seedDeadLetters(t *testing.T) {
+	t.Helper()
+	a, b := tenantA.String(), tenantB.String()
+	_, err := s.db.Pool.Exec(context.Background(), `INSERT INTO relay_dead_letters (event_id, event_type, lsn, reason, raw, retried_at) VALUES
+		('dl-a1', 'order.placed', '0/10', 'no saga accepts order.placed v9', '{"id": "dl-a1", "tenant_id": "`+a+`", "event_type": "order.placed"}', NULL),
+		('dl-a-retried', 'order.placed', '0/11', 'payload is not JSON', '{"id": "dl-a-retried", "tenant_id": "`+a+`"}', now()),
+		('dl-b1', 'order.placed', '0/12', 'no saga accepts order.placed v9', '{"id": "dl-b1", "tenant_id": "`+b+`", "event_type": "order.placed"}', NULL),
+		('dl-a-msg', 'order.paid', '0/13', 'a non-transactional message', jsonb_build_object('source', 'message', 'content', '{"id": "dl-a-msg", "tenant_id": "`+a+`", "event_type": "order.paid"}'), NULL),
+		('dl-none', 'ping', '0/14', 'tenant_id "x" is not a UUID', '{"id": "dl-none", "tenant_id": "x"}', NULL)
+		ON CONFLICT DO NOTHING`)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deadLetterEvents reads the event ids of a GET /v1/deadletters answer.
+func deadLetterEvents(t *testing.T, r response) []string {
+	t.Helper()
+	var body struct {
+		Items []struct {
+			EventID    string  `json:"event_id"`
+			Reason     string  `json:"reason"`
+			AgeSeconds float64 `json:"age_seconds"`
+		} `json:"items"`
+	}
+	if r.status != http.StatusOK || json.Unmarshal(r.body, &body) != nil {
+		t.Fatalf("dead letters: %d %s", r.status, r.body)
+	}
+	out := []string{}
+	for _, it := range body.Items {
+		if it.Reason == "" || it.AgeSeconds < 0 {
+			t.Errorf("dead letter %s: reason %q, age %v", it.EventID, it.Reason, it.AgeSeconds)
+		}
+		out = append(out, it.EventID)
+	}
+	return out
 }
 
 func (s *scoped) count(t *testing.T, q string) int {

@@ -36,7 +36,7 @@ var templateFS embed.FS
 var assetFS embed.FS
 
 type pageRenderer struct {
-	index, detail, login, search, definitions *template.Template
+	index, detail, login, search, definitions, deadLetters *template.Template
 }
 
 func newPageRenderer() (*pageRenderer, error) {
@@ -60,6 +60,7 @@ func newPageRenderer() (*pageRenderer, error) {
 		"eventNotes":  eventNotes,
 		"stepNo":      func(i *int) string { return stepNo(i) },
 		"seconds":     func(f float64) string { return fmt.Sprintf("%.1f s", f) },
+		"age":         fmtAge,
 		"secondsp": func(f *float64) string {
 			if f == nil {
 				return "seconds unknown (no checkpoint yet)"
@@ -87,6 +88,9 @@ func newPageRenderer() (*pageRenderer, error) {
 	if p.definitions, err = parse("definitions.html"); err != nil {
 		return nil, err
 	}
+	if p.deadLetters, err = parse("deadletters.html"); err != nil {
+		return nil, err
+	}
 	return &p, nil
 }
 
@@ -97,6 +101,7 @@ func (s *Server) pageRoutes(m *http.ServeMux) {
 	m.HandleFunc("GET /sagas/{id}", s.limited(s.pageAuth(s.sagaPage)))
 	m.HandleFunc("GET /search", s.limited(s.pageAuth(s.searchPage)))
 	m.HandleFunc("GET /definitions", s.limited(s.pageAuth(s.definitionsPage)))
+	m.HandleFunc("GET /deadletters", s.limited(s.pageAuth(s.deadLettersPage)))
 	m.HandleFunc("GET /login", s.loginPage)
 	m.HandleFunc("POST /login", s.login)
 	m.HandleFunc("POST /logout", s.logout)
@@ -187,6 +192,8 @@ type indexData struct {
 	// Outage: the database is unreachable; the page shows what the relay
 	// knows without it (ErrorOnly is set too).
 	Outage *outage
+	// Ready is the relay's /readyz state, shown at the top.
+	Ready readiness
 	// Matched counts every instance the filter matches; Retryable and
 	// Cancellable those a retry or a cancel can act on ("Retry all N",
 	// "Cancel all N"); FilterJSON is the filter as the bulk API takes it.
@@ -279,6 +286,7 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 			d.SinksErr = "cannot read the sinks' state; see the relay's log"
 		}
 	}
+	d.Ready = s.pageReadiness(ctx)
 	s.throttle.Recovered("page", "page: the database answers the page again")
 	s.render(w, r, s.page.index, http.StatusOK, d)
 }

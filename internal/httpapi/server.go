@@ -216,6 +216,7 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodGet, "/v1/sinks/{name}/parked", s.listParked},
 		{http.MethodPost, "/v1/sinks/{name}/parked/{id}/skip", s.skipParked},
 		{http.MethodPost, "/v1/sinks/{name}/replay", s.replaySink},
+		{http.MethodGet, "/v1/deadletters", s.listDeadLetters},
 	}
 }
 

@@ -395,6 +395,36 @@ type BulkResult struct {
 	Skipped int `json:"skipped"`
 }
 
+// DeadLetter defines model for DeadLetter.
+type DeadLetter struct {
+	// AgeSeconds seconds since it was parked
+	AgeSeconds float32 `json:"age_seconds"`
+	EventId    string  `json:"event_id"`
+	EventType  string  `json:"event_type"`
+
+	// Id the id `relay deadletters retry` takes
+	Id int64 `json:"id"`
+
+	// Lsn where the event was in the WAL
+	Lsn      string    `json:"lsn"`
+	ParkedAt time.Time `json:"parked_at"`
+
+	// Raw the event as it was read, values as text
+	Raw interface{} `json:"raw"`
+
+	// Reason why the correlator could not use the event
+	Reason string `json:"reason"`
+
+	// RetriedAt when an operator last re-drove it; absent when never
+	RetriedAt  *time.Time `json:"retried_at,omitempty"`
+	RetryCount int        `json:"retry_count"`
+}
+
+// DeadLetters defines model for DeadLetters.
+type DeadLetters struct {
+	Items []DeadLetter `json:"items"`
+}
+
 // Definitions defines model for Definitions.
 type Definitions struct {
 	Items []struct {
@@ -811,6 +841,17 @@ type Step struct {
 // StepStatus defines model for Step.Status.
 type StepStatus string
 
+// ListDeadLettersParams defines parameters for ListDeadLetters.
+type ListDeadLettersParams struct {
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// All include the dead letters already re-driven
+	All *bool `form:"all,omitempty" json:"all,omitempty"`
+
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
 // GetOpenAPIParams defines parameters for GetOpenAPI.
 type GetOpenAPIParams struct {
 	// XTenantID narrow to one tenant
@@ -1022,6 +1063,13 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 // The interface specification for the client above.
 type ClientInterface interface {
 
+	// ListDeadLetters Events the correlator parked because it could not use them, newest first, with reason and age
+	//
+	// The same as `relay deadletters list`. A tenant-scoped token (or X-Tenant-ID) sees the dead letters whose stored event belongs to its tenant only; re-drive one with `relay deadletters retry ID`.
+	//
+	// Corresponds with GET /v1/deadletters (the `ListDeadLetters` operationId).
+	ListDeadLetters(ctx context.Context, params *ListDeadLettersParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListDefinitions The loaded saga definitions: Go and declared (YAML), with their steps' kinds
 	//
 	// Corresponds with GET /v1/definitions (the `ListDefinitions` operationId).
@@ -1191,6 +1239,23 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sinks/{name}/retry (the `RetrySink` operationId).
 	RetrySink(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*http.Response, error)
+}
+
+// ListDeadLetters Events the correlator parked because it could not use them, newest first, with reason and age
+//
+// The same as `relay deadletters list`. A tenant-scoped token (or X-Tenant-ID) sees the dead letters whose stored event belongs to its tenant only; re-drive one with `relay deadletters retry ID`.
+//
+// Corresponds with GET /v1/deadletters (the `ListDeadLetters` operationId).
+func (c *Client) ListDeadLetters(ctx context.Context, params *ListDeadLettersParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListDeadLettersRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
 }
 
 // ListDefinitions The loaded saga definitions: Go and declared (YAML), with their steps' kinds
@@ -1621,6 +1686,87 @@ func (c *Client) RetrySink(ctx context.Context, name string, reqEditors ...Reque
 		return nil, err
 	}
 	return c.Client.Do(req)
+}
+
+// NewListDeadLettersRequest constructs an http.Request for the ListDeadLetters method
+func NewListDeadLettersRequest(server string, params *ListDeadLettersParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/deadletters")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.All != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "all", *params.All, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "boolean", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
 }
 
 // NewListDefinitionsRequest constructs an http.Request for the ListDefinitions method
@@ -2690,6 +2836,15 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// ListDeadLettersWithResponse Events the correlator parked because it could not use them, newest first, with reason and age
+	//
+	// The same as `relay deadletters list`. A tenant-scoped token (or X-Tenant-ID) sees the dead letters whose stored event belongs to its tenant only; re-drive one with `relay deadletters retry ID`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/deadletters (the `ListDeadLetters` operationId).
+	ListDeadLettersWithResponse(ctx context.Context, params *ListDeadLettersParams, reqEditors ...RequestEditorFn) (*ListDeadLettersResponse, error)
+
 	// ListDefinitionsWithResponse The loaded saga definitions: Go and declared (YAML), with their steps' kinds
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -2879,6 +3034,75 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sinks/{name}/retry (the `RetrySink` operationId).
 	RetrySinkWithResponse(ctx context.Context, name string, reqEditors ...RequestEditorFn) (*RetrySinkResponse, error)
+}
+
+type ListDeadLettersResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *DeadLetters
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListDeadLettersResponse) GetJSON200() *DeadLetters {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListDeadLettersResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListDeadLettersResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListDeadLettersResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListDeadLettersResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListDeadLettersResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListDeadLettersResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListDeadLettersResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListDeadLettersResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 type ListDefinitionsResponse struct {
@@ -4200,6 +4424,21 @@ func (r RetrySinkResponse) ContentType() string {
 	return ""
 }
 
+// ListDeadLettersWithResponse Events the correlator parked because it could not use them, newest first, with reason and age
+//
+// The same as `relay deadletters list`. A tenant-scoped token (or X-Tenant-ID) sees the dead letters whose stored event belongs to its tenant only; re-drive one with `relay deadletters retry ID`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/deadletters (the `ListDeadLetters` operationId).
+func (c *ClientWithResponses) ListDeadLettersWithResponse(ctx context.Context, params *ListDeadLettersParams, reqEditors ...RequestEditorFn) (*ListDeadLettersResponse, error) {
+	rsp, err := c.ListDeadLetters(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListDeadLettersResponse(rsp)
+}
+
 // ListDefinitionsWithResponse The loaded saga definitions: Go and declared (YAML), with their steps' kinds
 //
 // Returns a wrapper object for the known response body format(s).
@@ -4544,6 +4783,60 @@ func (c *ClientWithResponses) RetrySinkWithResponse(ctx context.Context, name st
 		return nil, err
 	}
 	return ParseRetrySinkResponse(rsp)
+}
+
+// ParseListDeadLettersResponse parses an HTTP response from a ListDeadLettersWithResponse call
+func ParseListDeadLettersResponse(rsp *http.Response) (*ListDeadLettersResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListDeadLettersResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest DeadLetters
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
 }
 
 // ParseListDefinitionsResponse parses an HTTP response from a ListDefinitionsWithResponse call

@@ -18,6 +18,7 @@
   const explain = {
     retry: "Retry resumes the instance exactly where it stands: a FAILED instance re-runs the compensation that failed and then the ones below it; a stuck instance re-runs its current step now. No step is marked done or skipped.",
     cancel: "Cancel starts the compensation of this RUNNING instance: the steps that completed (or may have acted) are undone in reverse order.",
+    skip: "Skip gives up on this parked event: the sink never receives it. It is kept in relay_sink_skipped with your token's name, the time and this reason, and a replay with include_skipped can still deliver it.",
   };
 
   // Bulk: "Retry all N" / "Cancel all N" on a filtered list. A dry run
@@ -100,9 +101,9 @@
     }
     const btn = ev.target.closest("button[data-action]");
     if (!btn || btn.disabled) return;
-    pending = { action: btn.dataset.action, id: btn.dataset.id, label: btn.dataset.label, button: btn };
+    pending = { action: btn.dataset.action, id: btn.dataset.id, sink: btn.dataset.sink, label: btn.dataset.label, button: btn };
     document.getElementById("confirm-title").textContent =
-      (pending.action === "retry" ? "Retry " : "Cancel ") + pending.label + "?";
+      ({ retry: "Retry ", cancel: "Cancel ", skip: "Skip " })[pending.action] + pending.label + "?";
     document.getElementById("confirm-text").textContent = explain[pending.action];
     document.getElementById("confirm-reason").value = "";
     dialog.showModal();
@@ -121,8 +122,31 @@
     pending = null;
     dialog.close("ok");
     if (p && p.bulk) sendBulk(p, reason);
+    else if (p && p.action === "skip") sendSkip(p, reason);
     else if (p) send(p, reason);
   });
+
+  // sendSkip gives up on one event parked for a sink and strikes its row.
+  async function sendSkip(p, reason) {
+    p.button.disabled = true;
+    show("Skipping " + p.label + "…", false);
+    let r;
+    try {
+      r = await api("/v1/sinks/" + encodeURIComponent(p.sink) + "/parked/" + encodeURIComponent(p.id) + "/skip", { reason: reason });
+    } catch (e) {
+      show("Request failed: " + e, true);
+      p.button.disabled = false;
+      return;
+    }
+    if (!r.ok) {
+      show("Skip refused (" + r.status + "): " + (r.data.error || ""), true);
+      p.button.disabled = false;
+      return;
+    }
+    show("Skipped " + p.label + ": the sink goes on with the next event.", false);
+    const row = p.button.closest("tr");
+    if (row) row.classList.add("skipped");
+  }
 
   async function send(p, reason) {
     p.button.disabled = true;
