@@ -25,14 +25,14 @@ import (
 // still held by another walsender (the one of a leader that lost its lock
 // but has not noticed yet) is waited for, then that walsender is terminated:
 // we hold the lock, so it cannot be a legitimate streamer.
-func (s *Stream) startStreaming(ctx context.Context, pool *pgxpool.Pool) (*pgconn.PgConn, error) {
+func (s *Stream) startStreaming(ctx context.Context, pool *pgxpool.Pool, from pglogrepl.LSN) (*pgconn.PgConn, error) {
 	var busySince, lastKill time.Time
 	for {
 		repl, err := s.connectReplication(ctx)
 		if err != nil {
 			return nil, err
 		}
-		err = s.startReplication(ctx, repl)
+		err = s.startReplication(ctx, repl, from)
 		if err == nil {
 			return repl, nil
 		}
@@ -59,10 +59,12 @@ func (s *Stream) startStreaming(ctx context.Context, pool *pgxpool.Pool) (*pgcon
 	}
 }
 
-// startReplication sends START_REPLICATION. The start position is left to
-// the server (0/0): it resumes at the slot's confirmed_flush_lsn, which we
-// only ever moved to what the sink committed.
-func (s *Stream) startReplication(ctx context.Context, repl *pgconn.PgConn) error {
+// startReplication sends START_REPLICATION from position from, or, when the
+// slot's confirmed_flush_lsn is later (always with from 0/0), from there:
+// the server skips every transaction that committed before it. We only ever
+// move confirmed_flush_lsn to what the sink committed, and from is never
+// past the sink's checkpoint.
+func (s *Stream) startReplication(ctx context.Context, repl *pgconn.PgConn, from pglogrepl.LSN) error {
 	args := []string{
 		// Version 1 never streams in-progress transactions: a transaction
 		// reaches us whole, at its commit.
@@ -72,7 +74,7 @@ func (s *Stream) startReplication(ctx context.Context, repl *pgconn.PgConn) erro
 	if serverMajor(repl) >= 14 {
 		args = append(args, "messages 'true'") // heartbeats and outbox messages
 	}
-	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+	err := pglogrepl.StartReplication(ctx, repl, s.cfg.Slot, from, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication, PluginArgs: args,
 	})
 	if err != nil {

@@ -170,7 +170,7 @@ func (s *Stream) resync(ctx context.Context, pool *pgxpool.Pool, t *tableInfo, m
 	}
 	s.resyncs.Add(1)
 	s.log.Info("resync handed over: streaming from the new slot", "window", window, "consistent_point", at.String())
-	if err := s.startReplication(ctx, repl); err != nil {
+	if err := s.startReplication(ctx, repl, 0); err != nil {
 		s.closeConn(repl)
 		return false, err
 	}

@@ -344,7 +344,7 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		switch {
 		case ckpt > start:
 			attrs = append(attrs, "replay_bytes", uint64(ckpt-start))
-			s.sessionInfo("resuming: transactions between the slot's position and the checkpoint will be replayed and recognised", attrs...)
+			s.sessionInfo("resuming at the checkpoint, past the slot's position: the server skips the transactions handled in between", attrs...)
 		case start > ckpt:
 			attrs = append(attrs, "idle_bytes", uint64(start-ckpt))
 			s.sessionInfo("resuming: the slot confirmed WAL past the checkpoint that held no outbox rows", attrs...)
@@ -352,15 +352,22 @@ func (s *Stream) lead(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			s.sessionInfo("resuming", attrs...)
 		}
 	}
-	repl, err := s.startStreaming(ctx, pool)
+	// Behind the checkpoint, every transaction was handled already (the
+	// checkpoint commits with the effects of the batch it ends): a slot that
+	// lost its in-memory position (a crash of the server persists it only at
+	// checkpoints) resumes at the checkpoint instead of replaying what lies
+	// between, one recognised replay at a time. Whatever the server still
+	// sends at or behind it is recognised as a replay.
+	from := start
+	replayUntil := pglogrepl.LSN(0)
+	if hasCkpt && ckpt > start {
+		from, replayUntil = ckpt, ckpt
+	}
+	repl, err := s.startStreaming(ctx, pool, from)
 	if err != nil {
 		return false, err
 	}
-	replayUntil := pglogrepl.LSN(0)
-	if hasCkpt && ckpt > start {
-		replayUntil = ckpt
-	}
-	return s.replicate(ctx, pool, repl, t, start, replayUntil)
+	return s.replicate(ctx, pool, repl, t, from, replayUntil)
 }
 
 // newSlot opens a replication connection and creates the slot on it with an
@@ -399,7 +406,7 @@ func (s *Stream) createAndStream(ctx context.Context, pool *pgxpool.Pool, t *tab
 		s.closeConn(repl)
 		return false, err
 	}
-	if err := s.startReplication(ctx, repl); err != nil {
+	if err := s.startReplication(ctx, repl, 0); err != nil {
 		s.closeConn(repl)
 		return false, err
 	}
