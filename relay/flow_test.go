@@ -19,6 +19,7 @@ import (
 	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // flowRelay starts a relay over db that runs the declared sagas of dir.
@@ -440,6 +441,7 @@ func checkConcurrency(t *testing.T, db *pgtest.DB, want int) {
 // the instances never overlap and run in trigger order, while keys run in
 // parallel.
 func TestDeclaredConcurrency(t *testing.T) {
+	testkit.SkipShort(t, "hundreds of instances under concurrency keys")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	dir := t.TempDir()
@@ -511,6 +513,7 @@ func TestDeclaredConcurrency(t *testing.T) {
 // second holds more than 20 of them (one more for where a window's edges
 // fall), where unlimited they would all run within a fraction of a second.
 func TestDeclaredRate(t *testing.T) {
+	testkit.SkipShort(t, "40 calls at 20 a second through two relays")
 	t.Parallel()
 	db := pgtest.NewDB(t)
 	ctx := t.Context()

@@ -66,6 +66,7 @@ func readTopic(addrs []string, topic string) func() []sinktest.Received {
 }
 
 func TestConformance(t *testing.T) {
+	testkit.SkipShort(t, "the whole sink contract against a fake Kafka cluster")
 	c := cluster(t)
 	var fault *kfake.FaultHandle
 	sinktest.Run(t, sinktest.Harness{
