@@ -66,7 +66,7 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 				case err != nil:
 					// Following through a restart or a missing slot: say so
 					// once, and keep going.
-					msg := oneLine(redactAll(dbconn.Explain(pool, err).Error(), opts.secrets()))
+					msg := oneLine(dbconn.RedactAll(dbconn.Explain(pool, err).Error(), opts.secrets()))
 					kind := lagFailureKind(err, msg)
 					var ce *dbconn.ConnectError
 					if kind == connectionLost && !errors.As(dbconn.Explain(pool, err), &ce) {

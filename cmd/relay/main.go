@@ -62,7 +62,7 @@ func execute(ctx context.Context, root *cobra.Command, opts *rootOptions, args [
 		code = 2
 	}
 	if msg != "" {
-		fmt.Fprintln(stderr, "relay: "+termSafe(oneLine(redactAll(msg, opts.secrets()))))
+		fmt.Fprintln(stderr, "relay: "+termSafe(oneLine(dbconn.RedactAll(msg, opts.secrets()))))
 	}
 	return code
 }
@@ -160,7 +160,7 @@ func newLogger(opts *rootOptions) *slog.Logger {
 	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
 	var hide func(string) string
 	if secrets := opts.secrets(); len(secrets) > 0 {
-		hide = func(s string) string { return redactAll(s, secrets) }
+		hide = func(s string) string { return dbconn.RedactAll(s, secrets) }
 	}
 	return slog.New(redact.Handler(h, hide))
 }

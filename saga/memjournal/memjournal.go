@@ -157,6 +157,8 @@ func (j *Journal) NextDue(context.Context) (time.Duration, bool, error) {
 	return best.Sub(now), true, nil
 }
 
+// ClaimPending implements saga.Journal: due instances in next_attempt_at
+// order (then id), each under a fresh random lease until now+d.
 func (j *Journal) ClaimPending(_ context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
 	if batchSize <= 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)
