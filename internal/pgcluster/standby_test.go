@@ -52,7 +52,10 @@ func testFailoverSlotSurvivesPromotion(t *testing.T, version int) {
 	if _, err := p.Exec(ctx, "SELECT pg_create_logical_replication_slot('fo', 'pgoutput', false, false, true)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Exec(ctx, "CREATE TABLE t (id int); INSERT INTO t VALUES (1)"); err != nil {
+	// The cluster runs with synchronous_commit off: commit this transaction
+	// with a flush, or its WAL may still sit in the primary's buffers when
+	// the primary is killed below, and the table would never reach the standby.
+	if _, err := p.Exec(ctx, "SET synchronous_commit = on; CREATE TABLE t (id int); INSERT INTO t VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
 	s, err := pgx.Connect(ctx, standby.URL)
@@ -79,10 +82,11 @@ func testFailoverSlotSurvivesPromotion(t *testing.T, version int) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	// The slot may be synchronized before the standby has replayed the
-	// table: wait for the primary's WAL up to now, so that the write after
-	// the promotion tests the promotion and not the replication's delay.
+	// table: wait for the primary's WAL up to now (inserted, not only
+	// written), so that the write after the promotion tests the promotion
+	// and not the replication's delay.
 	var written string
-	if err := p.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&written); err != nil {
+	if err := p.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&written); err != nil {
 		t.Fatal(err)
 	}
 	for {
