@@ -86,7 +86,9 @@ WITH ins AS (` + keyedColumns + `
 // again, so a step that stopped waiting meanwhile gets nothing, and the inbox
 // records what the UPDATE actually delivered. Delivery revokes the lease, so
 // a worker still holding one cannot commit over the reply, and journals a
-// reply_received event. A reply is accepted only from the waiting instance's
+// reply_received event. An instance paused while it waited takes its reply
+// and stays PAUSED (the update leaves the status alone); it uses the reply
+// when resumed. A reply is accepted only from the waiting instance's
 // own tenant: one from another tenant is never delivered, is recorded in the
 // inbox as foreign, and its event id is returned for the caller to park. It
 // returns (delivered, late, foreign event ids).
@@ -101,7 +103,7 @@ fresh AS (
 ),
 waiting AS (
   SELECT si.id, si.awaiting_correlation_id AS corr, si.tenant_id AS tenant FROM saga_instances si
-  WHERE si.awaiting_correlation_id IN (SELECT corr FROM fresh) AND si.status = 'RUNNING'
+  WHERE si.awaiting_correlation_id IN (SELECT corr FROM fresh) AND si.status IN ('RUNNING', 'PAUSED')
   FOR UPDATE
 ),
 chosen AS (

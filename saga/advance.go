@@ -31,7 +31,7 @@ func (k EventKind) Valid() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
 		EventStepSkipped, EventStepWaiting, EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
-		EventRetryRequested, EventCancelRequested,
+		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed,
 		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		return true
 	}
@@ -40,8 +40,9 @@ func (k EventKind) Valid() bool {
 
 // Appendable reports whether a lease holder writes events of this kind with
 // Journal.Append. The others have their own entry points: MarkTerminal for
-// terminal kinds, and the unfenced DeliverReply, RequestRetry and
-// RequestCancel, which revoke the lease instead of checking it.
+// terminal kinds, and the unfenced DeliverReply, RequestRetry,
+// RequestCancel, RequestPause and RequestResume, which revoke the lease
+// instead of checking it.
 func (k EventKind) Appendable() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting,
@@ -152,6 +153,13 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //   - cancel_requested (RUNNING): COMPENSATING from CurrentStep,
 //     compensation_reason = Reason, Attempt = 0, next_attempt_at = now,
 //     lease revoked.
+//   - paused (RUNNING or COMPENSATING): PAUSED, paused_from = the status
+//     it was in, lease revoked; nothing else changes (step, attempt,
+//     next_attempt_at, the wait, held_since).
+//   - resumed (PAUSED): back to paused_from, lease revoked; nothing else
+//     changes, so the instance is due when it was due.
+//   - reply_received may reach a PAUSED instance paused while it waited:
+//     the reply is kept and the instance stays PAUSED.
 //   - completed, compensated, failed, timed_out: the terminal status (as
 //     CheckTransition allows; compensated and timed_out only once every step
 //     is compensated or skipped, CurrentStep < 0), completed_at = now, lease
@@ -228,8 +236,26 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 
 	var to Status
 	switch ev.Kind {
-	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived, EventStepSkipped, EventStepWaiting:
+	case EventReplyReceived:
 		to = StatusRunning
+		if inst.Status == StatusPaused && inst.PausedFrom == StatusRunning {
+			to = StatusPaused
+		}
+	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting:
+		to = StatusRunning
+	case EventPaused:
+		if inst.Status != StatusRunning && inst.Status != StatusCompensating {
+			return Transition{}, Errorf(ErrInvalid, "instance %s: only a RUNNING or COMPENSATING instance can be paused, it is %s", inst.ID, inst.Status)
+		}
+		to = StatusPaused
+	case EventResumed:
+		if err := requireStatus(StatusPaused); err != nil {
+			return Transition{}, err
+		}
+		to = inst.PausedFrom
+		if to != StatusRunning && to != StatusCompensating {
+			return Transition{}, Errorf(ErrInvalid, "instance %s: paused from %q, which is not RUNNING or COMPENSATING", inst.ID, inst.PausedFrom)
+		}
 	case EventCompensationStarted, EventCancelRequested:
 		if err := requireStatus(StatusRunning); err != nil {
 			return Transition{}, err
@@ -437,6 +463,16 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		next.NextAttemptAt = now
 		revokeLease()
 
+	case EventPaused:
+		next.PausedFrom = inst.Status
+		next.HeldSince = inst.HeldSince
+		revokeLease()
+
+	case EventResumed:
+		next.PausedFrom = ""
+		next.HeldSince = inst.HeldSince
+		revokeLease()
+
 	case EventCancelRequested:
 		next.CompensationReason = ev.Reason
 		if next.CompensationReason == "" {
@@ -509,7 +545,7 @@ func checkEventStep(inst Instance, ev Event) error {
 		if ev.Step < -1 || ev.Step > inst.CurrentStep {
 			return Errorf(ErrInvalid, "instance %s: compensation can start at step -1..%d (the steps reached), not %d", inst.ID, inst.CurrentStep, ev.Step)
 		}
-	case EventRetryRequested, EventCancelRequested, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
+	case EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		if ev.Step != -1 && ev.Step != inst.CurrentStep {
 			return Errorf(ErrInvalid, "instance %s: %s names step %d, the instance is at step %d", inst.ID, ev.Kind, ev.Step, inst.CurrentStep)
 		}

@@ -48,6 +48,9 @@ type Instance struct {
 	// (ClassOperator, ClassTransient) began; nil when the last attempt
 	// did not fail that way.
 	HeldSince *time.Time
+	// PausedFrom is the status a PAUSED instance was paused in, to which
+	// RequestResume returns it; empty when it is not paused.
+	PausedFrom Status
 }
 
 // StepRecord is one saga_steps row: how a step of an instance went.
@@ -104,6 +107,12 @@ const (
 	EventRetryRequested EventKind = "retry_requested"
 	// EventCancelRequested: a person asked a RUNNING instance to compensate.
 	EventCancelRequested EventKind = "cancel_requested"
+	// EventPaused: a person paused a RUNNING or COMPENSATING instance
+	// (Reason, Actor). Not fenced: it revokes any lease.
+	EventPaused EventKind = "paused"
+	// EventResumed: a person resumed a PAUSED instance (Reason, Actor): it
+	// continues where it stood.
+	EventResumed EventKind = "resumed"
 	// Terminal events, appended by MarkTerminal.
 	EventCompleted   EventKind = "completed"
 	EventCompensated EventKind = "compensated"
@@ -195,7 +204,7 @@ type Journal interface {
 	// up.
 	HeadSeq(ctx context.Context) (int64, error)
 
-	// DeliverReply records a reply for the RUNNING instance waiting on
+	// DeliverReply records a reply for the RUNNING (or PAUSED) instance waiting on
 	// correlationID (reply_received, which ends the wait): not fenced, it
 	// revokes any lease so that the instance is claimed again at once and a
 	// runner still working on the wait cannot commit. It returns the
@@ -214,6 +223,17 @@ type Journal interface {
 	// (cancel_requested). Not fenced: it revokes any lease. Unknown →
 	// ErrNotFound; not RUNNING → ErrInvalid.
 	RequestCancel(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
+	// RequestPause pauses a RUNNING or COMPENSATING instance (paused): it
+	// becomes PAUSED, is never claimed, and keeps everything else (its
+	// step, attempt, next_attempt_at, wait and concurrency key). Not
+	// fenced: it revokes any lease, so a runner working on it cannot
+	// commit. Unknown → ErrNotFound; any other status → ErrInvalid.
+	RequestPause(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
+	// RequestResume returns a PAUSED instance to the status it was paused
+	// in (resumed), due when it was due: a wait or a reply timeout that
+	// passed meanwhile applies at once. Unknown → ErrNotFound; not PAUSED →
+	// ErrInvalid.
+	RequestResume(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
 }
 
 // DueReporter is implemented by journals that can say when the next

@@ -12,6 +12,10 @@ const (
 	StatusCompensated  Status = "COMPENSATED"
 	StatusFailed       Status = "FAILED"
 	StatusTimedOut     Status = "TIMED_OUT"
+	// StatusPaused: an operator paused the instance (RequestPause). It runs
+	// no step and no compensation until resumed, and then continues in the
+	// status it was paused in (Instance.PausedFrom).
+	StatusPaused Status = "PAUSED"
 )
 
 // Terminal reports whether no further work happens on its own. FAILED is
@@ -26,7 +30,7 @@ func (s Status) Terminal() bool {
 }
 
 // Statuses lists every status, in the order an instance meets them.
-var Statuses = []Status{StatusRunning, StatusCompensating, StatusFailed, StatusCompleted, StatusCompensated, StatusTimedOut}
+var Statuses = []Status{StatusRunning, StatusPaused, StatusCompensating, StatusFailed, StatusCompleted, StatusCompensated, StatusTimedOut}
 
 // Valid reports whether s is one of the known statuses.
 func (s Status) Valid() bool { return slices.Contains(Statuses, s) }
@@ -53,8 +57,11 @@ func (s StepStatus) Valid() bool {
 }
 
 var sagaTransitions = map[Status][]Status{
-	StatusRunning:      {StatusRunning, StatusCompleted, StatusCompensating},
-	StatusCompensating: {StatusCompensating, StatusCompensated, StatusFailed, StatusTimedOut},
+	StatusRunning:      {StatusRunning, StatusCompleted, StatusCompensating, StatusPaused},
+	StatusCompensating: {StatusCompensating, StatusCompensated, StatusFailed, StatusTimedOut, StatusPaused},
+	// A paused instance goes back to the status it was paused in; a reply
+	// may reach it meanwhile (PAUSED -> PAUSED).
+	StatusPaused: {StatusPaused, StatusRunning, StatusCompensating},
 	// A person's retry resumes the compensation that failed.
 	StatusFailed: {StatusCompensating},
 }

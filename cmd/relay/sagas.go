@@ -28,10 +28,11 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	var stuckAfter, holdAfter time.Duration
 	cmd := &cobra.Command{
 		Use:   "sagas",
-		Short: "List, inspect, retry and cancel saga instances (works without a running relay)",
+		Short: "List, inspect, retry, cancel, pause and resume saga instances (works without a running relay)",
 		Long: "Operator commands on saga instances, against the database directly and with\n" +
 			"the same semantics as the HTTP API (/v1/sagas): one implementation behind both.\n" +
-			"Retry and cancel are journaled with your OS user name (cli:<user>) and the time.",
+			"Retry, cancel, pause and resume are journaled with your OS user name (cli:<user>)\n" +
+			"and the time.",
 	}
 	cmd.PersistentFlags().DurationVar(&stuckAfter, "stuck-after", admin.DefaultStuckAfter,
 		"a RUNNING or COMPENSATING instance whose next attempt is overdue by more than this, with no runner holding it, is stuck (env RELAY_STUCK_AFTER)")
@@ -214,7 +215,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel, newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
+	cmd.AddCommand(list, show, retry, cancel)
+	cmd.AddCommand(newSagasPauseCmds(withAdmin)...)
+	cmd.AddCommand(newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
 	return cmd
 }
 

@@ -14,10 +14,11 @@ import (
 	"github.com/compensa/compensa/saga/admin"
 )
 
-// bulkFlags are the flags of `relay sagas retry|cancel --filter ...`.
+// bulkFlags are the flags of `relay sagas retry|cancel|pause|resume --filter ...`.
 type bulkFlags struct {
 	filters []string
 	yes     bool
+	dryRun  bool
 	limit   int
 	asJSON  bool
 }
@@ -26,6 +27,7 @@ func (b *bulkFlags) register(cmd *cobra.Command, action string) {
 	f := cmd.Flags()
 	f.StringArrayVar(&b.filters, "filter", nil, "act on every instance matching KEY=VALUE (repeatable; keys saga, version, status, step, stuck, error_contains, created_after, created_before, tenant)")
 	f.BoolVar(&b.yes, "yes", false, "really "+action+" (without it, --filter only counts and shows the first 20 ids)")
+	f.BoolVar(&b.dryRun, "dry-run", false, "with --filter: only count and show the first 20 ids, change nothing (what --filter does without --yes)")
 	f.IntVar(&b.limit, "limit", admin.DefaultBulkLimit, fmt.Sprintf("with --filter --yes: act on at most this many instances (at most %d)", admin.MaxBulkLimit))
 	setFlagMax(f, "limit", admin.MaxBulkLimit)
 	f.BoolVar(&b.asJSON, "json", false, `with --filter: print the answer as the API does ({"dry_run", "matched", "sample" or "outcomes"})`)
@@ -108,6 +110,9 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 	if len(b.filters) == 0 {
 		return usageError("give an instance ID, or --filter KEY=VALUE to %s every instance that matches", action)
 	}
+	if b.yes && b.dryRun {
+		return usageError("--yes and --dry-run contradict each other: drop --dry-run to %s, or --yes to only count", action)
+	}
 	f, err := parseBulkFilter(b.filters)
 	if err != nil {
 		return err
@@ -141,10 +146,7 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 			}
 			return nil
 		}
-		done := admin.OutcomeRetried
-		if action == "cancel" {
-			done = admin.OutcomeCancelled
-		}
+		done := pastTense(action) // the outcome's key: retried, cancelled, paused, resumed
 		fmt.Fprintf(out, "%d matched, %d skipped (a %s cannot act on them): %d %s, %d already requested, %d conflict (refused or changed meanwhile).\n",
 			res.Matched, res.Skipped, action, res.Outcomes[done], done, res.Outcomes[admin.OutcomeAlreadyRequested], res.Outcomes[admin.OutcomeConflict])
 		if left := res.Applicable - res.Outcomes[done] - res.Outcomes[admin.OutcomeAlreadyRequested] - res.Outcomes[admin.OutcomeConflict]; left > 0 {
@@ -155,8 +157,11 @@ func (b *bulkFlags) run(cmd *cobra.Command, args []string, action, reason string
 }
 
 func pastTense(action string) string {
-	if action == "cancel" {
+	switch action {
+	case "cancel":
 		return "cancelled"
+	case "retry":
+		return "retried"
 	}
 	return action + "d"
 }

@@ -49,6 +49,8 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas show":        {"database-url"},
 	"relay sagas retry":       {"database-url"},
 	"relay sagas cancel":      {"database-url"},
+	"relay sagas pause":       {"database-url"},
+	"relay sagas resume":      {"database-url"},
 	"relay sagas start":       {"database-url", "outbox-table"},
 	"relay sagas validate":    {"database-url"},
 	"relay sagas test":        {},

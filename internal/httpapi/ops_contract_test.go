@@ -229,6 +229,44 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 				t.Errorf("cancel B's: %d, want 404", r.status)
 			}
 		},
+		"POST /v1/sagas/{id}/pause": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sagas/"+s.b.running.String()+"/pause", `{"reason":"x"}`); r.status != http.StatusNotFound {
+				t.Errorf("pause B's: %d, want 404", r.status)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/"+s.a.running.String()+"/pause", `{"reason":"x"}`); r.status != http.StatusForbidden {
+				t.Errorf("pause by a read token: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sagas/{id}/resume": func(t *testing.T) {
+			if r := s.call(t, acmeToken, "POST", "/v1/sagas/"+s.b.running.String()+"/resume", `{"reason":"x"}`); r.status != http.StatusNotFound {
+				t.Errorf("resume B's: %d, want 404", r.status)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/"+s.a.running.String()+"/resume", `{"reason":"x"}`); r.status != http.StatusForbidden {
+				t.Errorf("resume by a read token: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sagas/pause": func(t *testing.T) {
+			r := s.call(t, acmeToken, "POST", "/v1/sagas/pause", `{"filter": {"tenant": "`+tenantB.String()+`"}, "reason": "x", "dry_run": false}`)
+			if r.status == http.StatusOK && !strings.Contains(string(r.body), `"matched": 0`) {
+				t.Errorf("bulk pause of tenant B's by tenant A: %d %s", r.status, r.body)
+			}
+			if got := ids(t, s.call(t, opsToken, "GET", "/v1/sagas?status=PAUSED", "", xB...)); len(got) != 0 {
+				t.Errorf("tenant A's bulk pause paused B's %v", got)
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/pause", `{"filter": {}, "reason": "x"}`); r.status != http.StatusForbidden {
+				t.Errorf("bulk pause by a read token: %d, want 403", r.status)
+			}
+		},
+		"POST /v1/sagas/resume": func(t *testing.T) {
+			r := s.call(t, acmeToken, "POST", "/v1/sagas/resume", `{"filter": {}, "reason": "x", "dry_run": true}`)
+			var res struct {
+				Sample []string `json:"sample"`
+			}
+			if r.status != http.StatusOK || json.Unmarshal(r.body, &res) != nil {
+				t.Fatalf("bulk resume dry run: %d %s", r.status, r.body)
+			}
+			noneOfB(t, "bulk resume sample", res.Sample)
+		},
 		"POST /v1/sagas/retry": func(t *testing.T) {
 			for _, body := range []string{
 				`{"filter": {}, "reason": "x", "dry_run": false}`,
@@ -496,6 +534,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"POST /v1/sagas/cancel":      {{"/v1/sagas/cancel", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/cancel", `{"filter": {"bogus": 1}, "reason": "r"}`}},
 		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
 		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
+		"POST /v1/sagas/pause":       {{"/v1/sagas/pause", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/pause", `{"filter": {"bogus": 1}, "reason": "r"}`}},
+		"POST /v1/sagas/resume":      {{"/v1/sagas/resume", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/resume", `{"reason": ""}`}},
+		"POST /v1/sagas/{id}/pause": {{"/v1/sagas/" + s.b.running.String() + "/pause", `{"reason": "r"}`}, {"/v1/sagas/" + s.b.failed.String() + "/pause", `{"reason": "r"}`},
+			{"/v1/sagas/" + s.b.running.String() + "/pause", `{}`}},
+		"POST /v1/sagas/{id}/resume": {{"/v1/sagas/" + s.b.running.String() + "/resume", `{"reason": "r"}`}, {"/v1/sagas/" + s.b.failed.String() + "/resume", `{"reason": "r"}`}},
 		"GET /v1/replication":        {{"/v1/replication", ""}},
 		"GET /v1/definitions":        {{"/v1/definitions", ""}},
 		"GET /v1/overview":           {{"/v1/overview", ""}, {"/v1/overview?x=1", ""}},

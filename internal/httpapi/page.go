@@ -54,6 +54,8 @@ func newPageRenderer() (*pageRenderer, error) {
 		"reasonClass": reasonClass,
 		"canRetry":    canRetry,
 		"canCancel":   func(st saga.Status) bool { return st == saga.StatusRunning },
+		"canPause":    func(st saga.Status) bool { return st == saga.StatusRunning || st == saga.StatusCompensating },
+		"canResume":   func(st saga.Status) bool { return st == saga.StatusPaused },
 		"statuses":    func() []saga.Status { return allStatuses },
 		"count":       func(m map[string]int64, st saga.Status) int64 { return m[string(st)] },
 		"json":        prettyJSON,
@@ -164,7 +166,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Temp
 	_, _ = w.Write(buf.Bytes())
 }
 
-var allStatuses = []saga.Status{saga.StatusRunning, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}
+var allStatuses = []saga.Status{saga.StatusRunning, saga.StatusPaused, saga.StatusCompensating, saga.StatusFailed, saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut}
 
 type indexData struct {
 	layoutData

@@ -85,7 +85,7 @@ func lower(s string) string { return strings.ToLower(s) }
 // button only where it can work (the API still decides).
 func canRetry(it admin.Item) bool {
 	switch it.Status {
-	case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut:
+	case saga.StatusCompleted, saga.StatusCompensated, saga.StatusTimedOut, saga.StatusPaused:
 		return false
 	}
 	return it.StuckReason != admin.StuckUnregistered

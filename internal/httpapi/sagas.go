@@ -185,6 +185,14 @@ func (s *Server) cancelSaga(w http.ResponseWriter, r *http.Request, a *admin.Adm
 	s.act(w, r, a, "cancel", a.Cancel)
 }
 
+func (s *Server) pauseSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.act(w, r, a, "pause", a.Pause)
+}
+
+func (s *Server) resumeSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.act(w, r, a, "resume", a.Resume)
+}
+
 func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, action string,
 	do func(ctx context.Context, id uuid.UUID, reason, actor string) (admin.Result, error)) {
 	id, err := pathID(r)
@@ -217,7 +225,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 	writeJSON(w, http.StatusOK, res)
 }
 
-// bulkBody is the body of POST /v1/sagas/retry and /v1/sagas/cancel.
+// bulkBody is the body of POST /v1/sagas/retry, /cancel, /pause and /resume.
 type bulkBody struct {
 	Filter bulkFilter `json:"filter"`
 	Reason string     `json:"reason"`
@@ -281,6 +289,14 @@ func (s *Server) bulkRetry(w http.ResponseWriter, r *http.Request, a *admin.Admi
 
 func (s *Server) bulkCancel(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
 	s.bulk(w, r, "cancel", a.CancelMatching)
+}
+
+func (s *Server) bulkPause(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.bulk(w, r, "pause", a.PauseMatching)
+}
+
+func (s *Server) bulkResume(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	s.bulk(w, r, "resume", a.ResumeMatching)
 }
 
 func (s *Server) bulk(w http.ResponseWriter, r *http.Request, action string, do func(context.Context, admin.BulkRequest) (admin.BulkResult, error)) {

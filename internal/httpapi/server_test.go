@@ -59,6 +59,20 @@ func (j *recordingJournal) RequestCancel(_ context.Context, id uuid.UUID, reason
 	return nil
 }
 
+func (j *recordingJournal) RequestPause(_ context.Context, id uuid.UUID, reason, actor string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls = append(j.calls, fmt.Sprintf("pause %s %q %s", id, reason, actor))
+	return nil
+}
+
+func (j *recordingJournal) RequestResume(_ context.Context, id uuid.UUID, reason, actor string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls = append(j.calls, fmt.Sprintf("resume %s %q %s", id, reason, actor))
+	return nil
+}
+
 func (j *recordingJournal) count() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -65,6 +65,9 @@ func retryRule(id uuid.UUID) func(Instance) (bool, error) {
 		if inst.Status == saga.StatusFailed {
 			return false, nil
 		}
+		if inst.Status == saga.StatusPaused {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is PAUSED: resume it (relay sagas resume %s --reason …), it then continues where it stood", id, id)
+		}
 		if inst.lastKind == string(saga.EventRetryRequested) && inst.Attempt == 0 && inst.due && !inst.leaseLive {
 			return true, nil
 		}
@@ -103,8 +106,65 @@ func cancelRule(id uuid.UUID) func(Instance) (bool, error) {
 				why = "an earlier failure"
 			}
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is already compensating (%s)", id, why)
+		case inst.Status == saga.StatusPaused:
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is PAUSED: resume it first (relay sagas resume %s --reason …), then cancel it", id, id)
 		case inst.Status != saga.StatusRunning:
 			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a RUNNING instance can be cancelled", id, inst.Status)
+		}
+		return false, nil
+	}
+}
+
+// Pause stops a RUNNING or COMPENSATING instance where it stands: it
+// becomes PAUSED and no runner claims it, through restarts and failovers,
+// until Resume. A live lease is revoked, so a runner in the middle of a step
+// cannot commit it (the step runs again after the resume, as after a lost
+// lease). Its step, attempt count, timers, wait and concurrency key are
+// kept. Pausing a PAUSED instance is answered with AlreadyRequested. reason
+// is required and journaled with actor. Errors: ErrNotFound, ErrInvalid,
+// ErrConflict (any other status).
+func (a *Admin) Pause(ctx context.Context, id uuid.UUID, reason, actor string) (Result, error) {
+	reason, err := checkRequest(reason, actor, true)
+	if err != nil {
+		return Result{}, err
+	}
+	return a.act(ctx, id, pauseRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestPause(ctx, id, reason, actor)
+	})
+}
+
+// pauseRule is Pause's decision for an instance it holds locked.
+func pauseRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
+		switch inst.Status {
+		case saga.StatusPaused:
+			return true, nil
+		case saga.StatusRunning, saga.StatusCompensating:
+			return false, nil
+		}
+		return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a RUNNING or COMPENSATING instance can be paused", id, inst.Status)
+	}
+}
+
+// Resume returns a PAUSED instance to the status it was paused in, due when
+// it was due: a wait or a reply timeout that passed while it was paused
+// applies at once, and a reply that came meanwhile is used. Resuming an
+// instance that is not PAUSED is ErrConflict; the other errors as for Pause.
+func (a *Admin) Resume(ctx context.Context, id uuid.UUID, reason, actor string) (Result, error) {
+	reason, err := checkRequest(reason, actor, true)
+	if err != nil {
+		return Result{}, err
+	}
+	return a.act(ctx, id, resumeRule(id), func(ctx context.Context) error {
+		return a.cfg.Journal.RequestResume(ctx, id, reason, actor)
+	})
+}
+
+// resumeRule is Resume's decision for an instance it holds locked.
+func resumeRule(id uuid.UUID) func(Instance) (bool, error) {
+	return func(inst Instance) (bool, error) {
+		if inst.Status != saga.StatusPaused {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s, not PAUSED: there is nothing to resume", id, inst.Status)
 		}
 		return false, nil
 	}

@@ -22,21 +22,23 @@ const DefaultStuckAfter = 5 * time.Minute
 const DefaultHoldAfter = 15 * time.Minute
 
 // Journal is the part of the saga journal that operator actions write
-// through. Both requests are unfenced (they revoke any lease) and validated
+// through. The requests are unfenced (they revoke any lease) and validated
 // by saga.Advance; they join the transaction carried by ctx
 // (saga.ContextWithTx), which Admin relies on to check and act under one row
 // lock.
 type Journal interface {
 	RequestRetry(ctx context.Context, id uuid.UUID, reason, actor string) error
 	RequestCancel(ctx context.Context, id uuid.UUID, reason, actor string) error
+	RequestPause(ctx context.Context, id uuid.UUID, reason, actor string) error
+	RequestResume(ctx context.Context, id uuid.UUID, reason, actor string) error
 }
 
 // Config configures an Admin.
 type Config struct {
 	// Pool is the database; required.
 	Pool *pgxpool.Pool
-	// Journal carries out Retry and Cancel. Nil makes the Admin read-only:
-	// Retry and Cancel fail with ErrReadOnly.
+	// Journal carries out Retry, Cancel, Pause and Resume. Nil makes the
+	// Admin read-only: they fail with ErrReadOnly.
 	Journal Journal
 	// Registry says which (saga, version) pairs some relay can run: an
 	// instance of any other is stuck with reason StuckUnregistered, and it

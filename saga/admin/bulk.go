@@ -31,11 +31,13 @@ const (
 const (
 	OutcomeRetried          = "retried"
 	OutcomeCancelled        = "cancelled"
+	OutcomePaused           = "paused"
+	OutcomeResumed          = "resumed"
 	OutcomeAlreadyRequested = "already_requested"
 	OutcomeConflict         = "conflict"
 )
 
-// BulkRequest is a bulk retry or cancel. Filter.Limit and Filter.Cursor are
+// BulkRequest is a bulk retry, cancel, pause or resume. Filter.Limit and Filter.Cursor are
 // ignored: Limit is the bound of a real run.
 type BulkRequest struct {
 	Filter Filter
@@ -56,7 +58,8 @@ type BulkRequest struct {
 //
 // Matched counts every instance the filter matches; Applicable those the
 // action can act on (a retry: RUNNING, COMPENSATING or FAILED, not held by a
-// runner, of a registered version; a cancel: RUNNING); Skipped the rest,
+// runner, of a registered version; a cancel: RUNNING; a pause: RUNNING or
+// COMPENSATING; a resume: PAUSED); Skipped the rest,
 // which the action leaves alone. Sample and a real run take only applicable
 // instances.
 type BulkResult struct {
@@ -118,6 +121,22 @@ func (a *Admin) RetryMatching(ctx context.Context, req BulkRequest) (BulkResult,
 func (a *Admin) CancelMatching(ctx context.Context, req BulkRequest) (BulkResult, error) {
 	return a.bulk(ctx, req, OutcomeCancelled, sqlCancellable, cancelRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
 		return a.cfg.Journal.RequestCancel(ctx, id, reason, actor)
+	})
+}
+
+// PauseMatching pauses every instance f matches, as RetryMatching retries
+// them (outcome "paused").
+func (a *Admin) PauseMatching(ctx context.Context, req BulkRequest) (BulkResult, error) {
+	return a.bulk(ctx, req, OutcomePaused, sqlPausable, pauseRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
+		return a.cfg.Journal.RequestPause(ctx, id, reason, actor)
+	})
+}
+
+// ResumeMatching resumes every PAUSED instance f matches (outcome
+// "resumed").
+func (a *Admin) ResumeMatching(ctx context.Context, req BulkRequest) (BulkResult, error) {
+	return a.bulk(ctx, req, OutcomeResumed, sqlResumable, resumeRule, func(ctx context.Context, id uuid.UUID, reason, actor string) error {
+		return a.cfg.Journal.RequestResume(ctx, id, reason, actor)
 	})
 }
 
@@ -210,6 +229,8 @@ func (a *Admin) CountUpTo(ctx context.Context, f Filter, most int64) (n int64, m
 const (
 	ActionRetry  = "retry"
 	ActionCancel = "cancel"
+	ActionPause  = "pause"
+	ActionResume = "resume"
 )
 
 // CountApplicable is CountUpTo for the instances f matches that action
@@ -221,8 +242,12 @@ func (a *Admin) CountApplicable(ctx context.Context, f Filter, action string, mo
 		return a.countUpTo(ctx, f, sqlRetryable, most)
 	case ActionCancel:
 		return a.countUpTo(ctx, f, sqlCancellable, most)
+	case ActionPause:
+		return a.countUpTo(ctx, f, sqlPausable, most)
+	case ActionResume:
+		return a.countUpTo(ctx, f, sqlResumable, most)
 	}
-	return 0, false, saga.Errorf(saga.ErrInvalid, "action %q is not %s or %s", action, ActionRetry, ActionCancel)
+	return 0, false, saga.Errorf(saga.ErrInvalid, "action %q is not %s, %s, %s or %s", action, ActionRetry, ActionCancel, ActionPause, ActionResume)
 }
 
 func (a *Admin) countUpTo(ctx context.Context, f Filter, applicable string, most int64) (n int64, more bool, err error) {

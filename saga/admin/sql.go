@@ -36,7 +36,7 @@ CASE
          SELECT count(*) FROM (
            SELECT 1 FROM saga_instances o
            WHERE o.saga_name = s.saga_name AND o.concurrency_key = s.concurrency_key
-             AND o.status IN ('RUNNING', 'COMPENSATING')
+             AND o.status IN ('RUNNING', 'COMPENSATING', 'PAUSED')
              AND (o.concurrency_lsn, o.concurrency_ord) < (s.concurrency_lsn, s.concurrency_ord)
            LIMIT s.concurrency_limit) older) < s.concurrency_limit)
     THEN 'overdue'
@@ -85,8 +85,12 @@ const (
 	// the same under the row lock).
 	sqlRetryable   = ` AND q.status IN ('RUNNING','COMPENSATING','FAILED') AND q.stuck_reason <> 'unregistered_version' AND NOT q.lease_live`
 	sqlCancellable = ` AND q.status = 'RUNNING'`
-	sqlListAll     = `) q WHERE true`
-	sqlListTail    = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
+	// A pause takes a RUNNING or COMPENSATING instance, a resume a PAUSED
+	// one (pauseRule and resumeRule).
+	sqlPausable  = ` AND q.status IN ('RUNNING','COMPENSATING')`
+	sqlResumable = ` AND q.status = 'PAUSED'`
+	sqlListAll   = `) q WHERE true`
+	sqlListTail  = ` ORDER BY q.created_at DESC, q.id DESC LIMIT $%d`
 	// A bulk action's selection: one instance (re-checked under its lock),
 	// and batches oldest first after the last one taken.
 	sqlWhereID     = ` AND s.id = $%d`

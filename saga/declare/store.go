@@ -19,8 +19,9 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (saga_name, saga_version) DO NOTHING`
 	sqlStoredDefinitions = `SELECT saga_name, saga_version, hash, body, source_file FROM saga_definitions ORDER BY saga_name, saga_version`
 	// An OR, so that the partial indexes saga_claim_idx and saga_failed_idx
-	// serve it (migration 0007): finished instances are not read.
-	sqlUnfinished = `SELECT DISTINCT saga_name, saga_version FROM saga_instances WHERE status IN ('RUNNING', 'COMPENSATING') OR status = 'FAILED'`
+	// serve it (migrations 0007 and 0020, saga_paused_idx): finished
+	// instances are not read.
+	sqlUnfinished = `SELECT DISTINCT saga_name, saga_version FROM saga_instances WHERE status IN ('RUNNING', 'COMPENSATING') OR status = 'FAILED' OR status = 'PAUSED'`
 )
 
 // Beginner opens a transaction (a *pgxpool.Pool, a *pgx.Conn).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -61,6 +62,9 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RequestRetry/RevokesLease", testRetryRevokes},
 		{"RequestRetry/UnknownAndFinished", testRetryRefusals},
 		{"RequestCancel/CompensatesFromCurrentStep", testCancel},
+		{"RequestPause/NeverClaimedUntilResumed", testPauseResume},
+		{"RequestPause/KeepsAReplyAndTheWait", testPauseKeepsReply},
+		{"RequestPause/CompensatingResumesCompensating", testPauseCompensating},
 		{"DeliverReply/WakesTheWaitingStep", testDeliverReply},
 		{"Lifecycle/ForwardThenCompensate", testLifecycle},
 		{"Append/SkipAndWait", testSkipAndWait},
@@ -781,6 +785,132 @@ func testCancel(t *testing.T, h Harness) {
 	if ok, err := h.Journal.MarkTerminal(ctx, c.ID, c.LeaseID.UUID, saga.StatusCompensated, "cancelled"); !ok || err != nil {
 		t.Fatalf("mark compensated: %t %v", ok, err)
 	}
+}
+
+// claimable reports whether a claim now leases id (and leaves it leased).
+func claimable(t *testing.T, j saga.Journal, id uuid.UUID) (saga.Instance, bool) {
+	t.Helper()
+	got, err := j.ClaimPending(ctx, 1000, lease)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	for _, inst := range got {
+		if inst.ID == id {
+			return inst, true
+		}
+	}
+	return saga.Instance{}, false
+}
+
+func testPauseResume(t *testing.T, h Harness) {
+	inst := started(t, h)
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventStepFailed, Step: 0, Error: "boom", RetryIn: time.Minute})
+	before := get(t, h.Journal, inst.ID)
+	h.Clock.Advance(time.Second)
+	if err := h.Journal.RequestPause(ctx, inst.ID, "hold on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, h.Journal, inst.ID)
+	if got.Status != saga.StatusPaused || got.PausedFrom != saga.StatusRunning || got.LeaseID.Valid ||
+		got.CurrentStep != 0 || got.Attempt != before.Attempt || !got.NextAttemptAt.Equal(before.NextAttemptAt) {
+		t.Fatalf("after pause: %+v (before %+v)", got, before)
+	}
+	// The runner that held it is fenced out.
+	_, err := h.Journal.Append(ctx, inst.ID, inst.LeaseID.UUID, saga.Event{Kind: saga.EventStepCompleted, Step: 0})
+	isKind(t, "append by the holder after pause", err, saga.ErrLeaseLost)
+	isKind(t, "pause twice", h.Journal.RequestPause(ctx, inst.ID, "again", "ops"), saga.ErrInvalid)
+	isKind(t, "cancel a paused instance", h.Journal.RequestCancel(ctx, inst.ID, "x", "ops"), saga.ErrInvalid)
+	// Long past its retry time, it is never claimed while paused.
+	h.Clock.Advance(time.Hour)
+	if _, ok := claimable(t, h.Journal, inst.ID); ok {
+		t.Fatal("a PAUSED instance was claimed")
+	}
+	if err := h.Journal.RequestResume(ctx, inst.ID, "go on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	got = get(t, h.Journal, inst.ID)
+	if got.Status != saga.StatusRunning || got.PausedFrom != "" || got.Attempt != before.Attempt || !got.NextAttemptAt.Equal(before.NextAttemptAt) {
+		t.Fatalf("after resume: %+v", got)
+	}
+	isKind(t, "resume a running instance", h.Journal.RequestResume(ctx, inst.ID, "again", "ops"), saga.ErrInvalid)
+	c, ok := claimable(t, h.Journal, inst.ID)
+	if !ok {
+		t.Fatal("the resumed instance, due since before the pause, was not claimed")
+	}
+	appendOK(t, h.Journal, c, saga.Event{Kind: saga.EventStepCompleted, Step: 0})
+	evs, err := h.Journal.Load(ctx, inst.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, e := range evs {
+		if e.Kind == saga.EventPaused || e.Kind == saga.EventResumed {
+			kinds = append(kinds, fmt.Sprintf("%s by %s: %s", e.Kind, e.Actor, e.Reason))
+		}
+	}
+	if want := "[paused by ops: hold on resumed by ops: go on]"; fmt.Sprint(kinds) != want {
+		t.Fatalf("journal = %v, want %s", kinds, want)
+	}
+	// Finished instances cannot be paused; unknown ones are not found.
+	if ok, err := h.Journal.MarkTerminal(ctx, c.ID, c.LeaseID.UUID, saga.StatusCompleted, ""); !ok || err != nil {
+		t.Fatalf("mark completed: %t %v", ok, err)
+	}
+	isKind(t, "pause a completed instance", h.Journal.RequestPause(ctx, inst.ID, "x", "ops"), saga.ErrInvalid)
+	isKind(t, "pause unknown", h.Journal.RequestPause(ctx, uuid.New(), "x", "ops"), saga.ErrNotFound)
+	isKind(t, "resume unknown", h.Journal.RequestResume(ctx, uuid.New(), "x", "ops"), saga.ErrNotFound)
+}
+
+func testPauseKeepsReply(t *testing.T, h Harness) {
+	inst := started(t, h)
+	corr := uuid.New()
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventStepAwaiting, Step: 0, CorrelationID: corr, AwaitFor: time.Hour})
+	if err := h.Journal.RequestPause(ctx, inst.ID, "hold on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	id, err := h.Journal.DeliverReply(ctx, corr, json.RawMessage(`{"ok": true}`), "correlator")
+	if err != nil || id != inst.ID {
+		t.Fatalf("a reply to a paused instance: %s, %v", id, err)
+	}
+	got := get(t, h.Journal, inst.ID)
+	if got.Status != saga.StatusPaused || !JSONEqual(got.Reply, json.RawMessage(`{"ok":true}`)) || got.AwaitingCorrelationID.Valid {
+		t.Fatalf("after the reply: %+v", got)
+	}
+	if _, ok := claimable(t, h.Journal, inst.ID); ok {
+		t.Fatal("a reply made a PAUSED instance claimable")
+	}
+	if err := h.Journal.RequestResume(ctx, inst.ID, "go on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	c, ok := claimable(t, h.Journal, inst.ID)
+	if !ok || !JSONEqual(c.Reply, json.RawMessage(`{"ok":true}`)) {
+		t.Fatalf("resumed: claimed %t, reply %s", ok, c.Reply)
+	}
+}
+
+func testPauseCompensating(t *testing.T, h Harness) {
+	inst := started(t, h)
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventStepCompleted, Step: 0})
+	if err := h.Journal.RequestCancel(ctx, inst.ID, "withdrawn", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Journal.RequestPause(ctx, inst.ID, "hold on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, h.Journal, inst.ID); got.Status != saga.StatusPaused || got.PausedFrom != saga.StatusCompensating {
+		t.Fatalf("after pause: %+v", got)
+	}
+	if err := h.Journal.RequestResume(ctx, inst.ID, "go on", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, h.Journal, inst.ID)
+	if got.Status != saga.StatusCompensating || got.CompensationReason != "withdrawn" || got.CurrentStep != 1 {
+		t.Fatalf("after resume: %+v", got)
+	}
+	c, ok := claimable(t, h.Journal, inst.ID)
+	if !ok {
+		t.Fatal("the resumed compensation was not claimed")
+	}
+	appendOK(t, h.Journal, c, saga.Event{Kind: saga.EventCompensationSkipped, Step: 1})
 }
 
 func testDeliverReply(t *testing.T, h Harness) {

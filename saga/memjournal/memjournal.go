@@ -307,6 +307,16 @@ func (j *Journal) RequestCancel(_ context.Context, id uuid.UUID, reason, actor s
 	return j.request(id, saga.Event{Kind: saga.EventCancelRequested, Step: -1, Reason: reason, Actor: actor})
 }
 
+// RequestPause implements saga.Journal.
+func (j *Journal) RequestPause(_ context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(id, saga.Event{Kind: saga.EventPaused, Step: -1, Reason: reason, Actor: actor})
+}
+
+// RequestResume implements saga.Journal.
+func (j *Journal) RequestResume(_ context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(id, saga.Event{Kind: saga.EventResumed, Step: -1, Reason: reason, Actor: actor})
+}
+
 func (j *Journal) request(id uuid.UUID, ev saga.Event) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -322,8 +332,8 @@ func (j *Journal) request(id uuid.UUID, ev saga.Event) error {
 	return nil
 }
 
-// DeliverReply records reply for the RUNNING instance waiting on
-// correlationID (a reply_received event) and revokes its lease. It returns
+// DeliverReply records reply for the RUNNING (or PAUSED) instance waiting
+// on correlationID (a reply_received event) and revokes its lease. It returns
 // the instance id: ErrNotFound when no instance waits on correlationID,
 // ErrConflict when more than one does. It is what the correlator does in
 // PostgreSQL, for tests that run on this journal.
@@ -332,7 +342,7 @@ func (j *Journal) DeliverReply(_ context.Context, correlationID uuid.UUID, reply
 	defer j.mu.Unlock()
 	var found []*entry
 	for _, e := range j.instances {
-		if e.inst.Status == saga.StatusRunning && e.inst.AwaitingCorrelationID.Valid && e.inst.AwaitingCorrelationID.UUID == correlationID {
+		if (e.inst.Status == saga.StatusRunning || e.inst.Status == saga.StatusPaused) && e.inst.AwaitingCorrelationID.Valid && e.inst.AwaitingCorrelationID.UUID == correlationID {
 			found = append(found, e)
 		}
 	}

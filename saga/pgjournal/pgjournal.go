@@ -432,6 +432,16 @@ func (j *Journal) RequestCancel(ctx context.Context, id uuid.UUID, reason, actor
 	return j.request(ctx, id, saga.Event{Kind: saga.EventCancelRequested, Step: -1, Reason: reason, Actor: actor})
 }
 
+// RequestPause implements saga.Journal.
+func (j *Journal) RequestPause(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(ctx, id, saga.Event{Kind: saga.EventPaused, Step: -1, Reason: reason, Actor: actor})
+}
+
+// RequestResume implements saga.Journal.
+func (j *Journal) RequestResume(ctx context.Context, id uuid.UUID, reason, actor string) error {
+	return j.request(ctx, id, saga.Event{Kind: saga.EventResumed, Step: -1, Reason: reason, Actor: actor})
+}
+
 func (j *Journal) request(ctx context.Context, id uuid.UUID, ev saga.Event) error {
 	return j.mutate(ctx, sqlLockByID, id, func(rows []locked) (*saga.Transition, error) {
 		if len(rows) == 0 {
@@ -664,30 +674,30 @@ func readWrite(br pgx.BatchResults, trs []saga.Transition) error {
 
 // writeArgs are sqlWrite's parameters for a transition.
 func writeArgs(tr saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 32), tr, tr.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 33), tr, tr.Instance.Version-1)
 	return eventArgs(stepArgs(args, tr), tr)
 }
 
 // pairArgs are sqlWritePair's parameters: the projection after second, the
 // version before first, first's step record, both events.
 func pairArgs(first, second saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 35), second, first.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 36), second, first.Instance.Version-1)
 	return eventArgs(eventArgs(stepArgs(args, first), first), second)
 }
 
-// projectionArgs appends parameters $1-$18: the projection after tr, the
-// version the write expects to find (read), and held_since.
+// projectionArgs appends parameters $1-$19: the projection after tr, the
+// version the write expects to find (read), held_since and paused_from.
 func projectionArgs(args []any, tr saga.Transition, read int64) []any {
 	in := tr.Instance
 	return append(args,
 		[16]byte(in.ID), string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
 		in.LastError, uuidArg(in.LeaseID), in.LeaseExpiresAt, in.Version, uuidArg(in.AwaitingCorrelationID),
 		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
-		read, in.HeldSince,
+		read, in.HeldSince, string(in.PausedFrom),
 	)
 }
 
-// stepArgs appends parameters $19-$29: tr's step record, if any.
+// stepArgs appends parameters $20-$30: tr's step record, if any.
 func stepArgs(args []any, tr saga.Transition) []any {
 	if s := tr.Step; s != nil {
 		return append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,

@@ -18,7 +18,7 @@ import (
 // reflection, for every row of every locking read.
 type instanceRow struct {
 	inst                                    saga.Instance
-	status                                  string
+	status, pausedFrom                      string
 	workspace, correlation, lease, awaiting pgtype.UUID
 }
 
@@ -30,7 +30,7 @@ func (r *instanceRow) dest(d []any) []any {
 		&i.CurrentStep, (*[16]byte)(&i.TriggerEventID), &r.correlation, (*[]byte)(&i.Context), &i.Attempt, &i.NextAttemptAt,
 		&i.TimeoutAt, &i.LastError, &r.lease, &i.LeaseExpiresAt, &i.Version,
 		&r.awaiting, &i.AwaitingUntil, (*[]byte)(&i.Reply), &i.CompensationReason,
-		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent, &i.HeldSince,
+		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent, &i.HeldSince, &r.pausedFrom,
 	)
 }
 
@@ -38,6 +38,7 @@ func (r *instanceRow) dest(d []any) []any {
 func (r *instanceRow) instance() saga.Instance {
 	i := r.inst
 	i.Status = saga.Status(r.status)
+	i.PausedFrom = saga.Status(r.pausedFrom)
 	i.WorkspaceID = nullUUID(r.workspace)
 	i.CorrelationID = nullUUID(r.correlation)
 	i.LeaseID = nullUUID(r.lease)

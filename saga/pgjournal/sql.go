@@ -12,7 +12,8 @@ const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_ver
 	i.current_step, i.trigger_event_id, i.correlation_id, i.context, i.attempt, i.next_attempt_at,
 	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
 	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
-	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, ''), i.held_since`
+	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, ''), i.held_since,
+	COALESCE(i.paused_from::text, '')`
 
 // stepCols are the saga_steps columns in scanStep's order (NULL throughout
 // when a LEFT JOIN found no step).
@@ -39,7 +40,7 @@ const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id
 // writers holding a row) pass each other instead of queueing. A live lease
 // (expiry >= now) is never taken over. An instance with a concurrency key
 // is taken only while fewer than its limit of older instances (trigger
-// commit order) of its saga and key are unfinished: the limit and the
+// commit order) of its saga and key are unfinished (a PAUSED one too): the limit and the
 // order hold whichever relay claims, since they are read from committed
 // rows (saga_concurrency_idx); an instance without a key skips the check.
 const sqlClaim = `
@@ -53,7 +54,7 @@ due AS (
 		SELECT count(*) FROM (
 			SELECT 1 FROM saga_instances o
 			WHERE o.saga_name = i.saga_name AND o.concurrency_key = i.concurrency_key
-			  AND o.status IN ('RUNNING', 'COMPENSATING')
+			  AND o.status IN ('RUNNING', 'COMPENSATING', 'PAUSED')
 			  AND (o.concurrency_lsn, o.concurrency_ord) < (i.concurrency_lsn, i.concurrency_ord)
 			LIMIT i.concurrency_limit) older) < i.concurrency_limit)
 	ORDER BY i.next_attempt_at, i.id
@@ -161,34 +162,37 @@ ORDER BY i.id
 FOR UPDATE OF i`
 
 // sqlLockByCorrelation is sqlLockByID for the instances waiting on a
-// correlation id (at most two are read: one is expected).
+// correlation id (at most two are read: one is expected). A PAUSED instance
+// paused while it waited takes its reply too, and stays paused.
 const sqlLockByCorrelation = `
 SELECT ` + instanceCols + `, ` + stepCols + `, COALESCE($2::timestamptz, clock_timestamp())
 FROM saga_instances i
 LEFT JOIN LATERAL (SELECT * FROM saga_steps s WHERE s.saga_instance_id = i.id AND s.sequence = i.current_step LIMIT 1) s ON true
-WHERE i.awaiting_correlation_id = $1 AND i.status = 'RUNNING'
+WHERE i.awaiting_correlation_id = $1 AND i.status IN ('RUNNING', 'PAUSED')
 ORDER BY i.id
 LIMIT 2
 FOR UPDATE OF i`
 
 // sqlWriteProjection is the part sqlWrite and sqlWritePair share: the
 // projection update fenced by the version read ($17), held_since ($18),
-// and the step record (when $20 is true); each statement then inserts its event(s) from u.
+// paused_from ($19), and the step record (when $21 is true); each statement
+// then inserts its event(s) from u.
 const sqlWriteProjection = `
 WITH u AS (
 	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
 		attempt = $5, next_attempt_at = $6, last_error = NULLIF($7, ''), lease_id = $8,
 		lease_expires_at = $9, current_version = $10, awaiting_correlation_id = $11,
 		awaiting_until = $12, reply = $13, compensation_reason = NULLIF($14, ''),
-		updated_at = $15, completed_at = $16, held_since = $18
+		updated_at = $15, completed_at = $16, held_since = $18,
+		paused_from = NULLIF($19, '')::saga_status
 	WHERE id = $1 AND current_version = $17
 	RETURNING id
 ),
 st AS (
 	INSERT INTO saga_steps AS s (saga_instance_id, sequence, step_name, status, attempts,
 		compensation_attempts, output, last_error, started_at, completed_at, compensated_at)
-	SELECT u.id, $19, $21, $22::text::saga_step_status, $23, $24, $25, NULLIF($26, ''), $27, $28, $29
-	FROM u WHERE $20::boolean
+	SELECT u.id, $20, $22, $23::text::saga_step_status, $24, $25, $26, NULLIF($27, ''), $28, $29, $30
+	FROM u WHERE $21::boolean
 	ON CONFLICT (saga_instance_id, sequence) DO UPDATE SET
 		step_name = EXCLUDED.step_name, status = EXCLUDED.status, attempts = EXCLUDED.attempts,
 		compensation_attempts = EXCLUDED.compensation_attempts, output = EXCLUDED.output,
@@ -207,13 +211,13 @@ const sqlEventXid = `GREATEST(pg_current_xact_id(),
 	(SELECT p.xid FROM saga_events p WHERE p.instance_id = $1 AND p.version = $17))`
 
 // sqlWrite stores a saga.Transition in one statement: the projection, the
-// step record (when $20 is true) and the event, whose global_seq it returns.
+// step record (when $21 is true) and the event, whose global_seq it returns.
 // The step and event rows are written only if the projection row still has
 // the version that was read ($17): under the row lock it always has, and if
 // it ever did not, nothing at all would be written.
 const sqlWrite = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
-SELECT u.id, $10, $30, $31, $32, $15, ` + sqlEventXid + ` FROM u
+SELECT u.id, $10, $31, $32, $33, $15, ` + sqlEventXid + ` FROM u
 RETURNING global_seq`
 
 // sqlWritePair is sqlWrite for two events applied one after the other (a
@@ -226,7 +230,7 @@ RETURNING global_seq`
 const sqlWritePair = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
 SELECT u.id, v.version, v.kind, v.step, v.payload, $15, ` + sqlEventXid + `
-FROM u, (VALUES ($10::bigint - 1, $30::text, $31::integer, $32::jsonb), ($10::bigint, $33::text, $34::integer, $35::jsonb))
+FROM u, (VALUES ($10::bigint - 1, $31::text, $32::integer, $33::jsonb), ($10::bigint, $34::text, $35::integer, $36::jsonb))
 	AS v (version, kind, step, payload)
 ORDER BY v.version
 RETURNING global_seq`

@@ -1,4 +1,4 @@
-// Compensa monitor: the retry and cancel buttons. Everything else on the
+// Compensa monitor: the retry, cancel, pause and resume buttons. Everything else on the
 // page is rendered by the server. The buttons ask for a reason in a confirm
 // dialog, call the JSON API with the page's session cookie (and the
 // X-Compensa-Page header the API requires for that), and show the result.
@@ -18,6 +18,8 @@
   const explain = {
     retry: "Retry resumes the instance exactly where it stands: a FAILED instance re-runs the compensation that failed and then the ones below it; a stuck instance re-runs its current step now. No step is marked done or skipped.",
     cancel: "Cancel starts the compensation of this RUNNING instance: the steps that completed (or may have acted) are undone in reverse order.",
+    pause: "Pause stops this instance where it stands: no step or compensation runs, through restarts, until it is resumed. A step in progress loses its lease and runs again after the resume.",
+    resume: "Resume continues this PAUSED instance where it stood: a wait or reply timeout that passed meanwhile applies at once.",
     skip: "Skip gives up on this parked event: the sink never receives it. It is kept in relay_sink_skipped with your token's name, the time and this reason, and a replay with include_skipped can still deliver it.",
   };
 
@@ -103,7 +105,7 @@
     if (!btn || btn.disabled) return;
     pending = { action: btn.dataset.action, id: btn.dataset.id, sink: btn.dataset.sink, label: btn.dataset.label, button: btn };
     document.getElementById("confirm-title").textContent =
-      ({ retry: "Retry ", cancel: "Cancel ", skip: "Skip " })[pending.action] + pending.label + "?";
+      ({ retry: "Retry ", cancel: "Cancel ", pause: "Pause ", resume: "Resume ", skip: "Skip " })[pending.action] + pending.label + "?";
     document.getElementById("confirm-text").textContent = explain[pending.action];
     document.getElementById("confirm-reason").value = "";
     dialog.showModal();
@@ -150,7 +152,9 @@
 
   async function send(p, reason) {
     p.button.disabled = true;
-    show((p.action === "retry" ? "Retrying " : "Cancelling ") + p.label + "…", false);
+    const verb = { retry: ["Retrying ", "Retry", "Retry requested: "], cancel: ["Cancelling ", "Cancel", "Cancel requested: "],
+      pause: ["Pausing ", "Pause", "Paused: "], resume: ["Resuming ", "Resume", "Resumed: "] }[p.action];
+    show(verb[0] + p.label + "…", false);
     let res, body;
     try {
       res = await fetch("/v1/sagas/" + encodeURIComponent(p.id) + "/" + p.action, {
@@ -166,14 +170,15 @@
       return;
     }
     if (!res.ok) {
-      show((p.action === "retry" ? "Retry" : "Cancel") + " refused (" + res.status + "): " + (body.error || res.statusText), true);
+      show(verb[1] + " refused (" + res.status + "): " + (body.error || res.statusText), true);
       p.button.disabled = false;
       return;
     }
     const inst = body.instance || {};
     const step = inst.current_step + (inst.current_step_name ? " (" + inst.current_step_name + ")" : "");
-    show((body.already_requested ? "Already requested, nothing changed: " : (p.action === "retry" ? "Retry requested: " : "Cancel requested: ")) +
-      "now " + inst.status + " at step " + step + ", attempt " + inst.attempt + ". A runner picks it up at once.", false);
+    show((body.already_requested ? "Already requested, nothing changed: " : verb[2]) +
+      "now " + inst.status + " at step " + step + ", attempt " + inst.attempt + "." +
+      (inst.status === "PAUSED" ? " No runner takes it until it is resumed." : " A runner picks it up at once."), false);
     document.querySelectorAll('[data-id="' + p.id + '"] [data-field="status"], #instance[data-id="' + p.id + '"] #status').forEach(function (el) {
       el.textContent = inst.status;
       el.className = "status s-" + String(inst.status).toLowerCase();
