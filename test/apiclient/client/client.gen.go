@@ -24,6 +24,7 @@ const (
 	BulkFilterStatusCOMPENSATING BulkFilterStatus = "COMPENSATING"
 	BulkFilterStatusCOMPLETED    BulkFilterStatus = "COMPLETED"
 	BulkFilterStatusFAILED       BulkFilterStatus = "FAILED"
+	BulkFilterStatusPAUSED       BulkFilterStatus = "PAUSED"
 	BulkFilterStatusRUNNING      BulkFilterStatus = "RUNNING"
 	BulkFilterStatusTIMEDOUT     BulkFilterStatus = "TIMED_OUT"
 )
@@ -38,6 +39,8 @@ func (e BulkFilterStatus) Valid() bool {
 	case BulkFilterStatusCOMPLETED:
 		return true
 	case BulkFilterStatusFAILED:
+		return true
+	case BulkFilterStatusPAUSED:
 		return true
 	case BulkFilterStatusRUNNING:
 		return true
@@ -81,6 +84,7 @@ const (
 	InstanceStatusCOMPENSATING InstanceStatus = "COMPENSATING"
 	InstanceStatusCOMPLETED    InstanceStatus = "COMPLETED"
 	InstanceStatusFAILED       InstanceStatus = "FAILED"
+	InstanceStatusPAUSED       InstanceStatus = "PAUSED"
 	InstanceStatusRUNNING      InstanceStatus = "RUNNING"
 	InstanceStatusTIMEDOUT     InstanceStatus = "TIMED_OUT"
 )
@@ -95,6 +99,8 @@ func (e InstanceStatus) Valid() bool {
 	case InstanceStatusCOMPLETED:
 		return true
 	case InstanceStatusFAILED:
+		return true
+	case InstanceStatusPAUSED:
 		return true
 	case InstanceStatusRUNNING:
 		return true
@@ -138,6 +144,7 @@ const (
 	ItemStatusCOMPENSATING ItemStatus = "COMPENSATING"
 	ItemStatusCOMPLETED    ItemStatus = "COMPLETED"
 	ItemStatusFAILED       ItemStatus = "FAILED"
+	ItemStatusPAUSED       ItemStatus = "PAUSED"
 	ItemStatusRUNNING      ItemStatus = "RUNNING"
 	ItemStatusTIMEDOUT     ItemStatus = "TIMED_OUT"
 )
@@ -152,6 +159,8 @@ func (e ItemStatus) Valid() bool {
 	case ItemStatusCOMPLETED:
 		return true
 	case ItemStatusFAILED:
+		return true
+	case ItemStatusPAUSED:
 		return true
 	case ItemStatusRUNNING:
 		return true
@@ -225,6 +234,7 @@ const (
 	SearchResultItemsStatusCOMPENSATING SearchResultItemsStatus = "COMPENSATING"
 	SearchResultItemsStatusCOMPLETED    SearchResultItemsStatus = "COMPLETED"
 	SearchResultItemsStatusFAILED       SearchResultItemsStatus = "FAILED"
+	SearchResultItemsStatusPAUSED       SearchResultItemsStatus = "PAUSED"
 	SearchResultItemsStatusRUNNING      SearchResultItemsStatus = "RUNNING"
 	SearchResultItemsStatusTIMEDOUT     SearchResultItemsStatus = "TIMED_OUT"
 )
@@ -239,6 +249,8 @@ func (e SearchResultItemsStatus) Valid() bool {
 	case SearchResultItemsStatusCOMPLETED:
 		return true
 	case SearchResultItemsStatusFAILED:
+		return true
+	case SearchResultItemsStatusPAUSED:
 		return true
 	case SearchResultItemsStatusRUNNING:
 		return true
@@ -312,6 +324,7 @@ const (
 	ListSagasParamsStatusCOMPENSATING ListSagasParamsStatus = "COMPENSATING"
 	ListSagasParamsStatusCOMPLETED    ListSagasParamsStatus = "COMPLETED"
 	ListSagasParamsStatusFAILED       ListSagasParamsStatus = "FAILED"
+	ListSagasParamsStatusPAUSED       ListSagasParamsStatus = "PAUSED"
 	ListSagasParamsStatusRUNNING      ListSagasParamsStatus = "RUNNING"
 	ListSagasParamsStatusTIMEDOUT     ListSagasParamsStatus = "TIMED_OUT"
 )
@@ -326,6 +339,8 @@ func (e ListSagasParamsStatus) Valid() bool {
 	case ListSagasParamsStatusCOMPLETED:
 		return true
 	case ListSagasParamsStatusFAILED:
+		return true
+	case ListSagasParamsStatusPAUSED:
 		return true
 	case ListSagasParamsStatusRUNNING:
 		return true
@@ -375,7 +390,7 @@ type BulkFilterStatus string
 
 // BulkResult defines model for BulkResult.
 type BulkResult struct {
-	// Applicable the matches the action can act on (a retry: RUNNING, COMPENSATING or FAILED, not held by a runner, of a registered version; a cancel: RUNNING); the sample and a real run take only these
+	// Applicable the matches the action can act on (a retry: RUNNING, COMPENSATING or FAILED, not held by a runner, of a registered version; a cancel: RUNNING; a pause: RUNNING or COMPENSATING; a resume: PAUSED); the sample and a real run take only these
 	Applicable int  `json:"applicable"`
 	DryRun     bool `json:"dry_run"`
 
@@ -385,6 +400,8 @@ type BulkResult struct {
 		AlreadyRequested *int `json:"already_requested,omitempty"`
 		Cancelled        *int `json:"cancelled,omitempty"`
 		Conflict         *int `json:"conflict,omitempty"`
+		Paused           *int `json:"paused,omitempty"`
+		Resumed          *int `json:"resumed,omitempty"`
 		Retried          *int `json:"retried,omitempty"`
 	} `json:"outcomes,omitempty"`
 
@@ -918,6 +935,18 @@ type CancelSagasParams struct {
 	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
 }
 
+// PauseSagasParams defines parameters for PauseSagas.
+type PauseSagasParams struct {
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
+// ResumeSagasParams defines parameters for ResumeSagas.
+type ResumeSagasParams struct {
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
 // RetrySagasParams defines parameters for RetrySagas.
 type RetrySagasParams struct {
 	// XTenantID narrow to one tenant
@@ -932,6 +961,18 @@ type GetSagaParams struct {
 
 // CancelSagaParams defines parameters for CancelSaga.
 type CancelSagaParams struct {
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
+// PauseSagaParams defines parameters for PauseSaga.
+type PauseSagaParams struct {
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
+// ResumeSagaParams defines parameters for ResumeSaga.
+type ResumeSagaParams struct {
 	// XTenantID narrow to one tenant
 	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
 }
@@ -974,11 +1015,23 @@ type StartSagaJSONRequestBody = StartBody
 // CancelSagasJSONRequestBody defines body for CancelSagas for application/json ContentType.
 type CancelSagasJSONRequestBody = BulkBody
 
+// PauseSagasJSONRequestBody defines body for PauseSagas for application/json ContentType.
+type PauseSagasJSONRequestBody = BulkBody
+
+// ResumeSagasJSONRequestBody defines body for ResumeSagas for application/json ContentType.
+type ResumeSagasJSONRequestBody = BulkBody
+
 // RetrySagasJSONRequestBody defines body for RetrySagas for application/json ContentType.
 type RetrySagasJSONRequestBody = BulkBody
 
 // CancelSagaJSONRequestBody defines body for CancelSaga for application/json ContentType.
 type CancelSagaJSONRequestBody = ActionBody
+
+// PauseSagaJSONRequestBody defines body for PauseSaga for application/json ContentType.
+type PauseSagaJSONRequestBody = ActionBody
+
+// ResumeSagaJSONRequestBody defines body for ResumeSaga for application/json ContentType.
+type ResumeSagaJSONRequestBody = ActionBody
 
 // RetrySagaJSONRequestBody defines body for RetrySaga for application/json ContentType.
 type RetrySagaJSONRequestBody = ActionBody
@@ -1141,6 +1194,42 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/sagas/cancel (the `CancelSagas` operationId).
 	CancelSagas(ctx context.Context, params *CancelSagasParams, body CancelSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// PauseSagasWithBody Pause every instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+	PauseSagasWithBody(ctx context.Context, params *PauseSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PauseSagas Pause every instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+	PauseSagas(ctx context.Context, params *PauseSagasParams, body PauseSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResumeSagasWithBody Resume every PAUSED instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+	ResumeSagasWithBody(ctx context.Context, params *ResumeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResumeSagas Resume every PAUSED instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+	ResumeSagas(ctx context.Context, params *ResumeSagasParams, body ResumeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// RetrySagasWithBody Retry every instance a filter matches
 	//
 	// dry_run defaults to true. A real run acts on at most limit instances (default 1000), oldest first, each exactly as the single retry would; outcomes are retried, already_requested and conflict.
@@ -1177,6 +1266,42 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sagas/{id}/cancel (the `CancelSaga` operationId).
 	CancelSaga(ctx context.Context, id openapi_types.UUID, params *CancelSagaParams, body CancelSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PauseSagaWithBody Pause one RUNNING or COMPENSATING instance
+	//
+	// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+	PauseSagaWithBody(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PauseSaga Pause one RUNNING or COMPENSATING instance
+	//
+	// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+	PauseSaga(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, body PauseSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResumeSagaWithBody Resume one PAUSED instance where it stood
+	//
+	// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+	ResumeSagaWithBody(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ResumeSaga Resume one PAUSED instance where it stood
+	//
+	// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+	ResumeSaga(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, body ResumeSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RetrySagaWithBody Retry one instance exactly where it stands
 	//
@@ -1439,6 +1564,82 @@ func (c *Client) CancelSagas(ctx context.Context, params *CancelSagasParams, bod
 	return c.Client.Do(req)
 }
 
+// PauseSagasWithBody Pause every instance a filter matches
+//
+// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+func (c *Client) PauseSagasWithBody(ctx context.Context, params *PauseSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSagasRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PauseSagas Pause every instance a filter matches
+//
+// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+func (c *Client) PauseSagas(ctx context.Context, params *PauseSagasParams, body PauseSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSagasRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResumeSagasWithBody Resume every PAUSED instance a filter matches
+//
+// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+func (c *Client) ResumeSagasWithBody(ctx context.Context, params *ResumeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSagasRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResumeSagas Resume every PAUSED instance a filter matches
+//
+// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+func (c *Client) ResumeSagas(ctx context.Context, params *ResumeSagasParams, body ResumeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSagasRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // RetrySagasWithBody Retry every instance a filter matches
 //
 // dry_run defaults to true. A real run acts on at most limit instances (default 1000), oldest first, each exactly as the single retry would; outcomes are retried, already_requested and conflict.
@@ -1516,6 +1717,82 @@ func (c *Client) CancelSagaWithBody(ctx context.Context, id openapi_types.UUID, 
 // Corresponds with POST /v1/sagas/{id}/cancel (the `CancelSaga` operationId).
 func (c *Client) CancelSaga(ctx context.Context, id openapi_types.UUID, params *CancelSagaParams, body CancelSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCancelSagaRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PauseSagaWithBody Pause one RUNNING or COMPENSATING instance
+//
+// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+func (c *Client) PauseSagaWithBody(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSagaRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PauseSaga Pause one RUNNING or COMPENSATING instance
+//
+// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+func (c *Client) PauseSaga(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, body PauseSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPauseSagaRequest(c.Server, id, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResumeSagaWithBody Resume one PAUSED instance where it stood
+//
+// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+func (c *Client) ResumeSagaWithBody(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSagaRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ResumeSaga Resume one PAUSED instance where it stood
+//
+// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+func (c *Client) ResumeSaga(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, body ResumeSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewResumeSagaRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2246,6 +2523,116 @@ func NewCancelSagasRequestWithBody(server string, params *CancelSagasParams, con
 	return req, nil
 }
 
+// NewPauseSagasRequest calls the generic PauseSagas builder with application/json body
+func NewPauseSagasRequest(server string, params *PauseSagasParams, body PauseSagasJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPauseSagasRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewPauseSagasRequestWithBody constructs an http.Request for the PauseSagas method, with any body, and a specified content type
+func NewPauseSagasRequestWithBody(server string, params *PauseSagasParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sagas/pause")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewResumeSagasRequest calls the generic ResumeSagas builder with application/json body
+func NewResumeSagasRequest(server string, params *ResumeSagasParams, body ResumeSagasJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewResumeSagasRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewResumeSagasRequestWithBody constructs an http.Request for the ResumeSagas method, with any body, and a specified content type
+func NewResumeSagasRequestWithBody(server string, params *ResumeSagasParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sagas/resume")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewRetrySagasRequest calls the generic RetrySagas builder with application/json body
 func NewRetrySagasRequest(server string, params *RetrySagasParams, body RetrySagasJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2378,6 +2765,130 @@ func NewCancelSagaRequestWithBody(server string, id openapi_types.UUID, params *
 	}
 
 	operationPath := fmt.Sprintf("/v1/sagas/%s/cancel", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewPauseSagaRequest calls the generic PauseSaga builder with application/json body
+func NewPauseSagaRequest(server string, id openapi_types.UUID, params *PauseSagaParams, body PauseSagaJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPauseSagaRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewPauseSagaRequestWithBody constructs an http.Request for the PauseSaga method, with any body, and a specified content type
+func NewPauseSagaRequestWithBody(server string, id openapi_types.UUID, params *PauseSagaParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sagas/%s/pause", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewResumeSagaRequest calls the generic ResumeSaga builder with application/json body
+func NewResumeSagaRequest(server string, id openapi_types.UUID, params *ResumeSagaParams, body ResumeSagaJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewResumeSagaRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewResumeSagaRequestWithBody constructs an http.Request for the ResumeSaga method, with any body, and a specified content type
+func NewResumeSagaRequestWithBody(server string, id openapi_types.UUID, params *ResumeSagaParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sagas/%s/resume", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -2926,6 +3437,42 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/sagas/cancel (the `CancelSagas` operationId).
 	CancelSagasWithResponse(ctx context.Context, params *CancelSagasParams, body CancelSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelSagasResponse, error)
 
+	// PauseSagasWithBodyWithResponse Pause every instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+	PauseSagasWithBodyWithResponse(ctx context.Context, params *PauseSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSagasResponse, error)
+
+	// PauseSagasWithResponse Pause every instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+	PauseSagasWithResponse(ctx context.Context, params *PauseSagasParams, body PauseSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSagasResponse, error)
+
+	// ResumeSagasWithBodyWithResponse Resume every PAUSED instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+	ResumeSagasWithBodyWithResponse(ctx context.Context, params *ResumeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResumeSagasResponse, error)
+
+	// ResumeSagasWithResponse Resume every PAUSED instance a filter matches
+	//
+	// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+	ResumeSagasWithResponse(ctx context.Context, params *ResumeSagasParams, body ResumeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*ResumeSagasResponse, error)
+
 	// RetrySagasWithBodyWithResponse Retry every instance a filter matches
 	//
 	// dry_run defaults to true. A real run acts on at most limit instances (default 1000), oldest first, each exactly as the single retry would; outcomes are retried, already_requested and conflict.
@@ -2964,6 +3511,42 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sagas/{id}/cancel (the `CancelSaga` operationId).
 	CancelSagaWithResponse(ctx context.Context, id openapi_types.UUID, params *CancelSagaParams, body CancelSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*CancelSagaResponse, error)
+
+	// PauseSagaWithBodyWithResponse Pause one RUNNING or COMPENSATING instance
+	//
+	// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+	PauseSagaWithBodyWithResponse(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSagaResponse, error)
+
+	// PauseSagaWithResponse Pause one RUNNING or COMPENSATING instance
+	//
+	// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+	PauseSagaWithResponse(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, body PauseSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSagaResponse, error)
+
+	// ResumeSagaWithBodyWithResponse Resume one PAUSED instance where it stood
+	//
+	// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+	ResumeSagaWithBodyWithResponse(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResumeSagaResponse, error)
+
+	// ResumeSagaWithResponse Resume one PAUSED instance where it stood
+	//
+	// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+	ResumeSagaWithResponse(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, body ResumeSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*ResumeSagaResponse, error)
 
 	// RetrySagaWithBodyWithResponse Retry one instance exactly where it stands
 	//
@@ -3685,6 +4268,144 @@ func (r CancelSagasResponse) ContentType() string {
 	return ""
 }
 
+type PauseSagasResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *BulkResult
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PauseSagasResponse) GetJSON200() *BulkResult {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PauseSagasResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PauseSagasResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PauseSagasResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PauseSagasResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PauseSagasResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PauseSagasResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PauseSagasResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PauseSagasResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ResumeSagasResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *BulkResult
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ResumeSagasResponse) GetJSON200() *BulkResult {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ResumeSagasResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ResumeSagasResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ResumeSagasResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ResumeSagasResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ResumeSagasResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResumeSagasResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResumeSagasResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResumeSagasResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 type RetrySagasResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -3900,6 +4621,172 @@ func (r CancelSagaResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r CancelSagaResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type PauseSagaResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ActionResult
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PauseSagaResponse) GetJSON200() *ActionResult {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PauseSagaResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PauseSagaResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PauseSagaResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PauseSagaResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r PauseSagaResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PauseSagaResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PauseSagaResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PauseSagaResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PauseSagaResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PauseSagaResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type ResumeSagaResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ActionResult
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ResumeSagaResponse) GetJSON200() *ActionResult {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ResumeSagaResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ResumeSagaResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ResumeSagaResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ResumeSagaResponse) GetJSON404() *Error {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ResumeSagaResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ResumeSagaResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ResumeSagaResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ResumeSagaResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ResumeSagaResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ResumeSagaResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4586,6 +5473,66 @@ func (c *ClientWithResponses) CancelSagasWithResponse(ctx context.Context, param
 	return ParseCancelSagasResponse(rsp)
 }
 
+// PauseSagasWithBodyWithResponse Pause every instance a filter matches
+//
+// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+func (c *ClientWithResponses) PauseSagasWithBodyWithResponse(ctx context.Context, params *PauseSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSagasResponse, error) {
+	rsp, err := c.PauseSagasWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSagasResponse(rsp)
+}
+
+// PauseSagasWithResponse Pause every instance a filter matches
+//
+// As /v1/sagas/retry; applicable are RUNNING and COMPENSATING instances; outcomes are paused, already_requested and conflict.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/pause (the `PauseSagas` operationId).
+func (c *ClientWithResponses) PauseSagasWithResponse(ctx context.Context, params *PauseSagasParams, body PauseSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSagasResponse, error) {
+	rsp, err := c.PauseSagas(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSagasResponse(rsp)
+}
+
+// ResumeSagasWithBodyWithResponse Resume every PAUSED instance a filter matches
+//
+// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+func (c *ClientWithResponses) ResumeSagasWithBodyWithResponse(ctx context.Context, params *ResumeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResumeSagasResponse, error) {
+	rsp, err := c.ResumeSagasWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSagasResponse(rsp)
+}
+
+// ResumeSagasWithResponse Resume every PAUSED instance a filter matches
+//
+// As /v1/sagas/retry; applicable are PAUSED instances; outcomes are resumed, already_requested and conflict.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/resume (the `ResumeSagas` operationId).
+func (c *ClientWithResponses) ResumeSagasWithResponse(ctx context.Context, params *ResumeSagasParams, body ResumeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*ResumeSagasResponse, error) {
+	rsp, err := c.ResumeSagas(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSagasResponse(rsp)
+}
+
 // RetrySagasWithBodyWithResponse Retry every instance a filter matches
 //
 // dry_run defaults to true. A real run acts on at most limit instances (default 1000), oldest first, each exactly as the single retry would; outcomes are retried, already_requested and conflict.
@@ -4653,6 +5600,66 @@ func (c *ClientWithResponses) CancelSagaWithResponse(ctx context.Context, id ope
 		return nil, err
 	}
 	return ParseCancelSagaResponse(rsp)
+}
+
+// PauseSagaWithBodyWithResponse Pause one RUNNING or COMPENSATING instance
+//
+// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+func (c *ClientWithResponses) PauseSagaWithBodyWithResponse(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PauseSagaResponse, error) {
+	rsp, err := c.PauseSagaWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSagaResponse(rsp)
+}
+
+// PauseSagaWithResponse Pause one RUNNING or COMPENSATING instance
+//
+// It becomes PAUSED: no runner claims it, through restarts and failovers, until resumed. A runner working on it loses its lease and cannot commit. Its step, attempts, timers, wait and concurrency key are kept. reason is required and journaled with the caller. 409 for any other status; pausing a PAUSED instance answers already_requested.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/{id}/pause (the `PauseSaga` operationId).
+func (c *ClientWithResponses) PauseSagaWithResponse(ctx context.Context, id openapi_types.UUID, params *PauseSagaParams, body PauseSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*PauseSagaResponse, error) {
+	rsp, err := c.PauseSaga(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePauseSagaResponse(rsp)
+}
+
+// ResumeSagaWithBodyWithResponse Resume one PAUSED instance where it stood
+//
+// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+func (c *ClientWithResponses) ResumeSagaWithBodyWithResponse(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ResumeSagaResponse, error) {
+	rsp, err := c.ResumeSagaWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSagaResponse(rsp)
+}
+
+// ResumeSagaWithResponse Resume one PAUSED instance where it stood
+//
+// It returns to the status it was paused in (RUNNING or COMPENSATING), due when it was due: a wait or reply timeout that passed meanwhile applies at once, a reply that came meanwhile is used. reason is required. 409 when the instance is not PAUSED.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/{id}/resume (the `ResumeSaga` operationId).
+func (c *ClientWithResponses) ResumeSagaWithResponse(ctx context.Context, id openapi_types.UUID, params *ResumeSagaParams, body ResumeSagaJSONRequestBody, reqEditors ...RequestEditorFn) (*ResumeSagaResponse, error) {
+	rsp, err := c.ResumeSaga(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseResumeSagaResponse(rsp)
 }
 
 // RetrySagaWithBodyWithResponse Retry one instance exactly where it stands
@@ -5299,6 +6306,114 @@ func ParseCancelSagasResponse(rsp *http.Response) (*CancelSagasResponse, error) 
 	return response, nil
 }
 
+// ParsePauseSagasResponse parses an HTTP response from a PauseSagasWithResponse call
+func ParsePauseSagasResponse(rsp *http.Response) (*PauseSagasResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PauseSagasResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest BulkResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseResumeSagasResponse parses an HTTP response from a ResumeSagasWithResponse call
+func ParseResumeSagasResponse(rsp *http.Response) (*ResumeSagasResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResumeSagasResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest BulkResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
+}
+
 // ParseRetrySagasResponse parses an HTTP response from a RetrySagasWithResponse call
 func ParseRetrySagasResponse(rsp *http.Response) (*RetrySagasResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5416,6 +6531,142 @@ func ParseCancelSagaResponse(rsp *http.Response) (*CancelSagaResponse, error) {
 	}
 
 	response := &CancelSagaResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ActionResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParsePauseSagaResponse parses an HTTP response from a PauseSagaWithResponse call
+func ParsePauseSagaResponse(rsp *http.Response) (*PauseSagaResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PauseSagaResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ActionResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseResumeSagaResponse parses an HTTP response from a ResumeSagaWithResponse call
+func ParseResumeSagaResponse(rsp *http.Response) (*ResumeSagaResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ResumeSagaResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
