@@ -31,7 +31,7 @@ func (k EventKind) Valid() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
 		EventStepSkipped, EventStepWaiting, EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
-		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed,
+		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventUpgraded,
 		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		return true
 	}

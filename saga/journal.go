@@ -113,6 +113,11 @@ const (
 	// EventResumed: a person resumed a PAUSED instance (Reason, Actor): it
 	// continues where it stood.
 	EventResumed EventKind = "resumed"
+	// EventUpgraded: a person moved the instance to another version of its
+	// saga (Reason says from and to, and why; Actor who). Written by the
+	// upgrade (saga/admin) under the row lock, not through Advance: it
+	// changes only the version.
+	EventUpgraded EventKind = "upgraded"
 	// Terminal events, appended by MarkTerminal.
 	EventCompleted   EventKind = "completed"
 	EventCompensated EventKind = "compensated"

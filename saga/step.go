@@ -20,6 +20,11 @@ import (
 // and encode the state; Step is what they produce.
 type Step struct {
 	Name string
+	// Kind names what the step does, for tools that compare definitions
+	// (Replay): declared sagas set sql, http, command, wait or emit. Empty
+	// for Go steps, whose kind Replay reads from ReplyTimeout and
+	// Compensate.
+	Kind string
 	// Do performs the step. It reads x.State and may replace it (the saved
 	// state is what the next step sees) and may set x.Output (stored as the
 	// step's output). A nil error commits; an error rolls everything back and

@@ -217,6 +217,7 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 
 	cmd.AddCommand(list, show, retry, cancel)
 	cmd.AddCommand(newSagasPauseCmds(withAdmin)...)
+	cmd.AddCommand(newSagasReplayCmd(withAdmin), newSagasUpgradeCmd(withAdmin))
 	cmd.AddCommand(newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
 	return cmd
 }

@@ -51,6 +51,8 @@ var sharedFlagsOf = map[string][]string{
 	"relay sagas cancel":      {"database-url"},
 	"relay sagas pause":       {"database-url"},
 	"relay sagas resume":      {"database-url"},
+	"relay sagas replay":      {"database-url"},
+	"relay sagas upgrade":     {"database-url"},
 	"relay sagas start":       {"database-url", "outbox-table"},
 	"relay sagas validate":    {"database-url"},
 	"relay sagas test":        {},

@@ -267,6 +267,27 @@ func TestTenantScopedTokenOnEveryRoute(t *testing.T) {
 			}
 			noneOfB(t, "bulk resume sample", res.Sample)
 		},
+		"POST /v1/sagas/upgrade": func(t *testing.T) {
+			r := s.call(t, acmeToken, "POST", "/v1/sagas/upgrade", `{"saga": "order", "from_version": 1, "to_version": 2, "dry_run": true}`)
+			var res struct {
+				Moved   []string `json:"moved"`
+				Refused []struct {
+					ID string `json:"instance_id"`
+				} `json:"refused"`
+			}
+			if r.status == http.StatusOK {
+				if err := json.Unmarshal(r.body, &res); err != nil {
+					t.Fatal(err)
+				}
+				noneOfB(t, "upgrade dry run", res.Moved)
+				for _, x := range res.Refused {
+					noneOfB(t, "upgrade refusals", []string{x.ID})
+				}
+			}
+			if r := s.call(t, readerToken, "POST", "/v1/sagas/upgrade", `{"saga": "order", "from_version": 1, "to_version": 2}`); r.status != http.StatusForbidden {
+				t.Errorf("upgrade by a read token: %d, want 403", r.status)
+			}
+		},
 		"POST /v1/sagas/retry": func(t *testing.T) {
 			for _, body := range []string{
 				`{"filter": {}, "reason": "x", "dry_run": false}`,
@@ -535,7 +556,9 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"POST /v1/sagas/{id}/retry":  {{"/v1/sagas/" + s.b.failed.String() + "/retry", `{"reason": "r"}`}, {"/v1/sagas/" + uuid.NewString() + "/retry", `{"reason": "r"}`}},
 		"POST /v1/sagas/{id}/cancel": {{"/v1/sagas/" + s.b.running.String() + "/cancel", `{}`}, {"/v1/sagas/" + s.b.failed.String() + "/cancel", `{}`}},
 		"POST /v1/sagas/pause":       {{"/v1/sagas/pause", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/pause", `{"filter": {"bogus": 1}, "reason": "r"}`}},
-		"POST /v1/sagas/resume":      {{"/v1/sagas/resume", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/resume", `{"reason": ""}`}},
+		"POST /v1/sagas/upgrade": {{"/v1/sagas/upgrade", `{"saga": "order", "from_version": 1, "to_version": 2}`},
+			{"/v1/sagas/upgrade", `{"saga": "order", "from_version": 1, "to_version": 1}`}, {"/v1/sagas/upgrade", `{"bogus": 1}`}},
+		"POST /v1/sagas/resume": {{"/v1/sagas/resume", `{"filter": {"saga": "order"}, "reason": "r"}`}, {"/v1/sagas/resume", `{"reason": ""}`}},
 		"POST /v1/sagas/{id}/pause": {{"/v1/sagas/" + s.b.running.String() + "/pause", `{"reason": "r"}`}, {"/v1/sagas/" + s.b.failed.String() + "/pause", `{"reason": "r"}`},
 			{"/v1/sagas/" + s.b.running.String() + "/pause", `{}`}},
 		"POST /v1/sagas/{id}/resume": {{"/v1/sagas/" + s.b.running.String() + "/resume", `{"reason": "r"}`}, {"/v1/sagas/" + s.b.failed.String() + "/resume", `{"reason": "r"}`}},

@@ -376,3 +376,52 @@ func (s *Server) replication(w http.ResponseWriter, r *http.Request, _ *admin.Ad
 	}
 	writeJSON(w, http.StatusOK, st)
 }
+
+// upgradeBody is the body of POST /v1/sagas/upgrade.
+type upgradeBody struct {
+	Saga        string `json:"saga"`
+	FromVersion int    `json:"from_version"`
+	ToVersion   int    `json:"to_version"`
+	Reason      string `json:"reason"`
+	// DryRun defaults to true, as for the bulk actions.
+	DryRun *bool `json:"dry_run"`
+	Limit  int   `json:"limit"`
+}
+
+// upgradeSagas moves RUNNING and PAUSED instances of a saga to another
+// version where it can continue them (admin.Upgrade).
+func (s *Server) upgradeSagas(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
+	var b upgradeBody
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "cannot read the body (at most %d bytes): %v", maxBody, err))
+		return
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil || dec.More() {
+		s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, `body must be one JSON object like {"saga": "order", "from_version": 1, "to_version": 2, "reason": "…", "dry_run": true}: %v`, err))
+		return
+	}
+	if err := checkReason(b.Reason); err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	req := admin.UpgradeRequest{Saga: b.Saga, From: b.FromVersion, To: b.ToVersion, Reason: b.Reason, Actor: actor(r),
+		DryRun: b.DryRun == nil || *b.DryRun, Limit: b.Limit}
+	res, err := a.Upgrade(r.Context(), req)
+	if err != nil {
+		s.writeErr(w, r, err)
+		return
+	}
+	if !res.DryRun {
+		s.metrics.manualN("upgrade", "requested", int64(len(res.Moved)))
+		s.metrics.manualN("upgrade", "refused", int64(len(res.Refused)))
+		if len(res.Moved) > 0 && s.cfg.Wake != nil {
+			s.cfg.Wake()
+		}
+		s.log.Info("sagas upgraded by operator", "saga", res.Saga, "from_version", res.From, "to_version", res.To,
+			"moved", len(res.Moved), "refused", len(res.Refused), "actor", req.Actor, "reason", b.Reason)
+	}
+	writeJSON(w, http.StatusOK, res)
+}

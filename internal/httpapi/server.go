@@ -207,6 +207,7 @@ func (s *Server) apiRoutes() []Route {
 		{http.MethodPost, "/v1/sagas/{id}/cancel", s.cancelSaga},
 		{http.MethodPost, "/v1/sagas/pause", s.bulkPause},
 		{http.MethodPost, "/v1/sagas/resume", s.bulkResume},
+		{http.MethodPost, "/v1/sagas/upgrade", s.upgradeSagas},
 		{http.MethodPost, "/v1/sagas/{id}/pause", s.pauseSaga},
 		{http.MethodPost, "/v1/sagas/{id}/resume", s.resumeSaga},
 		{http.MethodGet, "/v1/replication", s.replication},

@@ -267,6 +267,7 @@ func (a *Admin) countUpTo(ctx context.Context, f Filter, applicable string, most
 
 // querier is a pool or a transaction.
 type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

@@ -255,3 +255,50 @@ SELECT ` + sqlItemColumns + `, m.matched_by FROM (
 WHERE ($7::uuid IS NULL OR s.tenant_id = $7)
 ORDER BY s.created_at DESC, s.id LIMIT $8`
 )
+
+// The replay's and the upgrade's statements (replay.go).
+
+// sqlReplaySelect picks the instances to replay: of the sagas $1, of
+// version $2 (0: any), in scope $3, newest first, at most $4; the
+// tombstones retention left have no journal to read.
+const sqlReplaySelect = `
+SELECT id, saga_name, saga_version, status::text FROM saga_instances
+WHERE saga_name = ANY ($1::text[]) AND ($2::int = 0 OR saga_version = $2)
+  AND history_deleted_at IS NULL AND ($3::uuid IS NULL OR tenant_id = $3)
+ORDER BY created_at DESC, id DESC
+LIMIT $4`
+
+// sqlReplayHistory is an instance's journal in version order.
+const sqlReplayHistory = `SELECT version, global_seq, payload, created_at FROM saga_events WHERE instance_id = $1 ORDER BY version`
+
+// sqlUpgradeSelect picks the RUNNING and PAUSED instances of saga $1
+// version $2 in scope $3, oldest first, at most $4. Written so that the
+// partial indexes of the unfinished statuses serve it (saga_claim_idx,
+// saga_paused_idx): finished instances are not read.
+const sqlUpgradeSelect = `
+SELECT id FROM saga_instances
+WHERE (status IN ('RUNNING', 'COMPENSATING') OR status = 'PAUSED') AND status <> 'COMPENSATING'
+  AND saga_name = $1 AND saga_version = $2 AND ($3::uuid IS NULL OR tenant_id = $3)
+ORDER BY created_at, id
+LIMIT $4`
+
+// sqlUpgradeLock locks one instance and reads what an upgrade decides on.
+const sqlUpgradeLock = `
+SELECT status::text, saga_version, (lease_id IS NOT NULL AND lease_expires_at >= clock_timestamp())
+FROM saga_instances WHERE id = $1 AND history_deleted_at IS NULL
+FOR UPDATE`
+
+// sqlUpgrade moves instance $1 from version $2 to $3 and journals the
+// upgraded event $4, after the instance's last event (its xid at least that
+// event's, as every write of the journal does, so that tailers keep an
+// instance's events in order).
+const sqlUpgrade = `
+WITH u AS (
+	UPDATE saga_instances SET saga_version = $3, current_version = current_version + 1, updated_at = now()
+	WHERE id = $1 AND saga_version = $2
+	RETURNING id, current_version
+)
+INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
+SELECT u.id, u.current_version, 'upgraded', -1, $4::jsonb, now(),
+	GREATEST(pg_current_xact_id(), (SELECT p.xid FROM saga_events p WHERE p.instance_id = u.id AND p.version = u.current_version - 1))
+FROM u`

@@ -191,7 +191,7 @@ func evalErr(err error) error { return saga.Permanent(err) }
 
 func (st *Step) runnerStep(s *Saga, rt *Runtime, eg *egress) saga.Step {
 	out := saga.Step{
-		Name: st.Name, Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
+		Name: st.Name, Kind: st.Kind(), Timeout: st.Timeout, Retry: st.Retry, CompensationRetry: st.CompensationRetry,
 		Rate: st.Rate,
 	}
 	a := st.Action

@@ -68,14 +68,7 @@ func TestPausedInstanceWaitsThroughAKillAndResumesWhereItStood(t *testing.T) {
 	testkit.WaitFor(t, time.Minute, "ten instances in their wait step", func() bool { return atStep(1, "RUNNING") == n })
 	paused := instanceOf(t, db, triggers[0])
 
-	cli := func(want int, a ...string) string {
-		t.Helper()
-		out, code := relaytest.Run(t, nil, append(a, "--database-url", db.URL)...)
-		if code != want {
-			t.Fatalf("relay %s: exit %d, want %d:\n%s", strings.Join(a, " "), code, want, out)
-		}
-		return out
-	}
+	cli := func(want int, a ...string) string { t.Helper(); return relayCLI(t, db, want, a...) }
 	out := cli(0, "sagas", "pause", paused.String(), "--reason", "customer on hold")
 	if !strings.Contains(out, "PAUSED") {
 		t.Fatalf("pause said: %s", out)
@@ -145,6 +138,16 @@ func TestPausedInstanceWaitsThroughAKillAndResumesWhereItStood(t *testing.T) {
 		t.Fatalf("%d instances did not complete", n)
 	}
 	p.Stop(30 * time.Second)
+}
+
+// relayCLI runs a relay command against db and checks its exit code.
+func relayCLI(t *testing.T, db *pgtest.DB, want int, args ...string) string {
+	t.Helper()
+	out, code := relaytest.Run(t, nil, append(args, "--database-url", db.URL)...)
+	if code != want {
+		t.Fatalf("relay %s: exit %d, want %d:\n%s", strings.Join(args, " "), code, want, out)
+	}
+	return out
 }
 
 func instanceOf(t *testing.T, db *pgtest.DB, trigger uuid.UUID) uuid.UUID {

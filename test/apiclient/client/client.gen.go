@@ -858,6 +858,44 @@ type Step struct {
 // StepStatus defines model for Step.Status.
 type StepStatus string
 
+// UpgradeBody defines model for UpgradeBody.
+type UpgradeBody struct {
+	// DryRun change nothing; list what would move
+	DryRun *bool `json:"dry_run,omitempty"`
+
+	// FromVersion the version the instances run now
+	FromVersion int `json:"from_version"`
+
+	// Limit move at most this many per call (0: 1000)
+	Limit *int `json:"limit,omitempty"`
+
+	// Reason journaled with the caller; default names the versions
+	Reason *string `json:"reason,omitempty"`
+
+	// Saga the saga's name
+	Saga string `json:"saga"`
+
+	// ToVersion the version to move them to (registered)
+	ToVersion int `json:"to_version"`
+}
+
+// UpgradeResult defines model for UpgradeResult.
+type UpgradeResult struct {
+	DryRun      bool `json:"dry_run"`
+	FromVersion int  `json:"from_version"`
+
+	// Moved the instances moved (in a dry run: that would move)
+	Moved []openapi_types.UUID `json:"moved"`
+
+	// Refused the instances left on from_version, and why
+	Refused []struct {
+		InstanceId openapi_types.UUID `json:"instance_id"`
+		Reason     string             `json:"reason"`
+	} `json:"refused"`
+	Saga      string `json:"saga"`
+	ToVersion int    `json:"to_version"`
+}
+
 // ListDeadLettersParams defines parameters for ListDeadLetters.
 type ListDeadLettersParams struct {
 	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
@@ -953,6 +991,12 @@ type RetrySagasParams struct {
 	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
 }
 
+// UpgradeSagasParams defines parameters for UpgradeSagas.
+type UpgradeSagasParams struct {
+	// XTenantID narrow to one tenant
+	XTenantID *openapi_types.UUID `json:"X-Tenant-ID,omitempty"`
+}
+
 // GetSagaParams defines parameters for GetSaga.
 type GetSagaParams struct {
 	// XTenantID narrow to one tenant
@@ -1023,6 +1067,9 @@ type ResumeSagasJSONRequestBody = BulkBody
 
 // RetrySagasJSONRequestBody defines body for RetrySagas for application/json ContentType.
 type RetrySagasJSONRequestBody = BulkBody
+
+// UpgradeSagasJSONRequestBody defines body for UpgradeSagas for application/json ContentType.
+type UpgradeSagasJSONRequestBody = UpgradeBody
 
 // CancelSagaJSONRequestBody defines body for CancelSaga for application/json ContentType.
 type CancelSagaJSONRequestBody = ActionBody
@@ -1247,6 +1294,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/sagas/retry (the `RetrySagas` operationId).
 	RetrySagas(ctx context.Context, params *RetrySagasParams, body RetrySagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpgradeSagasWithBody Move RUNNING and PAUSED instances of a saga to another version that can continue them
+	//
+	// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+	UpgradeSagasWithBody(ctx context.Context, params *UpgradeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpgradeSagas Move RUNNING and PAUSED instances of a saga to another version that can continue them
+	//
+	// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+	UpgradeSagas(ctx context.Context, params *UpgradeSagasParams, body UpgradeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetSaga Show an instance: where it stands, its steps, its journal
 	//
@@ -1668,6 +1733,44 @@ func (c *Client) RetrySagasWithBody(ctx context.Context, params *RetrySagasParam
 // Corresponds with POST /v1/sagas/retry (the `RetrySagas` operationId).
 func (c *Client) RetrySagas(ctx context.Context, params *RetrySagasParams, body RetrySagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewRetrySagasRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpgradeSagasWithBody Move RUNNING and PAUSED instances of a saga to another version that can continue them
+//
+// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+func (c *Client) UpgradeSagasWithBody(ctx context.Context, params *UpgradeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpgradeSagasRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpgradeSagas Move RUNNING and PAUSED instances of a saga to another version that can continue them
+//
+// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+func (c *Client) UpgradeSagas(ctx context.Context, params *UpgradeSagasParams, body UpgradeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpgradeSagasRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2688,6 +2791,61 @@ func NewRetrySagasRequestWithBody(server string, params *RetrySagasParams, conte
 	return req, nil
 }
 
+// NewUpgradeSagasRequest calls the generic UpgradeSagas builder with application/json body
+func NewUpgradeSagasRequest(server string, params *UpgradeSagasParams, body UpgradeSagasJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpgradeSagasRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewUpgradeSagasRequestWithBody constructs an http.Request for the UpgradeSagas method, with any body, and a specified content type
+func NewUpgradeSagasRequestWithBody(server string, params *UpgradeSagasParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/sagas/upgrade")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XTenantID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Tenant-ID", *params.XTenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Tenant-ID", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetSagaRequest constructs an http.Request for the GetSaga method
 func NewGetSagaRequest(server string, id openapi_types.UUID, params *GetSagaParams) (*http.Request, error) {
 	var err error
@@ -3490,6 +3648,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/sagas/retry (the `RetrySagas` operationId).
 	RetrySagasWithResponse(ctx context.Context, params *RetrySagasParams, body RetrySagasJSONRequestBody, reqEditors ...RequestEditorFn) (*RetrySagasResponse, error)
+
+	// UpgradeSagasWithBodyWithResponse Move RUNNING and PAUSED instances of a saga to another version that can continue them
+	//
+	// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+	UpgradeSagasWithBodyWithResponse(ctx context.Context, params *UpgradeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpgradeSagasResponse, error)
+
+	// UpgradeSagasWithResponse Move RUNNING and PAUSED instances of a saga to another version that can continue them
+	//
+	// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+	UpgradeSagasWithResponse(ctx context.Context, params *UpgradeSagasParams, body UpgradeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*UpgradeSagasResponse, error)
 
 	// GetSagaWithResponse Show an instance: where it stands, its steps, its journal
 	//
@@ -4469,6 +4645,82 @@ func (r RetrySagasResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r RetrySagasResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+type UpgradeSagasResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UpgradeResult
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *Error
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Error
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Error
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Error
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Error
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpgradeSagasResponse) GetJSON200() *UpgradeResult {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpgradeSagasResponse) GetJSON400() *Error {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpgradeSagasResponse) GetJSON401() *Error {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpgradeSagasResponse) GetJSON403() *Error {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r UpgradeSagasResponse) GetJSON409() *Error {
+	return r.JSON409
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpgradeSagasResponse) GetJSON503() *Error {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpgradeSagasResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpgradeSagasResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpgradeSagasResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpgradeSagasResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -5563,6 +5815,36 @@ func (c *ClientWithResponses) RetrySagasWithResponse(ctx context.Context, params
 	return ParseRetrySagasResponse(rsp)
 }
 
+// UpgradeSagasWithBodyWithResponse Move RUNNING and PAUSED instances of a saga to another version that can continue them
+//
+// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+func (c *ClientWithResponses) UpgradeSagasWithBodyWithResponse(ctx context.Context, params *UpgradeSagasParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpgradeSagasResponse, error) {
+	rsp, err := c.UpgradeSagasWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpgradeSagasResponse(rsp)
+}
+
+// UpgradeSagasWithResponse Move RUNNING and PAUSED instances of a saga to another version that can continue them
+//
+// Each RUNNING or PAUSED instance of saga at from_version moves to to_version where that version can continue its journal (every step it ran is the step to_version has at that place, of the same kind: what relay sagas replay checks), in its own transaction under its row lock, journaled as an upgraded event with the reason and the caller. Instances it cannot continue, and those a runner holds right now, stay and are listed in refused with the reason. to_version must be registered (409 otherwise). dry_run defaults to true: nothing changes and moved lists what would move. A tenant-scoped token moves its tenant's instances only.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/sagas/upgrade (the `UpgradeSagas` operationId).
+func (c *ClientWithResponses) UpgradeSagasWithResponse(ctx context.Context, params *UpgradeSagasParams, body UpgradeSagasJSONRequestBody, reqEditors ...RequestEditorFn) (*UpgradeSagasResponse, error) {
+	rsp, err := c.UpgradeSagas(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpgradeSagasResponse(rsp)
+}
+
 // GetSagaWithResponse Show an instance: where it stands, its steps, its journal
 //
 // Returns a wrapper object for the known response body format(s).
@@ -6455,6 +6737,67 @@ func ParseRetrySagasResponse(rsp *http.Response) (*RetrySagasResponse, error) {
 			return nil, err
 		}
 		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseUpgradeSagasResponse parses an HTTP response from a UpgradeSagasWithResponse call
+func ParseUpgradeSagasResponse(rsp *http.Response) (*UpgradeSagasResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpgradeSagasResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UpgradeResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Error
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
 		var dest Error
