@@ -31,7 +31,7 @@ func (k EventKind) Valid() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
 		EventStepSkipped, EventStepWaiting, EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
-		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventUpgraded,
+		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventUpgraded, EventRestarted,
 		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		return true
 	}
@@ -160,6 +160,9 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     changes, so the instance is due when it was due.
 //   - reply_received may reach a PAUSED instance paused while it waited:
 //     the reply is kept and the instance stays PAUSED.
+//   - restarted (FAILED or COMPENSATED, Step >= 0): RUNNING at Step, Attempt
+//     = 0, next_attempt_at = now, last_error, compensation_reason and
+//     completed_at cleared, lease revoked; no step record changes.
 //   - completed, compensated, failed, timed_out: the terminal status (as
 //     CheckTransition allows; compensated and timed_out only once every step
 //     is compensated or skipped, CurrentStep < 0), completed_at = now, lease
@@ -242,6 +245,11 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 			to = StatusPaused
 		}
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting:
+		to = StatusRunning
+	case EventRestarted:
+		if inst.Status != StatusFailed && inst.Status != StatusCompensated {
+			return Transition{}, Errorf(ErrInvalid, "instance %s: only a FAILED or COMPENSATED instance can be restarted from a step, it is %s", inst.ID, inst.Status)
+		}
 		to = StatusRunning
 	case EventPaused:
 		if inst.Status != StatusRunning && inst.Status != StatusCompensating {
@@ -468,6 +476,16 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		next.HeldSince = inst.HeldSince
 		revokeLease()
 
+	case EventRestarted:
+		next.CurrentStep = ev.Step
+		next.Attempt = 0
+		next.NextAttemptAt = now
+		next.LastError = ""
+		next.CompensationReason = ""
+		next.CompletedAt = nil
+		endWait()
+		revokeLease()
+
 	case EventResumed:
 		next.PausedFrom = ""
 		next.HeldSince = inst.HeldSince
@@ -544,6 +562,10 @@ func checkEventStep(inst Instance, ev Event) error {
 	case EventCompensationStarted:
 		if ev.Step < -1 || ev.Step > inst.CurrentStep {
 			return Errorf(ErrInvalid, "instance %s: compensation can start at step -1..%d (the steps reached), not %d", inst.ID, inst.CurrentStep, ev.Step)
+		}
+	case EventRestarted:
+		if ev.Step < 0 {
+			return Errorf(ErrInvalid, "instance %s: restarted needs the step to start from, got %d", inst.ID, ev.Step)
 		}
 	case EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		if ev.Step != -1 && ev.Step != inst.CurrentStep {

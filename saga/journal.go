@@ -118,6 +118,10 @@ const (
 	// upgrade (saga/admin) under the row lock, not through Advance: it
 	// changes only the version.
 	EventUpgraded EventKind = "upgraded"
+	// EventRestarted: a person started a new attempt of a FAILED or
+	// COMPENSATED instance from step Step (Reason, Actor): RUNNING again at
+	// that step, the earlier steps' records and outputs kept.
+	EventRestarted EventKind = "restarted"
 	// Terminal events, appended by MarkTerminal.
 	EventCompleted   EventKind = "completed"
 	EventCompensated EventKind = "compensated"
@@ -239,6 +243,14 @@ type Journal interface {
 	// passed meanwhile applies at once. Unknown → ErrNotFound; not PAUSED →
 	// ErrInvalid.
 	RequestResume(ctx context.Context, instanceID uuid.UUID, reason, actor string) error
+	// RequestRestart starts a new attempt of a FAILED or COMPENSATED
+	// instance from step (restarted): RUNNING at that step, attempt 0, due
+	// now, the end and the compensation's reason cleared; the step records
+	// stay (a step run again moves from where its record stands). Which
+	// step may be chosen is the caller's decision (saga/admin checks that
+	// nothing before it was undone and nothing from it on is still in
+	// effect). Unknown → ErrNotFound; another status → ErrInvalid.
+	RequestRestart(ctx context.Context, instanceID uuid.UUID, step int, reason, actor string) error
 }
 
 // DueReporter is implemented by journals that can say when the next

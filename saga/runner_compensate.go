@@ -85,13 +85,19 @@ func (w *work) compensationStart(ctx context.Context, failed *Event) (int, error
 // acted reports, from the instance's history, whether step i completed or
 // may have acted: it committed, it committed a command (step_awaiting), or
 // an attempt of it ran out of time or got a reply. command is the id of the
-// last command the step sent, if any, for its compensation to cancel.
+// last command the step sent, if any, for its compensation to cancel. Only
+// the attempt since the last restart at or before step i counts: what an
+// earlier attempt did there was compensated then.
 func (w *work) acted(ctx context.Context, i int) (acted bool, command uuid.UUID, err error) {
 	hist, err := w.r.journal.Load(ctx, w.inst.ID)
 	if err != nil {
 		return false, uuid.Nil, err
 	}
 	for _, e := range hist {
+		if e.Kind == EventRestarted && e.Step <= i {
+			acted, command = false, uuid.Nil
+			continue
+		}
 		if e.Step != i {
 			continue
 		}

@@ -62,8 +62,10 @@ var sagaTransitions = map[Status][]Status{
 	// A paused instance goes back to the status it was paused in; a reply
 	// may reach it meanwhile (PAUSED -> PAUSED).
 	StatusPaused: {StatusPaused, StatusRunning, StatusCompensating},
-	// A person's retry resumes the compensation that failed.
-	StatusFailed: {StatusCompensating},
+	// A person's retry resumes the compensation that failed; a restart from
+	// a step starts a new attempt.
+	StatusFailed:      {StatusCompensating, StatusRunning},
+	StatusCompensated: {StatusRunning},
 }
 
 // CheckTransition is the one place that says which status changes are legal.
@@ -88,6 +90,9 @@ var stepTransitions = map[StepStatus][]StepStatus{
 	// manual retry re-runs it.
 	StepFailed:    {StepRunning, StepCompleted, StepFailed, StepCompensated},
 	StepCompleted: {StepCompensated},
+	// A compensated step runs again only in a new attempt of its instance
+	// (a restart from that step or an earlier one).
+	StepCompensated: {StepRunning, StepCompleted, StepFailed, StepSkipped},
 }
 
 // CheckStepTransition validates a step status change, like CheckTransition.

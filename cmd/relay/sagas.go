@@ -138,10 +138,11 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	}
 	show.Flags().BoolVar(&showJSON, "json", false, "print the instance, its steps and its events as the API does")
 
-	var retryReason string
+	var retryReason, fromStep string
+	var rerunEarlier bool
 	var bulkRetry bulkFlags
 	retry := &cobra.Command{
-		Use:   "retry {ID | --filter KEY=VALUE...} --reason TEXT [--yes]",
+		Use:   "retry {ID [--from-step NAME [--rerun-earlier]] | --filter KEY=VALUE...} --reason TEXT [--yes]",
 		Short: "Resume an instance exactly where it stands (never skips or marks a step done)",
 		Long: "A FAILED instance goes back to COMPENSATING at the compensation that failed:\n" +
 			"the runner re-runs it, then the compensations below it in reverse order. A stuck\n" +
@@ -150,6 +151,11 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			"reason, the time and your user name are journaled. Asking again while a retry is\n" +
 			"still pending changes nothing. COMPLETED, COMPENSATED and TIMED_OUT instances\n" +
 			"cannot be retried.\n\n" +
+			"With --from-step NAME a FAILED or COMPENSATED instance starts a new attempt at\n" +
+			"step NAME: RUNNING again there, with its state and the earlier steps' outputs\n" +
+			"kept. Refused when a step before NAME was compensated (its effect is undone;\n" +
+			"--rerun-earlier starts from the first such step instead), and when a step from\n" +
+			"NAME on completed and was never compensated (it would run twice).\n\n" +
 			"With --filter instead of an ID it retries every instance the filter matches\n" +
 			"(keys saga, version, status, step, stuck, error_contains, created_after,\n" +
 			"created_before, tenant), each exactly as a single retry: without --yes it only\n" +
@@ -157,7 +163,13 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		Args: idOrFilter,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(bulkRetry.filters) > 0 || len(args) == 0 {
+				if fromStep != "" || rerunEarlier {
+					return usageError("--from-step and --rerun-earlier take one instance ID, not --filter")
+				}
 				return bulkRetry.run(cmd, args, "retry", retryReason, withAdmin, (*admin.Admin).RetryMatching)
+			}
+			if rerunEarlier && fromStep == "" {
+				return usageError("--rerun-earlier goes with --from-step NAME")
 			}
 			id, err := parseInstanceID(args[0])
 			if err != nil {
@@ -170,6 +182,16 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 				return err
 			}
 			return withAdmin(cmd, func(a *admin.Admin) error {
+				if fromStep != "" {
+					res, err := a.RetryFromStep(cmd.Context(), admin.RestartRequest{ID: id, FromStep: fromStep, RerunEarlier: rerunEarlier, Reason: retryReason, Actor: cliActor()})
+					if err != nil {
+						return err
+					}
+					it := res.Instance
+					fmt.Fprintf(cmd.OutOrStdout(), "restarted: %s is now %s at step %s; a runner picks it up at its next claim\n",
+						it.ID, it.Status, stepLabel(it.CurrentStep, it.CurrentStepName))
+					return nil
+				}
 				res, err := a.Retry(cmd.Context(), id, retryReason, cliActor())
 				if err != nil {
 					return err
@@ -180,6 +202,8 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	retry.Flags().StringVar(&retryReason, "reason", "", "why (required; journaled)")
+	retry.Flags().StringVar(&fromStep, "from-step", "", "a FAILED or COMPENSATED instance: start a new attempt at this step (its name)")
+	retry.Flags().BoolVar(&rerunEarlier, "rerun-earlier", false, "with --from-step: when earlier steps were compensated, start from the first of them")
 	bulkRetry.register(retry, "retry")
 
 	var cancelReason string

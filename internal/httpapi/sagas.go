@@ -138,6 +138,9 @@ func (s *Server) showSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin
 // actionBody is the body of retry and cancel.
 type actionBody struct {
 	Reason string `json:"reason"`
+	// FromStep and RerunEarlier: a retry's restart from a step.
+	FromStep     string `json:"from_step"`
+	RerunEarlier bool   `json:"rerun_earlier"`
 }
 
 func readAction(r *http.Request) (actionBody, error) {
@@ -181,6 +184,13 @@ func (s *Server) retrySaga(w http.ResponseWriter, r *http.Request, a *admin.Admi
 	s.act(w, r, a, "retry", a.Retry)
 }
 
+// restart is a retry with from_step: a new attempt from that step.
+func (s *Server) restart(a *admin.Admin, body actionBody) func(ctx context.Context, id uuid.UUID, reason, actor string) (admin.Result, error) {
+	return func(ctx context.Context, id uuid.UUID, reason, actor string) (admin.Result, error) {
+		return a.RetryFromStep(ctx, admin.RestartRequest{ID: id, FromStep: body.FromStep, RerunEarlier: body.RerunEarlier, Reason: reason, Actor: actor})
+	}
+}
+
 func (s *Server) cancelSaga(w http.ResponseWriter, r *http.Request, a *admin.Admin) {
 	s.act(w, r, a, "cancel", a.Cancel)
 }
@@ -204,6 +214,13 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, a *admin.Admin, act
 	if err != nil {
 		s.writeErr(w, r, err)
 		return
+	}
+	if body.FromStep != "" || body.RerunEarlier {
+		if action != "retry" || body.FromStep == "" {
+			s.writeErr(w, r, saga.Errorf(saga.ErrInvalid, "from_step and rerun_earlier are for a retry, and rerun_earlier goes with from_step"))
+			return
+		}
+		do = s.restart(a, body)
 	}
 	who := actor(r)
 	res, err := do(r.Context(), id, body.Reason, who)

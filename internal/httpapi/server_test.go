@@ -73,6 +73,13 @@ func (j *recordingJournal) RequestResume(_ context.Context, id uuid.UUID, reason
 	return nil
 }
 
+func (j *recordingJournal) RequestRestart(_ context.Context, id uuid.UUID, step int, reason, actor string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.calls = append(j.calls, fmt.Sprintf("restart %s %d %q %s", id, step, reason, actor))
+	return nil
+}
+
 func (j *recordingJournal) count() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -298,4 +299,123 @@ func (a *Admin) ParkedEvents(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("admin: count parked events: %w", err)
 	}
 	return n, nil
+}
+
+// RestartRequest is a retry of a FAILED or COMPENSATED instance from a
+// named step.
+type RestartRequest struct {
+	ID       uuid.UUID
+	FromStep string
+	// RerunEarlier allows a restart although steps before FromStep were
+	// compensated: the new attempt starts at the first of them, so that
+	// their effects are made again before FromStep runs.
+	RerunEarlier bool
+	Reason       string
+	Actor        string
+}
+
+// RetryFromStep starts a new attempt of a FAILED or COMPENSATED instance
+// from step FromStep: RUNNING again at that step, with the state and the
+// earlier steps' records and outputs kept; journaled (restarted) with the
+// reason and the caller. It is refused (ErrConflict) when a step before
+// FromStep was compensated (its effect undone: RerunEarlier starts from the
+// first such step instead), and when a step from FromStep on completed or
+// may have acted and was never compensated (running it again would do it
+// twice: its compensation failed, retry that instead). ErrInvalid for a
+// step the instance's definition does not have.
+func (a *Admin) RetryFromStep(ctx context.Context, req RestartRequest) (Result, error) {
+	reason, err := checkRequest(req.Reason, req.Actor, true)
+	if err != nil {
+		return Result{}, err
+	}
+	id := req.ID
+	var start int
+	decide := func(inst Instance) (bool, error) {
+		if inst.Status != saga.StatusFailed && inst.Status != saga.StatusCompensated {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is %s: only a FAILED or COMPENSATED instance starts again from a step (a running one: relay sagas retry without --from-step)", id, inst.Status)
+		}
+		if a.cfg.Registry == nil {
+			return false, saga.Errorf(saga.ErrConflict, "this process knows no saga definitions: it cannot tell which step %q is", req.FromStep)
+		}
+		def, ok := a.cfg.Registry.Lookup(inst.SagaName, inst.SagaVersion)
+		if !ok {
+			return false, saga.Errorf(saga.ErrConflict, "saga instance %s is pinned to %s version %d, which no relay can run: deploy a relay that registers it", id, inst.SagaName, inst.SagaVersion)
+		}
+		k := slices.IndexFunc(def.Steps, func(s saga.Step) bool { return s.Name == req.FromStep })
+		if k < 0 {
+			return false, saga.Errorf(saga.ErrInvalid, "%s v%d has no step %q; its steps: %s", inst.SagaName, inst.SagaVersion, req.FromStep, strings.Join(def.StepNames(), ", "))
+		}
+		start = k
+		return false, nil
+	}
+	check := func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlSteps, id)
+		if err != nil {
+			return err
+		}
+		var seq int
+		var name, status string
+		records := map[int][2]string{}
+		var ignore [7]any
+		_, err = pgx.ForEachRow(rows, []any{&seq, &name, &status, &ignore[0], &ignore[1], &ignore[2], &ignore[3], &ignore[4], &ignore[5], &ignore[6]}, func() error {
+			records[seq] = [2]string{name, status}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		var undone []string
+		first := -1
+		for s := range start {
+			if r, ok := records[s]; ok && r[1] == string(saga.StepCompensated) {
+				undone = append(undone, r[0])
+				if first < 0 {
+					first = s
+				}
+			}
+		}
+		if len(undone) > 0 {
+			if !req.RerunEarlier {
+				return saga.Errorf(saga.ErrConflict, "steps before %s were compensated (%s): their effects are undone, and the new attempt would run on without them; add --rerun-earlier to start from %s instead",
+					req.FromStep, strings.Join(undone, ", "), undone[0])
+			}
+			start = first
+		}
+		for s, r := range records {
+			if s >= start && (r[1] == string(saga.StepCompleted) || r[1] == string(saga.StepRunning)) {
+				return saga.Errorf(saga.ErrConflict, "step %s is %s and was never compensated: running it again would do it twice; retry the compensation instead (relay sagas retry %s --reason …), or start from a later step", r[0], r[1], id)
+			}
+		}
+		return nil
+	}
+	if a.cfg.Journal == nil {
+		return Result{}, ErrReadOnly
+	}
+	var res Result
+	err = pgx.BeginFunc(ctx, a.cfg.Pool, func(tx pgx.Tx) error {
+		inst, err := a.get(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		if inst.HistoryDeletedAt != nil {
+			return saga.Errorf(saga.ErrConflict, "saga instance %s is %s and its history was deleted by retention at %s: only its tombstone is left, there is nothing to start again",
+				id, inst.Status, inst.HistoryDeletedAt.UTC().Format(time.RFC3339))
+		}
+		if _, err := decide(inst); err != nil {
+			return err
+		}
+		if err := check(ctx, tx); err != nil {
+			return err
+		}
+		if err := a.cfg.Journal.RequestRestart(saga.ContextWithTx(ctx, tx), id, start, reason, req.Actor); err != nil {
+			return err
+		}
+		after, err := a.get(ctx, tx, id, false)
+		res = Result{Instance: after.Item}
+		return err
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
 }

@@ -31,6 +31,7 @@ type Journal interface {
 	RequestCancel(ctx context.Context, id uuid.UUID, reason, actor string) error
 	RequestPause(ctx context.Context, id uuid.UUID, reason, actor string) error
 	RequestResume(ctx context.Context, id uuid.UUID, reason, actor string) error
+	RequestRestart(ctx context.Context, id uuid.UUID, step int, reason, actor string) error
 }
 
 // Config configures an Admin.

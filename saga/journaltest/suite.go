@@ -65,6 +65,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RequestPause/NeverClaimedUntilResumed", testPauseResume},
 		{"RequestPause/KeepsAReplyAndTheWait", testPauseKeepsReply},
 		{"RequestPause/CompensatingResumesCompensating", testPauseCompensating},
+		{"RequestRestart/NewAttemptFromAStep", testRestart},
 		{"DeliverReply/WakesTheWaitingStep", testDeliverReply},
 		{"Lifecycle/ForwardThenCompensate", testLifecycle},
 		{"Append/SkipAndWait", testSkipAndWait},
@@ -911,6 +912,34 @@ func testPauseCompensating(t *testing.T, h Harness) {
 		t.Fatal("the resumed compensation was not claimed")
 	}
 	appendOK(t, h.Journal, c, saga.Event{Kind: saga.EventCompensationSkipped, Step: 1})
+}
+
+func testRestart(t *testing.T, h Harness) {
+	inst := started(t, h)
+	isKind(t, "restart a RUNNING instance", h.Journal.RequestRestart(ctx, inst.ID, 0, "x", "ops"), saga.ErrInvalid)
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve"})
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventCompensationStarted, Step: 0, Reason: "step charge failed"})
+	appendOK(t, h.Journal, inst, saga.Event{Kind: saga.EventStepCompensated, Step: 0, StepName: "reserve"})
+	if ok, err := h.Journal.MarkTerminal(ctx, inst.ID, inst.LeaseID.UUID, saga.StatusCompensated, "step charge failed"); !ok || err != nil {
+		t.Fatalf("mark compensated: %t %v", ok, err)
+	}
+	now := h.Clock.Advance(time.Second)
+	if err := h.Journal.RequestRestart(ctx, inst.ID, 0, "fixed", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	got := get(t, h.Journal, inst.ID)
+	if got.Status != saga.StatusRunning || got.CurrentStep != 0 || got.CompletedAt != nil || got.CompensationReason != "" ||
+		!got.NextAttemptAt.Equal(now) {
+		t.Fatalf("after restart: %+v", got)
+	}
+	// The compensated step runs again in the new attempt.
+	c := claim(t, h.Journal, inst.ID, lease)
+	appendOK(t, h.Journal, c, saga.Event{Kind: saga.EventStepCompleted, Step: 0, StepName: "reserve"})
+	steps, err := h.Journal.Steps(ctx, inst.ID)
+	if err != nil || len(steps) != 1 || steps[0].Status != saga.StepCompleted || steps[0].Attempts != 2 {
+		t.Fatalf("steps after the new attempt: %+v, %v", steps, err)
+	}
+	isKind(t, "restart unknown", h.Journal.RequestRestart(ctx, uuid.New(), 0, "x", "ops"), saga.ErrNotFound)
 }
 
 func testDeliverReply(t *testing.T, h Harness) {

@@ -312,6 +312,11 @@ func (j *Journal) RequestPause(_ context.Context, id uuid.UUID, reason, actor st
 	return j.request(id, saga.Event{Kind: saga.EventPaused, Step: -1, Reason: reason, Actor: actor})
 }
 
+// RequestRestart implements saga.Journal.
+func (j *Journal) RequestRestart(_ context.Context, id uuid.UUID, step int, reason, actor string) error {
+	return j.request(id, saga.Event{Kind: saga.EventRestarted, Step: step, Reason: reason, Actor: actor})
+}
+
 // RequestResume implements saga.Journal.
 func (j *Journal) RequestResume(_ context.Context, id uuid.UUID, reason, actor string) error {
 	return j.request(id, saga.Event{Kind: saga.EventResumed, Step: -1, Reason: reason, Actor: actor})

@@ -437,6 +437,11 @@ func (j *Journal) RequestPause(ctx context.Context, id uuid.UUID, reason, actor 
 	return j.request(ctx, id, saga.Event{Kind: saga.EventPaused, Step: -1, Reason: reason, Actor: actor})
 }
 
+// RequestRestart implements saga.Journal.
+func (j *Journal) RequestRestart(ctx context.Context, id uuid.UUID, step int, reason, actor string) error {
+	return j.request(ctx, id, saga.Event{Kind: saga.EventRestarted, Step: step, Reason: reason, Actor: actor})
+}
+
 // RequestResume implements saga.Journal.
 func (j *Journal) RequestResume(ctx context.Context, id uuid.UUID, reason, actor string) error {
 	return j.request(ctx, id, saga.Event{Kind: saga.EventResumed, Step: -1, Reason: reason, Actor: actor})

@@ -353,7 +353,12 @@ func (e ListSagasParamsStatus) Valid() bool {
 
 // ActionBody defines model for ActionBody.
 type ActionBody struct {
-	Reason *string `json:"reason,omitempty"`
+	// FromStep retry only: start a new attempt of a FAILED or COMPENSATED instance at this step (409 when a step before it was compensated, unless rerun_earlier, or when a step from it on is still in effect)
+	FromStep *string `json:"from_step,omitempty"`
+	Reason   *string `json:"reason,omitempty"`
+
+	// RerunEarlier retry with from_step only: start from the first compensated step before it
+	RerunEarlier *bool `json:"rerun_earlier,omitempty"`
 }
 
 // ActionResult defines model for ActionResult.
