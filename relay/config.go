@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -95,6 +96,14 @@ type Config struct {
 	// a heartbeat (default 30s).
 	Workers       int
 	LeaseDuration time.Duration
+	// ClaimOrder is how the step workers pick due instances: "fair" (the
+	// default) shares each claim between the tenants with due work, in
+	// turn and by TenantWeights; "oldest" takes the oldest due instances
+	// whoever their tenant.
+	ClaimOrder string
+	// TenantWeights gives a tenant a larger share of each claim (1 to
+	// 1000; absent tenants weigh 1). Only with ClaimOrder fair.
+	TenantWeights map[uuid.UUID]int
 
 	// StuckAfter: an instance overdue by more than this with no live lease is
 	// reported stuck by the monitor (default 5m).
@@ -184,10 +193,13 @@ type Config struct {
 
 // Defaults of the fields left zero.
 const (
-	DefaultSlot          = "relay_outbox"
-	DefaultPublication   = "relay_outbox_pub"
-	DefaultOutboxTable   = "outbox"
-	DefaultWorkers       = 8
+	DefaultSlot        = "relay_outbox"
+	DefaultPublication = "relay_outbox_pub"
+	DefaultOutboxTable = "outbox"
+	DefaultWorkers     = 8
+	// ClaimFair and ClaimOldest are the values of Config.ClaimOrder.
+	ClaimFair            = "fair"
+	ClaimOldest          = "oldest"
 	DefaultLease         = 30 * time.Second
 	DefaultStuckAfter    = 5 * time.Minute
 	DefaultHoldAfter     = admin.DefaultHoldAfter
@@ -213,6 +225,7 @@ func (c Config) withDefaults() Config {
 	c.Publication = cmp.Or(c.Publication, DefaultPublication)
 	c.OutboxTable = cmp.Or(c.OutboxTable, DefaultOutboxTable)
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.ClaimOrder = cmp.Or(c.ClaimOrder, ClaimFair)
 	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLease)
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
 	c.HoldAfter = cmp.Or(c.HoldAfter, DefaultHoldAfter)
@@ -239,6 +252,17 @@ func (c Config) validate() error {
 	}
 	if c.Registry == nil {
 		bad("Config.Registry is nil: create one with saga.NewRegistry() and register your sagas on it")
+	}
+	if c.ClaimOrder != ClaimFair && c.ClaimOrder != ClaimOldest {
+		bad("Config.ClaimOrder is %q: give %q (claims shared between tenants) or %q", c.ClaimOrder, ClaimFair, ClaimOldest)
+	}
+	for t, w := range c.TenantWeights {
+		if w < 1 || w > 1000 {
+			bad("tenant %s has weight %d: give 1 to 1000", t, w)
+		}
+	}
+	if len(c.TenantWeights) > 0 && c.ClaimOrder == ClaimOldest {
+		bad("tenant weights apply to fair claims only: drop them, or the oldest claim order")
 	}
 	if c.Workers < 0 {
 		bad("Config.Workers is %d: give a positive number of step workers", c.Workers)

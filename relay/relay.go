@@ -177,7 +177,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 func (r *Relay) assemble(ctx context.Context, table outbox.TableName, cols outbox.ColumnMap) error {
 	cfg, log := r.cfg, r.cfg.Logger
 	var err error
-	if r.journal, err = pgjournal.New(r.pool, nil); err != nil {
+	if r.journal, err = pgjournal.New(r.pool, &pgjournal.Config{OldestFirst: cfg.ClaimOrder == ClaimOldest, TenantWeights: cfg.TenantWeights}); err != nil {
 		return err
 	}
 	if r.metrics, err = httpapi.NewMetrics(cfg.MetricsRegistry); err != nil {

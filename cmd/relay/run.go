@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/internal/dbconn"
@@ -21,9 +24,10 @@ import (
 
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
-		cfg          relay.Config
-		stopTimeout  time.Duration
-		withExamples bool
+		cfg           relay.Config
+		stopTimeout   time.Duration
+		withExamples  bool
+		tenantWeights []string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -52,6 +56,15 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			}
 			if err := declare.ValidateEgressAllow(cfg.HTTPEgressAllow); err != nil {
 				return exitError{code: 2, msg: "--http-egress-allow: " + err.Error()}
+			}
+			if cfg.ClaimOrder != relay.ClaimFair && cfg.ClaimOrder != relay.ClaimOldest {
+				return exitError{code: 2, msg: fmt.Sprintf("--claim-order %q: want fair (claims shared between tenants) or oldest", cfg.ClaimOrder)}
+			}
+			if cfg.TenantWeights, err = parseTenantWeights(tenantWeights); err != nil {
+				return exitError{code: 2, msg: err.Error()}
+			}
+			if len(cfg.TenantWeights) > 0 && cfg.ClaimOrder == relay.ClaimOldest {
+				return exitError{code: 2, msg: "--tenant-weight applies to --claim-order fair only: drop it, or --claim-order oldest"}
 			}
 			if cfg.OnSlotLost != "stop" && cfg.OnSlotLost != "resync" {
 				return exitError{code: 2, msg: fmt.Sprintf("--on-slot-lost %q: want stop or resync", cfg.OnSlotLost)}
@@ -89,6 +102,8 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.DedupeWindow, "dedupe-window", relay.DefaultDedupeWindow, "keep a finished instance's tombstone this long after it ended, so a trigger read again (resync, repeated idempotency key) starts nothing; at least --resync-margin plus --outbox-retention; 0 keeps them forever (env RELAY_DEDUPE_WINDOW)")
 	f.DurationVar(&cfg.StallAfter, "stall-after", relay.DefaultStallAfter, "/readyz answers 503 when committed outbox work has waited this long behind the acknowledged position, or the stream has been down this long (env RELAY_STALL_AFTER)")
 	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process, at least 1 (env RELAY_WORKERS)")
+	f.StringVar(&cfg.ClaimOrder, "claim-order", relay.ClaimFair, "how step workers pick due instances: fair (each claim shared between the tenants with due work, in turn) or oldest (oldest first, whoever the tenant) (env RELAY_CLAIM_ORDER)")
+	f.StringArrayVar(&tenantWeights, "tenant-weight", nil, "TENANT_ID=N: give a tenant N times the share of each claim (1 to 1000; others weigh 1; repeatable)")
 	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
 	f.DurationVar(&cfg.HoldAfter, "hold-after", relay.DefaultHoldAfter, "an instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is reported held; such errors are retried and never compensate (env RELAY_HOLD_AFTER)")
@@ -237,4 +252,28 @@ func reloadSagas(ctx context.Context, r *relay.Relay, cfg relay.Config) {
 		log.Info("declared saga loaded", "saga", s.Name, "version", s.Version, "file", s.File, "hash", s.Hash[:12])
 	}
 	log.Info("saga reload done", "sagas", len(next))
+}
+
+// parseTenantWeights reads --tenant-weight TENANT_ID=N values.
+func parseTenantWeights(vals []string) (map[uuid.UUID]int, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	out := make(map[uuid.UUID]int, len(vals))
+	for _, v := range vals {
+		id, n, ok := strings.Cut(v, "=")
+		t, err := uuid.Parse(strings.TrimSpace(id))
+		if !ok || err != nil {
+			return nil, fmt.Errorf("--tenant-weight %q: write TENANT_ID=N, e.g. 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90=3", v)
+		}
+		w, err := strconv.Atoi(strings.TrimSpace(n))
+		if err != nil || w < 1 || w > 1000 {
+			return nil, fmt.Errorf("--tenant-weight %q: the weight is a whole number from 1 to 1000", v)
+		}
+		if _, dup := out[t]; dup {
+			return nil, fmt.Errorf("--tenant-weight: tenant %s is given twice", t)
+		}
+		out[t] = w
+	}
+	return out, nil
 }

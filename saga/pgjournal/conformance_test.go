@@ -45,7 +45,10 @@ func newPool(t *testing.T, url string) *pgxpool.Pool {
 
 func newJournal(t *testing.T, pool *pgxpool.Pool, clock *journaltest.Clock) *pgjournal.Journal {
 	t.Helper()
-	j, err := pgjournal.New(pool, &pgjournal.Config{Now: clock.PtrNow})
+	// Oldest first: the claim order the memory journal shares, which the
+	// suite and the model test check; the claims shared between tenants
+	// have their own test (fair_test.go).
+	j, err := pgjournal.New(pool, &pgjournal.Config{Now: clock.PtrNow, OldestFirst: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,15 @@ type Config struct {
 	// instance stamps) then comes from it: it is how tests cross a lease's
 	// expiry to the microsecond. Production leaves it nil.
 	Now func() *time.Time
+	// OldestFirst makes ClaimPending take the oldest due instances whoever
+	// their tenant, as one queue. By default claims are shared between the
+	// tenants with due work (see ClaimPending).
+	OldestFirst bool
+	// TenantWeights gives tenants a larger (or smaller) share of each
+	// claim: a tenant of weight 3 gets three times the share of a tenant
+	// of weight 1 while both have due work. Absent tenants weigh 1;
+	// weights must be between 1 and 1000.
+	TenantWeights map[uuid.UUID]int
 }
 
 // Journal is the PostgreSQL saga.Journal over saga_instances, saga_steps and
@@ -30,6 +39,11 @@ type Config struct {
 type Journal struct {
 	pool *pgxpool.Pool
 	now  func() *time.Time
+
+	oldestFirst bool
+	weights     map[uuid.UUID]int
+	// fair is the state of the claims shared between tenants.
+	fair fairState
 }
 
 var _ saga.Journal = (*Journal)(nil)
@@ -42,6 +56,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Journal, error) {
 	j := &Journal{pool: pool}
 	if cfg != nil {
 		j.now = cfg.Now
+		j.oldestFirst = cfg.OldestFirst
+		for t, w := range cfg.TenantWeights {
+			if w < 1 || w > maxTenantWeight {
+				return nil, saga.Errorf(saga.ErrInvalid, "pgjournal: tenant %s has weight %d; weights are 1 to %d", t, w, maxTenantWeight)
+			}
+		}
+		j.weights = cfg.TenantWeights
 	}
 	return j, nil
 }
@@ -106,7 +127,13 @@ func (j *Journal) Enqueue(ctx context.Context, inst saga.Instance) error {
 	return nil
 }
 
-// ClaimPending implements saga.Journal in one statement.
+// ClaimPending implements saga.Journal. Claims are shared between tenants
+// (unless Config.OldestFirst): when more than one tenant has due work, each
+// claim takes the oldest due instances of each of up to batchSize tenants,
+// in turn from where the last claim stopped, each tenant's share of the
+// batch in proportion to its weight; one tenant's backlog then never makes
+// another's work wait behind all of it. With one tenant (the journal looks
+// again every fairRecheck) the claim is the oldest-first statement alone.
 func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
 	if batchSize <= 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)
@@ -127,10 +154,18 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 			return nil, fmt.Errorf("pgjournal: claim: %w", err)
 		}
 	} else {
+		shares, err := j.tenantShares(ctx, batchSize)
+		if err != nil {
+			return nil, err
+		}
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(sqlClaimPlan)
-		b.Queue(sqlClaim, j.clock(), batchSize, d.Microseconds())
+		if shares != nil {
+			b.Queue(sqlClaimTenants, j.clock(), batchSize, d.Microseconds(), shares.tenants, shares.quotas)
+		} else {
+			b.Queue(sqlClaim, j.clock(), batchSize, d.Microseconds())
+		}
 		b.Queue("COMMIT")
 		br = j.pool.SendBatch(ctx, b)
 		defer br.Close()

@@ -40,14 +40,25 @@ const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id
 // writers holding a row) pass each other instead of queueing. A live lease
 // (expiry >= now) is never taken over. An instance with a concurrency key
 // is taken only while fewer than its limit of older instances (trigger
-// commit order) of its saga and key are unfinished (a PAUSED one too): the limit and the
-// order hold whichever relay claims, since they are read from committed
-// rows (saga_concurrency_idx); an instance without a key skips the check.
+// commit order) of its saga and key are unfinished (a PAUSED one too): the
+// limit and the order hold whichever relay claims, since they are read from
+// committed rows (saga_concurrency_idx); an instance without a key skips
+// the check.
 const sqlClaim = `
 WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 due AS (
 	SELECT i.id FROM saga_instances i, clock c
-	WHERE i.status IN ('RUNNING', 'COMPENSATING')
+	WHERE ` + sqlClaimable + `
+	ORDER BY i.next_attempt_at, i.id
+	LIMIT $2
+	FOR UPDATE OF i SKIP LOCKED
+),
+` + sqlClaimed
+
+// sqlClaimable is what makes instance i (at clock c) claimable: RUNNING or
+// COMPENSATING, due, no live lease, and fewer than its limit of older
+// unfinished instances under its concurrency key.
+const sqlClaimable = `i.status IN ('RUNNING', 'COMPENSATING')
 	  AND i.next_attempt_at <= c.now
 	  AND (i.lease_id IS NULL OR i.lease_expires_at IS NULL OR i.lease_expires_at < c.now)
 	  AND (i.concurrency_key IS NULL OR (
@@ -56,12 +67,11 @@ due AS (
 			WHERE o.saga_name = i.saga_name AND o.concurrency_key = i.concurrency_key
 			  AND o.status IN ('RUNNING', 'COMPENSATING', 'PAUSED')
 			  AND (o.concurrency_lsn, o.concurrency_ord) < (i.concurrency_lsn, i.concurrency_ord)
-			LIMIT i.concurrency_limit) older) < i.concurrency_limit)
-	ORDER BY i.next_attempt_at, i.id
-	LIMIT $2
-	FOR UPDATE OF i SKIP LOCKED
-),
-claimed AS (
+			LIMIT i.concurrency_limit) older) < i.concurrency_limit)`
+
+// sqlClaimed leases the due rows (the CTE due) and returns them, oldest
+// first.
+const sqlClaimed = `claimed AS (
 	UPDATE saga_instances i
 	SET lease_id = gen_random_uuid(), lease_expires_at = c.now + $3 * interval '1 microsecond'
 	FROM due, clock c
@@ -69,6 +79,51 @@ claimed AS (
 	RETURNING i.*
 )
 SELECT ` + instanceCols + ` FROM claimed i ORDER BY i.next_attempt_at, i.id`
+
+// sqlDueTenants lists up to $4 tenants that have due work, in tenant id
+// order from $2 on: a skip scan of saga_tenant_due_idx (one index descent
+// per tenant with unfinished instances, at most $3 of them, then one to
+// see whether its oldest is due), so that its cost depends on the tenants
+// it passes, not on how many instances they have.
+const sqlDueTenants = `
+WITH RECURSIVE clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
+t(tenant_id, n) AS (
+	SELECT (SELECT i.tenant_id FROM saga_instances i
+		WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.tenant_id >= $2
+		ORDER BY i.tenant_id LIMIT 1), 1
+	UNION ALL
+	SELECT (SELECT i.tenant_id FROM saga_instances i
+		WHERE i.status IN ('RUNNING', 'COMPENSATING') AND i.tenant_id > t.tenant_id
+		ORDER BY i.tenant_id LIMIT 1), t.n + 1
+	FROM t WHERE t.tenant_id IS NOT NULL AND t.n < $3
+)
+SELECT t.tenant_id, (SELECT max(n) FROM t) FROM t, clock c
+WHERE t.tenant_id IS NOT NULL AND EXISTS (
+	SELECT 1 FROM saga_instances d
+	WHERE d.tenant_id = t.tenant_id AND d.status IN ('RUNNING', 'COMPENSATING') AND d.next_attempt_at <= c.now)
+ORDER BY t.n
+LIMIT $4`
+
+// sqlClaimTenants is sqlClaim shared between tenants: up to $5[k] due
+// instances of tenant $4[k] each, oldest first within a tenant, read from
+// saga_tenant_due_idx; of those, the $2 oldest (the shares add up to about
+// the batch: what the rounding adds is locked for the claim's transaction
+// only).
+const sqlClaimTenants = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
+want AS (SELECT * FROM unnest($4::uuid[], $5::int[]) AS w (tenant_id, quota)),
+due AS (
+	SELECT d.id FROM want w CROSS JOIN LATERAL (
+		SELECT i.id, i.next_attempt_at FROM saga_instances i, clock c
+		WHERE i.tenant_id = w.tenant_id AND ` + sqlClaimable + `
+		ORDER BY i.next_attempt_at, i.id
+		LIMIT w.quota
+		FOR UPDATE OF i SKIP LOCKED
+	) d
+	ORDER BY d.next_attempt_at, d.id
+	LIMIT $2
+),
+` + sqlClaimed
 
 // sqlClaimPlan makes sqlClaim read the due instances in order from
 // saga_claim_idx and stop after the batch (and the leased or locked rows it
