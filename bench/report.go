@@ -30,6 +30,7 @@ type Report struct {
 	Capacity        *CapacityResult   `json:"capacity,omitempty"`
 	Overload        *LatencyCase      `json:"overload,omitempty"`
 	Claim           []ClaimCase       `json:"claim,omitempty"`
+	ClaimTenants    []ClaimCase       `json:"claim_tenants,omitempty"`
 	Curve           []CurvePoint      `json:"curve,omitempty"`
 	Soak            *SoakResult       `json:"soak,omitempty"`
 
@@ -167,6 +168,9 @@ type CapacityLevel struct {
 // ClaimCase is the claim scenario at one backlog size.
 type ClaimCase struct {
 	Due int `json:"due"`
+	// Tenants is how many tenants the due instances belong to (1: the
+	// oldest-first claim alone; more: the claim shared between them).
+	Tenants int `json:"tenants,omitempty"`
 	// ClaimMs is the median time of one claim of 8 instances; StartMs of
 	// the correlator's transaction starting 1,000 sagas.
 	ClaimMs float64 `json:"claim_ms"`
@@ -386,6 +390,9 @@ type Summary struct {
 	// Median claim of 8 with 1,000 and 1,000,000 due instances.
 	ClaimMs1k *float64 `json:"claim_ms_1k"`
 	ClaimMs1m *float64 `json:"claim_ms_1m"`
+	// The claim shared between 1,000 tenants, at the same backlogs.
+	ClaimTenantsMs1k *float64 `json:"claim_tenants_ms_1k"`
+	ClaimTenantsMs1m *float64 `json:"claim_tenants_ms_1m"`
 	// The peers' steps/s in the same run (bench/peers, --peers).
 	PeerDBOSStepsPerSec  *float64 `json:"peer_dbos_steps_per_sec"`
 	PeerRiverStepsPerSec *float64 `json:"peer_river_steps_per_sec"`
@@ -533,6 +540,14 @@ func (r *Report) Summary() Summary {
 			s.ClaimMs1k = f64(c.ClaimMs)
 		case 1000000:
 			s.ClaimMs1m = f64(c.ClaimMs)
+		}
+	}
+	for _, c := range r.ClaimTenants {
+		switch c.Due {
+		case 1000:
+			s.ClaimTenantsMs1k = f64(c.ClaimMs)
+		case 1000000:
+			s.ClaimTenantsMs1m = f64(c.ClaimMs)
 		}
 	}
 	if n := len(r.Curve); n > 0 {
@@ -747,6 +762,17 @@ func (r *Report) WriteTable(w io.Writer) {
 			big := r.Claim[n-1]
 			ratio := big.ClaimMs / r.Claim[0].ClaimMs
 			fmt.Fprintf(tw, "\t(claim at %d ÷ at %d: %.2f, target ≤ 2 %s; start: %.2f)\n", big.Due, r.Claim[0].Due, ratio, mark(ratio <= 2), big.StartMs/r.Claim[0].StartMs)
+		}
+	}
+	if len(r.ClaimTenants) > 0 {
+		fmt.Fprintln(tw, "\n   claim shared between tenants\tdue instances\ttenants\tclaim of 8 ms (median)")
+		for _, c := range r.ClaimTenants {
+			fmt.Fprintf(tw, "\t%d\t%d\t%.2f\n", c.Due, c.Tenants, c.ClaimMs)
+		}
+		if n := len(r.ClaimTenants); n > 1 && r.ClaimTenants[0].ClaimMs > 0 {
+			big := r.ClaimTenants[n-1]
+			ratio := big.ClaimMs / r.ClaimTenants[0].ClaimMs
+			fmt.Fprintf(tw, "\t(claim at %d ÷ at %d: %.2f, target ≤ 2 %s)\n", big.Due, r.ClaimTenants[0].Due, ratio, mark(ratio <= 2))
 		}
 	}
 	if d := r.Declared; d != nil {

@@ -78,12 +78,64 @@ func (r *run) claimScenario(ctx context.Context) error {
 			starts = append(starts, ms(time.Since(began)))
 			have += len(evs)
 		}
-		c := ClaimCase{Due: size, ClaimMs: median(claims), StartMs: median(starts)}
+		c := ClaimCase{Due: size, Tenants: 1, ClaimMs: median(claims), StartMs: median(starts)}
 		r.progress("claim: %d due: claim of 8 %.2f ms, correlator start of 1,000 %.1f ms (medians)", size, c.ClaimMs, c.StartMs)
 		r.report.Claim = append(r.report.Claim, c)
 	}
+	return r.claimTenants(ctx, journal)
+}
+
+// claimTenants measures the claim shared between tenants: the same
+// backlogs spread over claimTenantCount tenants, where every claim first
+// looks for the tenants with due work.
+func (r *run) claimTenants(ctx context.Context, journal *pgjournal.Journal) error {
+	e := r.env
+	if _, err := e.pool.Exec(ctx, `TRUNCATE saga_instances CASCADE`); err != nil {
+		return err
+	}
+	have := 0
+	for _, size := range r.sz.claimSizes {
+		r.progress("claim: filling the backlog to %d due instances over %d tenants", size, claimTenantCount)
+		for have < size {
+			k := min(100000, size-have)
+			if _, err := e.pool.Exec(ctx, sqlDueBacklogTenants, k, benchSaga, claimTenantCount, have); err != nil {
+				return fmt.Errorf("claim: fill the backlog: %w", err)
+			}
+			have += k
+		}
+		if _, err := e.pool.Exec(ctx, `VACUUM ANALYZE saga_instances`); err != nil {
+			return err
+		}
+		e.checkpoint(ctx)
+		const rounds = 25
+		claims := make([]float64, 0, rounds)
+		for range rounds {
+			began := time.Now()
+			insts, err := journal.ClaimPending(ctx, 8, time.Minute)
+			if err != nil {
+				return fmt.Errorf("claim: %w", err)
+			}
+			if len(insts) != 8 {
+				return fmt.Errorf("claim: %d instances claimed from a backlog of %d over %d tenants, want 8", len(insts), size, claimTenantCount)
+			}
+			claims = append(claims, ms(time.Since(began)))
+		}
+		c := ClaimCase{Due: size, Tenants: claimTenantCount, ClaimMs: median(claims)}
+		r.progress("claim: %d due over %d tenants: claim of 8 %.2f ms (median)", size, claimTenantCount, c.ClaimMs)
+		r.report.ClaimTenants = append(r.report.ClaimTenants, c)
+	}
 	return nil
 }
+
+// claimTenantCount is how many tenants the shared claim's backlog spans.
+const claimTenantCount = 1000
+
+// sqlDueBacklogTenants is sqlDueBacklog over $3 tenants (row $4 + g goes to
+// tenant (row mod $3)).
+const sqlDueBacklogTenants = `
+INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
+SELECT md5('tenant ' || (($4::int + g) % $3::int))::uuid, $2, 1, gen_random_uuid(), now() - interval '1 hour' + g * interval '1 microsecond'
+FROM generate_series(1, $1::int) g`
 
 // sqlDueBacklog inserts $1 due RUNNING instances of saga $2 (no lease,
 // next_attempt_at spread over the past hour), as a backlog of started sagas
