@@ -97,9 +97,9 @@ type Config struct {
 	Workers       int
 	LeaseDuration time.Duration
 	// ClaimOrder is how the step workers pick due instances: "fair" (the
-	// default) shares each claim between the tenants with due work, in
-	// turn and by TenantWeights; "oldest" takes the oldest due instances
-	// whoever their tenant.
+	// default, also when empty) shares each claim between the tenants with
+	// due work, in turn and by TenantWeights; "oldest" takes the oldest due
+	// instances whoever their tenant.
 	ClaimOrder string
 	// TenantWeights gives a tenant a larger share of each claim (1 to
 	// 1000; absent tenants weigh 1). Only with ClaimOrder fair.
@@ -253,7 +253,7 @@ func (c Config) validate() error {
 	if c.Registry == nil {
 		bad("Config.Registry is nil: create one with saga.NewRegistry() and register your sagas on it")
 	}
-	if c.ClaimOrder != ClaimFair && c.ClaimOrder != ClaimOldest {
+	if c.ClaimOrder != "" && c.ClaimOrder != ClaimFair && c.ClaimOrder != ClaimOldest {
 		bad("Config.ClaimOrder is %q: give %q (claims shared between tenants) or %q", c.ClaimOrder, ClaimFair, ClaimOldest)
 	}
 	for t, w := range c.TenantWeights {
