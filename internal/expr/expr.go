@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/common/types/traits"
+	"go.yaml.in/yaml/v3"
 )
 
 // CostLimit bounds one evaluation: an expression that loops over a huge
@@ -143,4 +145,24 @@ func Text(v any) string {
 	}
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// ValueOffset is the file position of byte off of a scalar's value. Exact
+// for plain and quoted scalars on one line (quoted ones without escapes
+// before off); for block scalars the line is exact and the column counts
+// from the block's indentation.
+func ValueOffset(n *yaml.Node, off int) (int, int) {
+	before := n.Value[:off]
+	switch n.Style {
+	case yaml.LiteralStyle, yaml.FoldedStyle:
+		nl := strings.Count(before, "\n")
+		lineStart := strings.LastIndex(before, "\n") + 1
+		return n.Line + 1 + nl, n.Column + 2 + len(before) - lineStart
+	case yaml.DoubleQuotedStyle, yaml.SingleQuotedStyle:
+		return n.Line, n.Column + 1 + off
+	}
+	if nl := strings.Count(before, "\n"); nl > 0 {
+		return n.Line + nl, len(before) - strings.LastIndex(before, "\n")
+	}
+	return n.Line, n.Column + off
 }

@@ -469,25 +469,9 @@ func splitTemplate(n *yaml.Node, file string, sc *scope, r *report) []part {
 // closingBrace finds the } that ends an expression (see celexpr.ClosingBrace).
 func closingBrace(s string) int { return celexpr.ClosingBrace(s) }
 
-// valueOffset is the file position of byte off of a scalar's value. Exact
-// for plain and quoted scalars on one line (quoted ones without escapes
-// before off); for block scalars the line is exact and the column counts
-// from the block's indentation.
-func valueOffset(n *yaml.Node, off int) (int, int) {
-	before := n.Value[:off]
-	switch n.Style {
-	case yaml.LiteralStyle, yaml.FoldedStyle:
-		nl := strings.Count(before, "\n")
-		lineStart := strings.LastIndex(before, "\n") + 1
-		return n.Line + 1 + nl, n.Column + 2 + len(before) - lineStart
-	case yaml.DoubleQuotedStyle, yaml.SingleQuotedStyle:
-		return n.Line, n.Column + 1 + off
-	}
-	if nl := strings.Count(before, "\n"); nl > 0 {
-		return n.Line + nl, len(before) - strings.LastIndex(before, "\n")
-	}
-	return n.Line, n.Column + off
-}
+// valueOffset is the file position of byte off of a scalar's value (see
+// celexpr.ValueOffset).
+func valueOffset(n *yaml.Node, off int) (int, int) { return celexpr.ValueOffset(n, off) }
 
 // eval renders the template against vars.
 func (t *template) eval(vars map[string]any) (any, error) {
