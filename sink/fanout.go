@@ -107,6 +107,7 @@ type dest struct {
 	delivered          atomic.Uint64
 
 	mDelivered prometheus.Counter
+	mFiltered  prometheus.Counter
 	mParked    prometheus.Gauge
 	mSeconds   prometheus.Observer
 }
@@ -125,13 +126,15 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 	}
 	delivered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "compensa_sink_delivered_total",
 		Help: "Events the sink's destination acknowledged (directly or from the parked table)."}, []string{"sink"})
+	filtered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "compensa_sink_filtered_total",
+		Help: "Events the sink's filter rejected: dropped for that sink, never parked."}, []string{"sink"})
 	parked := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "compensa_sink_parked",
 		Help: "Events parked for the sink, waiting to be delivered."}, []string{"sink"})
 	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "compensa_sink_delivery_seconds",
 		Help:    "Time from handing events to the sink to its acknowledgement (one observation per delivery call).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"sink"})
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{delivered, parked, seconds} {
+		for _, c := range []prometheus.Collector{delivered, filtered, parked, seconds} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("sink: register metrics: %w", err)
 			}
@@ -148,7 +151,8 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 		}
 		x := &dest{spec: d.Spec, sink: d.Sink, state: StateUp, log: f.log.With("sink", d.Spec.Name),
 			mDelivered: delivered.WithLabelValues(d.Spec.Name), mParked: parked.WithLabelValues(d.Spec.Name),
-			mSeconds: seconds.WithLabelValues(d.Spec.Name)}
+			mFiltered: filtered.WithLabelValues(d.Spec.Name),
+			mSeconds:  seconds.WithLabelValues(d.Spec.Name)}
 		x.throttle = logthrottle.New(x.log, 0)
 		x.parkEpoch.Store(1) // unknown until counted
 		var state string
@@ -250,6 +254,15 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 			}
 			if !selects {
 				continue
+			}
+			if hold == "" && d.spec.Filter != nil {
+				// Rejected: dropped for this sink, so it neither parks nor
+				// holds back its aggregate. A filter that fails keeps
+				// the event: the sink refuses it with the reason (Shaped).
+				if keep, err := d.spec.Keep(ev, nil); err == nil && !keep {
+					d.mFiltered.Inc()
+					continue
+				}
 			}
 			if hold != "" {
 				if holds[j] == nil {
