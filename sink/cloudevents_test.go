@@ -34,7 +34,7 @@ func checkFull(t *testing.T, got *event.Event) {
 	for name, pair := range map[string][2]string{
 		"specversion": {got.SpecVersion(), "1.0"}, "id": {got.ID(), want.ID}, "source": {got.Source(), source},
 		"type": {got.Type(), want.EventType}, "subject": {got.Subject(), want.AggregateID},
-		"time": {got.Time().Format(time.RFC3339Nano), want.CreatedAt.Format(time.RFC3339Nano)},
+		"time":            {got.Time().Format(time.RFC3339Nano), want.CreatedAt.Format(time.RFC3339Nano)},
 		"datacontenttype": {got.DataContentType(), "application/json"},
 	} {
 		if pair[0] != pair[1] {
