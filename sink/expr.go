@@ -371,12 +371,14 @@ func (s *Spec) Shape(ev *Event) (out *Event, keep bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("transform: %w", err)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the payload is JSON, not HTML
+	if err := enc.Encode(v); err != nil {
 		return nil, false, fmt.Errorf("transform: the result cannot be written as JSON: %w", err)
 	}
 	c := *ev
-	c.Payload, c.RawPayload = b, nil
+	c.Payload, c.RawPayload = bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 	return &c, true, nil
 }
 

@@ -109,6 +109,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts), newSinksReplayCmd(opts))
+	cmd.AddCommand(newSinksTestCmd(opts))
 	return cmd
 }
 
