@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/compensa/compensa/sink"
@@ -98,7 +99,7 @@ func preview(s sink.Spec, ev *sink.Event, getenv func(string) string) Preview {
 		}
 		hs, b := sk.Request(shaped, nil)
 		sk.Close()
-		p.Destination, body = "POST "+w.URL, b
+		p.Destination, body = "POST "+redactQuery(w.URL), b
 		for _, h := range hs {
 			p.Headers = append(p.Headers, PreviewHeader{h.Key, h.Value})
 		}
@@ -133,6 +134,15 @@ func preview(s sink.Spec, ev *sink.Event, getenv func(string) string) Preview {
 		p.BodyBase64 = base64.StdEncoding.EncodeToString(body)
 	}
 	return p
+}
+
+// redactQuery keeps a webhook URL's query string, which may carry a
+// token, out of the output (as the webhook sink keeps it out of errors).
+func redactQuery(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i] + "?…"
+	}
+	return u
 }
 
 func refused(p Preview, err error) Preview {
