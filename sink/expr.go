@@ -54,6 +54,9 @@ func exprEnv() (*cel.Env, error) {
 type Expr struct {
 	text string
 	prg  cel.Program
+	// checked is the compiled expression, for a test's program that
+	// tracks the cost of an evaluation.
+	checked *cel.Ast
 	// typ is the result's type as the checker knows it (dyn when it
 	// depends on the data); a filter's must be bool or dyn.
 	typ *cel.Type
@@ -112,7 +115,7 @@ func compileExpr(text string) (*Expr, []exprIssue) {
 	if err != nil {
 		return nil, []exprIssue{{1, 0, fmt.Sprintf("expression ${ %s }: %v", strings.TrimSpace(text), err), "simplify it"}}
 	}
-	return &Expr{text: text, prg: prg, typ: checked.OutputType()}, nil
+	return &Expr{text: text, prg: prg, typ: checked.OutputType(), checked: checked}, nil
 }
 
 // Eval runs the expression against vars (EventVars) and returns its result

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compensa/compensa/internal/expr"
 	"github.com/compensa/compensa/sink"
 )
 
@@ -32,10 +33,16 @@ func FuzzExpression(f *testing.F) {
 		}
 		ev := &sink.Event{ID: "e", AggregateID: agg, EventType: "t", Payload: json.RawMessage(payload),
 			Headers: json.RawMessage(`{"traceparent":"x"}`), CreatedAt: time.Unix(0, 0)}
+		vars := sink.EventVars(ev)
 		start := time.Now()
-		_, _ = x.Eval(sink.EventVars(ev))
+		_, _ = x.Eval(vars)
 		if d := time.Since(start); d > 2*time.Second {
 			t.Fatalf("%q took %s: the cost limit should stop it", text, d)
+		}
+		// The same evaluation with its cost tracked stays within the limit
+		// (CEL stops it with an error once the limit is passed).
+		if cost, err := sink.ExprCost(x, vars); err == nil && cost > expr.CostLimit {
+			t.Fatalf("%q cost %d, above the limit %d", text, cost, expr.CostLimit)
 		}
 	})
 }
