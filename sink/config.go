@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/types"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/compensa/compensa/internal/expr"
@@ -556,7 +556,7 @@ func (p *parser) filter(n *yaml.Node) *Expr {
 		return nil
 	}
 	x := parts[0].x
-	if x.typ != nil && x.typ != cel.BoolType && x.typ != cel.DynType {
+	if x.typ != nil && x.typ.Kind() != types.BoolKind && x.typ.Kind() != types.DynKind && x.typ.Kind() != types.AnyKind {
 		p.add(n.Line, n.Column, fmt.Sprintf("filter %s gives %s, not true or false", x, x.typ), "compare, e.g. event.payload.kind == \"refund\"")
 		return nil
 	}
