@@ -217,6 +217,10 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	}
 	per := make([][]*Event, len(f.dests))
 	holds := make([]map[*Event]string, len(f.dests))
+	// filtered counts, per sink, the events its filter rejected; counted
+	// once the batch commits, so that a batch replayed after a crash
+	// counts once.
+	filtered := make([]int, len(f.dests))
 	any := false
 	var noID map[uint64]int
 	if f.resynced.Swap(false) {
@@ -260,7 +264,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 				// holds back its aggregate. A filter that fails keeps
 				// the event: the sink refuses it with the reason (Shaped).
 				if keep, err := d.spec.Keep(ev, nil); err == nil && !keep {
-					d.mFiltered.Inc()
+					filtered[j]++
 					continue
 				}
 			}
@@ -274,11 +278,19 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 			any = true
 		}
 	}
+	countFiltered := func() {
+		for j, d := range f.dests {
+			if filtered[j] > 0 {
+				d.mFiltered.Add(float64(filtered[j]))
+			}
+		}
+	}
 	if !any {
 		if err := f.next.HandleBatch(ctx, b); err != nil {
 			return err
 		}
 		f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+		countFiltered()
 		return nil
 	}
 	held, err := f.heldAggregates(ctx, per)
@@ -324,6 +336,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		return err
 	}
 	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+	countFiltered()
 	for j, d := range f.dests {
 		if len(per[j]) > 0 {
 			d.parkedOK() // its events were delivered or parked
