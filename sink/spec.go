@@ -110,7 +110,7 @@ func schemaOf(f *fieldSpec) map[string]any {
 		out["type"] = "string"
 		out["pattern"] = `^\s*\$\{[\s\S]*\}\s*$`
 	case "any":
-		out["type"] = []string{"object", "array", "string", "number", "integer", "boolean", "null"}
+		// Any YAML value: no "type" constrains it.
 	case "duration":
 		out["type"] = "string"
 		out["pattern"] = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
