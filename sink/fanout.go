@@ -205,6 +205,8 @@ type parkRow struct {
 type pending struct {
 	parks     []parkRow
 	delivered map[string]int
+	// filtered counts, per sink, the events its filter rejected.
+	filtered map[string]int
 	// parkErr is set by WriteParked when writing the parked rows failed.
 	parkErr error
 }
@@ -286,7 +288,11 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 	}
 	if !any {
-		if err := f.next.HandleBatch(ctx, b); err != nil {
+		next := ctx
+		if p := filteredOnly(f.dests, filtered); p != nil {
+			next = context.WithValue(ctx, pendingKey{}, p)
+		}
+		if err := f.next.HandleBatch(next, b); err != nil {
 			return err
 		}
 		f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
@@ -319,6 +325,9 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		return err
 	}
 	p := &pending{delivered: map[string]int{}}
+	if q := filteredOnly(f.dests, filtered); q != nil {
+		p.filtered = q.filtered
+	}
 	for j, r := range results {
 		p.parks = append(p.parks, r.parks...)
 		if n := r.delivered[f.dests[j].spec.Name]; n > 0 {
@@ -362,6 +371,21 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 	}
 	return nil
+}
+
+// filteredOnly is the pending counts of a batch's filtered events (nil
+// when there are none).
+func filteredOnly(dests []*dest, filtered []int) *pending {
+	var p *pending
+	for j, n := range filtered {
+		if n > 0 {
+			if p == nil {
+				p = &pending{filtered: map[string]int{}}
+			}
+			p.filtered[dests[j].spec.Name] = n
+		}
+	}
+	return p
 }
 
 // heldAggregates returns, per sink, the aggregates of this batch that have
@@ -557,10 +581,10 @@ func (d *dest) setState(state, reason string, wait time.Duration) {
 }
 
 // WriteParked is the correlator's Config.InBatchTx: it writes the batch's
-// parked rows and delivery counts in the batch's transaction.
+// parked rows, delivery and filter counts in the batch's transaction.
 func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error {
 	p, _ := ctx.Value(pendingKey{}).(*pending)
-	if p == nil || (len(p.parks) == 0 && len(p.delivered) == 0) {
+	if p == nil || (len(p.parks) == 0 && len(p.delivered) == 0 && len(p.filtered) == 0) {
 		return nil
 	}
 	var batch pgx.Batch
@@ -585,6 +609,15 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 			counts = append(counts, int64(n))
 		}
 		batch.Queue(sqlCountDelivered, names, counts)
+	}
+	if len(p.filtered) > 0 {
+		var names []string
+		var counts []int64
+		for s, n := range p.filtered {
+			names = append(names, s)
+			counts = append(counts, int64(n))
+		}
+		batch.Queue(sqlCountFiltered, names, counts)
 	}
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
 		err = fmt.Errorf("sink: park %d events: %w", len(p.parks), err)

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/outbox"
+	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/relaytest"
@@ -28,7 +29,8 @@ import (
 // the events with an even n and whose transform reshapes the payload,
 // through the real relay: exactly the kept half arrives, transformed, in
 // order per aggregate; nothing filtered is parked, and
-// compensa_sink_filtered_total counts the other half. A second sink's
+// compensa_sink_filtered_total and relay_sinks.filtered (relay sinks list,
+// /v1/sinks) count the other half. A second sink's
 // transform fails on an event without the key it reads: that event is
 // parked for that sink with the expression's reason.
 func TestFilterAndTransformThroughTheRelay(t *testing.T) {
@@ -131,6 +133,18 @@ func TestFilterAndTransformThroughTheRelay(t *testing.T) {
 	if !strings.Contains(reason, "transform: expression ${ event.payload.must } failed") || !strings.Contains(reason, "must") {
 		t.Errorf("parked with %q, want the transform's failure", reason)
 	}
+	testkit.WaitFor(t, 30*time.Second, "relay_sinks to count the filtered half", func() bool {
+		st, err := sink.List(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st {
+			if s.Name == "shaped" {
+				return s.Filtered == int64(n-n/2) && s.Parked == 0
+			}
+		}
+		return false
+	})
 	resp, err := http.Get("http://" + p.Addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
