@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -107,6 +109,7 @@ func New(ctx context.Context, cfg Config) (*Relay, error) {
 		if err = dial.Check(sinks, nil); err != nil {
 			return nil, fmt.Errorf("sinks: %w", err)
 		}
+		sinks.SetDefaultSource(SinkSource(cfg.DatabaseURL, cfg.OutboxTable))
 		if cfg.NoStream {
 			// Checked the same way, but only the stream delivers to sinks.
 			sinks = nil
@@ -581,6 +584,22 @@ func (r *Relay) openSinks(ctx context.Context) error {
 	r.fanout, err = sink.NewFanout(ctx, sink.FanoutConfig{Pool: r.pool, Destinations: r.sinks,
 		Registerer: r.metrics.Registry(), Logger: r.cfg.Logger.With("component", "sinks")})
 	return err
+}
+
+// SinkSource is the CloudEvents source of a sink whose file sets none:
+// sink.DefaultSource of the database the DSN names and the outbox table
+// (schema public when the name has none). It connects nothing; a DSN that
+// does not parse names the database "postgres".
+func SinkSource(databaseURL, outboxTable string) string {
+	var database string
+	if pc, err := pgconn.ParseConfig(databaseURL); err == nil {
+		database = pc.Database
+	}
+	t, err := outbox.ParseTableName(cmp.Or(outboxTable, DefaultOutboxTable))
+	if err != nil {
+		t = outbox.TableName{Name: outboxTable}
+	}
+	return sink.DefaultSource(database, t.Schema, t.Name)
 }
 
 // health is why the stream cannot keep up, and which sinks can neither

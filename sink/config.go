@@ -14,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"cel.dev/cel-go/common/types"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/compensa/compensa/internal/expr"
 )
 
 // DefaultMaxParked is a sink's cap on parked events when max_parked is not set.
@@ -45,8 +48,55 @@ type Spec struct {
 	Webhook   *WebhookSpec
 	NATS      *NATSSpec
 	Kafka     *KafkaSpec
+	// Format is how an event is encoded: FormatEnvelope (the default, the
+	// row as JSON or its payload as the body), FormatCloudEvents (binary
+	// content mode) or FormatCloudEventsStructured.
+	Format string
+	// Source is the CloudEvents source attribute; empty until
+	// Config.SetDefaultSource names the database and outbox table.
+	Source string
+	// Filter, when set, selects the events this sink delivers (an
+	// expression giving true or false); the others are dropped for this
+	// sink and counted, never parked.
+	Filter *Expr
+	// Transform, when set, is the delivered payload (the envelope's
+	// payload, CloudEvents data), rendered from each event.
+	Transform *Value
 	// Line is where the sink is declared, for messages.
 	Line int
+}
+
+// The formats a sink encodes events in (Spec.Format).
+const (
+	FormatEnvelope              = "envelope"
+	FormatCloudEvents           = "cloudevents"
+	FormatCloudEventsStructured = "cloudevents-structured"
+)
+
+// SetDefaultSource gives every sink without a source: the CloudEvents
+// source naming the relay's database and outbox table (DefaultSource).
+func (c *Config) SetDefaultSource(source string) {
+	for i := range c.Sinks {
+		if c.Sinks[i].Source == "" {
+			c.Sinks[i].Source = source
+		}
+	}
+}
+
+// DefaultSource is a sink's CloudEvents source when its file sets none:
+// /compensa/<database>/<schema>.<table>, each part path-escaped. Consumers
+// tell relays of different databases apart by it, and it stays the same
+// across restarts and replicas, as a source must for (source, id) to stay
+// unique.
+func DefaultSource(database, schema, table string) string {
+	return "/compensa/" + url.PathEscape(cmpOr(database, "postgres")) + "/" + url.PathEscape(cmpOr(schema, "public")) + "." + url.PathEscape(table)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // Kind names the sink's broker: "webhook", "nats" or "kafka".
@@ -434,6 +484,35 @@ func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 			s.MaxParked = m
 		}
 	}
+	s.Format = FormatEnvelope
+	if v, ok := f["format"]; ok {
+		if fm, ok := p.str(v, "format"); ok {
+			switch fm {
+			case FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured:
+				s.Format = fm
+			default:
+				p.add(v.Line, v.Column, fmt.Sprintf("format %q is not known", fm), "write envelope (the default), cloudevents (binary content mode) or cloudevents-structured"+suggest(fm, []string{FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured}))
+			}
+		}
+	}
+	if v, ok := f["source"]; ok {
+		if src, ok := p.str(v, "source"); ok {
+			if u, err := url.Parse(src); err != nil || strings.ContainsFunc(src, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+				p.add(v.Line, v.Column, fmt.Sprintf("source %q is not a URI reference", src), "write e.g. /billing/orders or urn:example:orders")
+			} else {
+				s.Source = u.String()
+			}
+			if s.Format == FormatEnvelope {
+				p.add(v.Line, v.Column, "source is set but the sink sends the envelope, which has no source", "add format: cloudevents (or cloudevents-structured), or remove source")
+			}
+		}
+	}
+	if v, ok := f["filter"]; ok {
+		s.Filter = p.filter(v)
+	}
+	if v, ok := f["transform"]; ok {
+		s.Transform = p.value(v, "transform")
+	}
 	var kinds []string
 	for _, k := range []string{"webhook", "nats", "kafka"} {
 		if v, ok := f[k]; ok {
@@ -459,6 +538,29 @@ func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 		p.add(n.Line, n.Column, where+" has "+strings.Join(kinds, " and "), "declare one destination per sink: split it into several sinks")
 	}
 	return s, len(p.problems) == before
+}
+
+// filter compiles a sink's filter: one ${ … } expression giving a bool.
+func (p *parser) filter(n *yaml.Node) *Expr {
+	text, ok := p.str(n, "filter")
+	if !ok {
+		return nil
+	}
+	t := strings.TrimSpace(text)
+	if !strings.HasPrefix(t, "${") || expr.ClosingBrace(t[2:]) != len(t)-3 {
+		p.add(n.Line, n.Column, "filter is not one ${ … } expression", `write e.g. filter: "${ event.payload.amount > 100 }"`)
+		return nil
+	}
+	parts := p.splitExprs(n, "filter")
+	if len(parts) != 1 || parts[0].x == nil {
+		return nil
+	}
+	x := parts[0].x
+	if x.typ != nil && x.typ.Kind() != types.BoolKind && x.typ.Kind() != types.DynKind && x.typ.Kind() != types.AnyKind {
+		p.add(n.Line, n.Column, fmt.Sprintf("filter %s gives %s, not true or false", x, x.typ), "compare, e.g. event.payload.kind == \"refund\"")
+		return nil
+	}
+	return x
 }
 
 func (p *parser) globs(n *yaml.Node, what string) []string {
@@ -540,7 +642,7 @@ func (p *parser) nats(n *yaml.Node) *NATSSpec {
 			switch {
 			case err != nil:
 				p.add(v.Line, v.Column, "nats.subject "+err.Error(), "write e.g. outbox.{aggregate_type}.{event_type}")
-			case strings.ContainsAny(st, " \t*>"):
+			case strings.ContainsAny(t.literalText(), " \t*>"):
 				p.add(v.Line, v.Column, fmt.Sprintf("nats.subject %q holds a space or a wildcard", st), "a publish subject is literal tokens and placeholders separated by dots")
 			case !t.Literal() && !strings.HasSuffix(t.Prefix(), ".") || strings.HasPrefix(st, "."):
 				p.add(v.Line, v.Column, fmt.Sprintf("nats.subject %q must start with a literal token and a dot before any placeholder", st), "write e.g. outbox.{aggregate_type}.{event_type}: the stream listens on outbox.>")

@@ -10,7 +10,15 @@
 //     events of its aggregate in that sink only; the Drainer delivers parked
 //     events in order per aggregate with capped backoff.
 //   - One dedupe id. Every sink sends the outbox row's id (Nats-Msg-Id, the
-//     Kafka header "id", webhook-id), the same on every retry and replay.
+//     Kafka header "id", webhook-id), the same on every retry and replay;
+//     with a cloudevents format it is also the CloudEvent's id (see
+//     Event.CloudEvent), and webhooks are signed over the body sent.
+//   - A sink's own choice is no failure. An event its filter rejects is
+//     dropped for that sink only, counted, never parked; an expression
+//     (filter, transform, ${ … } in a template) that fails for one event
+//     refuses that event in that sink, parked with the reason. An
+//     expression's result in a subject or topic is cleaned like a
+//     placeholder's value: event data cannot leave the template's names.
 //   - Never dropped. A sink known to be down parks without trying and is
 //     probed; a sink at max_parked slows the stream down; a webhook answering
 //     410 is disabled (loudly) and keeps parking until `relay sinks retry`.

@@ -107,6 +107,7 @@ type dest struct {
 	delivered          atomic.Uint64
 
 	mDelivered prometheus.Counter
+	mFiltered  prometheus.Counter
 	mParked    prometheus.Gauge
 	mSeconds   prometheus.Observer
 }
@@ -125,13 +126,15 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 	}
 	delivered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "compensa_sink_delivered_total",
 		Help: "Events the sink's destination acknowledged (directly or from the parked table)."}, []string{"sink"})
+	filtered := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "compensa_sink_filtered_total",
+		Help: "Events the sink's filter rejected: dropped for that sink, never parked."}, []string{"sink"})
 	parked := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "compensa_sink_parked",
 		Help: "Events parked for the sink, waiting to be delivered."}, []string{"sink"})
 	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "compensa_sink_delivery_seconds",
 		Help:    "Time from handing events to the sink to its acknowledgement (one observation per delivery call).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"sink"})
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{delivered, parked, seconds} {
+		for _, c := range []prometheus.Collector{delivered, filtered, parked, seconds} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("sink: register metrics: %w", err)
 			}
@@ -148,7 +151,8 @@ func NewFanout(ctx context.Context, cfg FanoutConfig) (*Fanout, error) {
 		}
 		x := &dest{spec: d.Spec, sink: d.Sink, state: StateUp, log: f.log.With("sink", d.Spec.Name),
 			mDelivered: delivered.WithLabelValues(d.Spec.Name), mParked: parked.WithLabelValues(d.Spec.Name),
-			mSeconds: seconds.WithLabelValues(d.Spec.Name)}
+			mFiltered: filtered.WithLabelValues(d.Spec.Name),
+			mSeconds:  seconds.WithLabelValues(d.Spec.Name)}
 		x.throttle = logthrottle.New(x.log, 0)
 		x.parkEpoch.Store(1) // unknown until counted
 		var state string
@@ -201,6 +205,8 @@ type parkRow struct {
 type pending struct {
 	parks     []parkRow
 	delivered map[string]int
+	// filtered counts, per sink, the events its filter rejected.
+	filtered map[string]int
 	// parkErr is set by WriteParked when writing the parked rows failed.
 	parkErr error
 }
@@ -213,6 +219,10 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 	}
 	per := make([][]*Event, len(f.dests))
 	holds := make([]map[*Event]string, len(f.dests))
+	// filtered counts, per sink, the events its filter rejected; counted
+	// once the batch commits, so that a batch replayed after a crash
+	// counts once.
+	filtered := make([]int, len(f.dests))
 	any := false
 	var noID map[uint64]int
 	if f.resynced.Swap(false) {
@@ -251,6 +261,15 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 			if !selects {
 				continue
 			}
+			if hold == "" && d.spec.Filter != nil {
+				// Rejected: dropped for this sink, so it neither parks nor
+				// holds back its aggregate. A filter that fails keeps
+				// the event: the sink refuses it with the reason (Shaped).
+				if keep, err := d.spec.Keep(ev, nil); err == nil && !keep {
+					filtered[j]++
+					continue
+				}
+			}
 			if hold != "" {
 				if holds[j] == nil {
 					holds[j] = map[*Event]string{}
@@ -261,11 +280,23 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 			any = true
 		}
 	}
+	countFiltered := func() {
+		for j, d := range f.dests {
+			if filtered[j] > 0 {
+				d.mFiltered.Add(float64(filtered[j]))
+			}
+		}
+	}
 	if !any {
-		if err := f.next.HandleBatch(ctx, b); err != nil {
+		next := ctx
+		if p := filteredOnly(f.dests, filtered); p != nil {
+			next = context.WithValue(ctx, pendingKey{}, p)
+		}
+		if err := f.next.HandleBatch(next, b); err != nil {
 			return err
 		}
 		f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+		countFiltered()
 		return nil
 	}
 	held, err := f.heldAggregates(ctx, per)
@@ -294,6 +325,9 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		return err
 	}
 	p := &pending{delivered: map[string]int{}}
+	if q := filteredOnly(f.dests, filtered); q != nil {
+		p.filtered = q.filtered
+	}
 	for j, r := range results {
 		p.parks = append(p.parks, r.parks...)
 		if n := r.delivered[f.dests[j].spec.Name]; n > 0 {
@@ -311,6 +345,7 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		return err
 	}
 	f.noID, f.noIDAfter = noID, cdc.Batch{Partial: b.Partial, CommitLSN: b.CommitLSN}
+	countFiltered()
 	for j, d := range f.dests {
 		if len(per[j]) > 0 {
 			d.parkedOK() // its events were delivered or parked
@@ -336,6 +371,21 @@ func (f *Fanout) handleBatch(ctx context.Context, b cdc.Batch) error {
 		}
 	}
 	return nil
+}
+
+// filteredOnly is the pending counts of a batch's filtered events (nil
+// when there are none).
+func filteredOnly(dests []*dest, filtered []int) *pending {
+	var p *pending
+	for j, n := range filtered {
+		if n > 0 {
+			if p == nil {
+				p = &pending{filtered: map[string]int{}}
+			}
+			p.filtered[dests[j].spec.Name] = n
+		}
+	}
+	return p
 }
 
 // heldAggregates returns, per sink, the aggregates of this batch that have
@@ -531,10 +581,10 @@ func (d *dest) setState(state, reason string, wait time.Duration) {
 }
 
 // WriteParked is the correlator's Config.InBatchTx: it writes the batch's
-// parked rows and delivery counts in the batch's transaction.
+// parked rows, delivery and filter counts in the batch's transaction.
 func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error {
 	p, _ := ctx.Value(pendingKey{}).(*pending)
-	if p == nil || (len(p.parks) == 0 && len(p.delivered) == 0) {
+	if p == nil || (len(p.parks) == 0 && len(p.delivered) == 0 && len(p.filtered) == 0) {
 		return nil
 	}
 	var batch pgx.Batch
@@ -559,6 +609,15 @@ func (f *Fanout) WriteParked(ctx context.Context, tx pgx.Tx, _ cdc.Batch) error 
 			counts = append(counts, int64(n))
 		}
 		batch.Queue(sqlCountDelivered, names, counts)
+	}
+	if len(p.filtered) > 0 {
+		var names []string
+		var counts []int64
+		for s, n := range p.filtered {
+			names = append(names, s)
+			counts = append(counts, int64(n))
+		}
+		batch.Queue(sqlCountFiltered, names, counts)
 	}
 	if err := tx.SendBatch(ctx, &batch).Close(); err != nil {
 		err = fmt.Errorf("sink: park %d events: %w", len(p.parks), err)

@@ -273,6 +273,14 @@ func (e *Event) MessageHeaders() []Header {
 	add("correlation_id", e.CorrelationID)
 	add("causation_id", e.CausationID)
 	add("poison", e.Poison)
+	return e.rowHeaders(out, false)
+}
+
+// rowHeaders appends each key of the row's headers object that is not
+// reserved (see MessageHeaders) to out, in key order. With cloudEvents, a
+// key that starts with ce- or ce_ is left out too: it would pose as a
+// CloudEvents attribute to a consumer of the binary content mode.
+func (e *Event) rowHeaders(out []Header, cloudEvents bool) []Header {
 	var hs map[string]json.RawMessage
 	if len(e.Headers) > 0 && !emptyObject(e.Headers) && json.Unmarshal(e.Headers, &hs) == nil {
 		keys := make([]string, 0, len(hs))
@@ -281,7 +289,7 @@ func (e *Event) MessageHeaders() []Header {
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
-			if k == "" || ReservedHeader(k) {
+			if k == "" || ReservedHeader(k) || (cloudEvents && strings.HasPrefix(normalHeader(k), "ce-")) {
 				continue
 			}
 			v := hs[k]

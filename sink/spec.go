@@ -10,13 +10,14 @@ import (
 // docs/sinks.md's reference, so that the three cannot disagree.
 type fieldSpec struct {
 	Key      string
-	Type     string // string, duration, integer, boolean, list, object
+	Type     string // string, duration, integer, boolean, list, object, expression, any
 	Required bool
 	Doc      string
 	Example  string
 	Fields   []*fieldSpec // for object, and for a list of objects
 	Pattern  string
 	OneOf    [][]string // for object: exactly one of these key sets
+	Enum     []string   // for string: the values allowed
 }
 
 func (s *fieldSpec) field(key string) *fieldSpec {
@@ -51,13 +52,13 @@ var (
 	natsSpec = &fieldSpec{Key: "nats", Type: "object", Doc: "a NATS JetStream stream", Fields: []*fieldSpec{
 		{Key: "url", Type: "string", Required: true, Doc: "server URL(s), comma separated", Example: "nats://127.0.0.1:4222"},
 		{Key: "stream", Type: "string", Required: true, Doc: "stream, created if missing", Example: "OUTBOX", Pattern: `^[A-Za-z0-9_-]+$`},
-		{Key: "subject", Type: "string", Doc: "subject template (default outbox.{aggregate_type}.{raw(event_type)}); each {placeholder} fills one token (its dots, wildcards and spaces become _), {raw(placeholder)} keeps its dots as token separators", Example: "outbox.{aggregate_type}.{raw(event_type)}"},
+		{Key: "subject", Type: "string", Doc: "subject template (default outbox.{aggregate_type}.{raw(event_type)}); each {placeholder} fills one token (its dots, wildcards and spaces become _), {raw(placeholder)} keeps its dots as token separators; a ${ … } CEL expression over event fills one token, cleaned exactly like a placeholder", Example: "outbox.{aggregate_type}.{raw(event_type)}"},
 		{Key: "duplicate_window", Type: "duration", Doc: "stream's duplicate window when created (at least 2m, default 2m)", Example: "2m"},
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
 	}}
 	kafkaSpec = &fieldSpec{Key: "kafka", Type: "object", Doc: "a Kafka topic (idempotent producer, key = aggregate_id)", Fields: []*fieldSpec{
 		{Key: "brokers", Type: "list", Required: true, Doc: "seed brokers, host:port", Example: `["127.0.0.1:9092"]`},
-		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type}); each {placeholder} fills one dot-separated part (its dots and characters Kafka refuses become _), {raw(placeholder)} keeps its dots", Example: "outbox.event.{aggregate_type}"},
+		{Key: "topic", Type: "string", Doc: "topic template (default outbox.event.{aggregate_type}); each {placeholder} fills one dot-separated part (its dots and characters Kafka refuses become _), {raw(placeholder)} keeps its dots; a ${ … } CEL expression over event fills one part, cleaned exactly like a placeholder", Example: "outbox.event.{aggregate_type}"},
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
 		{Key: "max_message_bytes", Type: "integer", Doc: "the topics' max.message.bytes (default 1000012, Kafka's); a larger record is parked, never sent", Example: "1000012"},
 	}}
@@ -65,6 +66,10 @@ var (
 		{Key: "name", Type: "string", Required: true, Doc: "unique; names the sink in metrics, commands and the parked table", Example: "payments", Pattern: `^[a-z0-9][a-z0-9_-]{0,62}$`},
 		matchSpec,
 		{Key: "max_parked", Type: "integer", Doc: "cap on parked events; at the cap the stream waits (default 1000000)", Example: "1000000"},
+		{Key: "format", Type: "string", Enum: []string{FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured}, Doc: "how events are encoded: envelope (default; the JSON envelope for webhooks, the payload as the body for NATS and Kafka), cloudevents (CloudEvents 1.0 binary content mode: attributes as ce- headers, ce_ for Kafka; data as the body) or cloudevents-structured (the whole event as an application/cloudevents+json body)", Example: "cloudevents"},
+		{Key: "source", Type: "string", Doc: "CloudEvents source attribute, a URI reference (default /compensa/<database>/<schema>.<table>); only with a cloudevents format", Example: "/billing/orders"},
+		{Key: "filter", Type: "expression", Doc: "one ${ … } CEL expression over event giving true or false; the events it rejects are dropped for this sink (counted in compensa_sink_filtered_total), never parked; an expression that fails parks the event with the reason", Example: `"${ event.payload.amount > 100 }"`},
+		{Key: "transform", Type: "any", Doc: "the delivered payload (envelope payload, CloudEvents data): a YAML value whose strings may hold ${ … } CEL expressions over event; a string that is one expression keeps the expression's type", Example: `{ order: "${ event.aggregate_id }", total: "${ event.payload.amount }" }`},
 		webhookSpec, natsSpec, kafkaSpec,
 	}}
 	fileSpec = &fieldSpec{Key: "", Type: "object", Fields: []*fieldSpec{
@@ -98,6 +103,14 @@ func schemaOf(f *fieldSpec) map[string]any {
 		if f.Pattern != "" {
 			out["pattern"] = f.Pattern
 		}
+		if len(f.Enum) > 0 {
+			out["enum"] = f.Enum
+		}
+	case "expression":
+		out["type"] = "string"
+		out["pattern"] = `^\s*\$\{[\s\S]*\}\s*$`
+	case "any":
+		// Any YAML value: no "type" constrains it.
 	case "duration":
 		out["type"] = "string"
 		out["pattern"] = `^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`

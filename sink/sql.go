@@ -21,6 +21,9 @@ const (
 	sqlCountDelivered = `UPDATE relay_sinks SET delivered = relay_sinks.delivered + d.n
 		FROM unnest($1::text[], $2::bigint[]) AS d(name, n) WHERE relay_sinks.name = d.name`
 
+	sqlCountFiltered = `UPDATE relay_sinks SET filtered = relay_sinks.filtered + d.n
+		FROM unnest($1::text[], $2::bigint[]) AS d(name, n) WHERE relay_sinks.name = d.name`
+
 	// The first rows of each aggregate whose head is due, in seq order.
 	sqlDue = `SELECT event_id, aggregate_key, event::text, event_raw, attempts FROM (
 			SELECT event_id, aggregate_key, event, event_raw, attempts, seq,
@@ -47,7 +50,7 @@ const (
 	sqlDrainLock   = `SELECT pg_try_advisory_lock(hashtextextended('compensa.sink.' || $1, 0))`
 	sqlDrainUnlock = `SELECT pg_advisory_unlock(hashtextextended('compensa.sink.' || $1, 0))`
 
-	sqlList = `SELECT s.name, s.kind, s.state, coalesce(s.reason, ''), s.delivered,
+	sqlList = `SELECT s.name, s.kind, s.state, coalesce(s.reason, ''), s.delivered, s.filtered,
 			coalesce(p.n, 0), extract(epoch FROM now() - p.oldest)::float8, coalesce(s.last_reason, '')
 		FROM relay_sinks s
 		LEFT JOIN (SELECT sink, count(*) AS n, min(parked_at) AS oldest FROM relay_sink_parked GROUP BY sink) p

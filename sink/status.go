@@ -15,7 +15,10 @@ type Status struct {
 	State     string `json:"state"`
 	Reason    string `json:"reason"`
 	Delivered int64  `json:"delivered"`
-	Parked    int64  `json:"parked"`
+	// Filtered is how many events the sink's filter rejected (dropped for
+	// this sink, never parked).
+	Filtered int64 `json:"filtered"`
+	Parked   int64 `json:"parked"`
 	// OldestParkedSeconds is the age of the oldest parked event; nil when
 	// nothing is parked.
 	OldestParkedSeconds *float64 `json:"oldest_parked_seconds"`
@@ -42,7 +45,7 @@ func List(ctx context.Context, q Querier) ([]Status, error) {
 	}
 	out := []Status{}
 	var s Status
-	_, err = pgx.ForEachRow(rows, []any{&s.Name, &s.Kind, &s.State, &s.Reason, &s.Delivered, &s.Parked, &s.OldestParkedSeconds, &s.LastReason}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&s.Name, &s.Kind, &s.State, &s.Reason, &s.Delivered, &s.Filtered, &s.Parked, &s.OldestParkedSeconds, &s.LastReason}, func() error {
 		out = append(out, s)
 		s.OldestParkedSeconds = nil
 		return nil

@@ -3,6 +3,8 @@ package sink
 import (
 	"fmt"
 	"strings"
+
+	"github.com/compensa/compensa/internal/expr"
 )
 
 // Template is a subject or topic with placeholders taken from the event:
@@ -13,6 +15,11 @@ import (
 // {raw(event_type)} keeps the value's dots as token separators, for names
 // whose layout follows dotted event types; each of its tokens is still
 // cleaned.
+//
+// A ${ … } expression (CEL over event, see Expr) stands where a
+// placeholder may: its result, as text, fills one token and is cleaned
+// exactly like a placeholder's value, so that a payload cannot choose a
+// name outside the template either.
 type Template struct {
 	parts []templatePart
 	raw   string
@@ -23,6 +30,8 @@ type templatePart struct {
 	field   string // one of placeholders, or "" for a literal
 	// raw: {raw(field)}, whose dots separate tokens.
 	raw bool
+	// x is a ${ … } expression.
+	x *Expr
 }
 
 var placeholders = []string{"aggregate_type", "event_type", "aggregate_id", "tenant_id"}
@@ -32,6 +41,22 @@ func ParseTemplate(s string) (Template, error) {
 	t := Template{raw: s}
 	rest := s
 	for rest != "" {
+		if i := strings.Index(rest, "${"); i >= 0 && strings.IndexAny(rest[:i], "{}") < 0 {
+			if i > 0 {
+				t.parts = append(t.parts, templatePart{literal: rest[:i]})
+			}
+			end := expr.ClosingBrace(rest[i+2:])
+			if end < 0 {
+				return Template{}, fmt.Errorf("%q has a '${' without its '}'", s)
+			}
+			x, err := CompileExpr(rest[i+2 : i+2+end])
+			if err != nil {
+				return Template{}, err
+			}
+			t.parts = append(t.parts, templatePart{x: x})
+			rest = rest[i+2+end+1:]
+			continue
+		}
 		open := strings.IndexAny(rest, "{}")
 		if open < 0 {
 			t.parts = append(t.parts, templatePart{literal: rest})
@@ -83,18 +108,28 @@ func (t Template) String() string { return t.raw }
 // Literal reports whether the template has no placeholder.
 func (t Template) Literal() bool {
 	for _, p := range t.parts {
-		if p.field != "" {
+		if p.field != "" || p.x != nil {
 			return false
 		}
 	}
 	return true
 }
 
+// literalText is the template's literal parts, for checks of what it
+// writes as it is.
+func (t Template) literalText() string {
+	var b strings.Builder
+	for _, p := range t.parts {
+		b.WriteString(p.literal)
+	}
+	return b.String()
+}
+
 // Prefix returns the literal text before the first placeholder.
 func (t Template) Prefix() string {
 	var b strings.Builder
 	for _, p := range t.parts {
-		if p.field != "" {
+		if p.field != "" || p.x != nil {
 			break
 		}
 		b.WriteString(p.literal)
@@ -102,13 +137,38 @@ func (t Template) Prefix() string {
 	return b.String()
 }
 
-// Expand fills the placeholders from ev; clean rewrites each value (a
-// broker's rules for one token of a name, '.' included), and an empty
-// value becomes "_". A {raw(…)} value is cut at its dots and each token is
-// cleaned on its own.
+// Expand is Render for a template whose expressions cannot fail; an
+// expression that fails fills its token with "_". A sink delivers with
+// Render, which refuses the event instead.
 func (t Template) Expand(ev *Event, clean func(string) string) string {
+	out, _ := t.render(ev, clean, false)
+	return out
+}
+
+// Render fills the placeholders and expressions from ev; clean rewrites
+// each value (a broker's rules for one token of a name, '.' included), and
+// an empty value becomes "_". A {raw(…)} value is cut at its dots and each
+// token is cleaned on its own. An expression's result is cleaned like a
+// placeholder's value. The error is an expression failing for ev.
+func (t Template) Render(ev *Event, clean func(string) string) (string, error) {
+	return t.render(ev, clean, true)
+}
+
+func (t Template) render(ev *Event, clean func(string) string, strict bool) (string, error) {
 	var b strings.Builder
+	var vars map[string]any
 	for _, p := range t.parts {
+		if p.x != nil {
+			if vars == nil {
+				vars = EventVars(ev)
+			}
+			v, err := p.x.Eval(vars)
+			if err != nil && strict {
+				return "", fmt.Errorf("template %s: %w", t.raw, err)
+			}
+			b.WriteString(cleanValue(expr.Text(v), clean))
+			continue
+		}
 		if p.field == "" {
 			b.WriteString(p.literal)
 			continue
@@ -135,7 +195,7 @@ func (t Template) Expand(ev *Event, clean func(string) string) string {
 		}
 		b.WriteString(v)
 	}
-	return b.String()
+	return b.String(), nil
 }
 
 func cleanValue(v string, clean func(string) string) string {

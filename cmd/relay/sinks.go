@@ -53,7 +53,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 	var asJSON bool
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "Per sink: state, delivered, parked, age of the oldest parked event",
+		Short: "Per sink: state, delivered, filtered, parked, age of the oldest parked event",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool, err := openPool(cmd.Context(), opts, 2)
@@ -74,13 +74,13 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tKIND\tSTATE\tDELIVERED\tPARKED\tOLDEST PARKED\tREASON\tLAST REASON")
+			fmt.Fprintln(tw, "NAME\tKIND\tSTATE\tDELIVERED\tFILTERED\tPARKED\tOLDEST PARKED\tREASON\tLAST REASON")
 			for _, s := range st {
 				age := "-"
 				if s.OldestParkedSeconds != nil {
 					age = strconv.FormatFloat(*s.OldestParkedSeconds, 'f', 0, 64) + "s"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.Name, s.Kind, s.State, s.Delivered, s.Parked, age,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Name, s.Kind, s.State, s.Delivered, s.Filtered, s.Parked, age,
 					dash(terminalSafe(s.Reason)), dash(terminalSafe(s.LastReason)))
 			}
 			return tw.Flush()
@@ -109,6 +109,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts), newSinksReplayCmd(opts))
+	cmd.AddCommand(newSinksTestCmd(opts))
 	return cmd
 }
 

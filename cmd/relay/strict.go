@@ -59,6 +59,7 @@ var sharedFlagsOf = map[string][]string{
 	"relay deadletters list":  {"database-url"},
 	"relay deadletters retry": {"database-url", "outbox-table", "outbox-columns"},
 	"relay sinks validate":    {},
+	"relay sinks test":        {"database-url", "outbox-table"},
 	"relay sinks list":        {"database-url"},
 	"relay sinks retry":       {"database-url"},
 	"relay sinks parked":      {"database-url"},

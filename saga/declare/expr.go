@@ -1,26 +1,21 @@
 package declare
 
 import (
-	"encoding/base64"
 	"fmt"
-	"math"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/ast"
-	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
-	"cel.dev/cel-go/common/types/traits"
 	"go.yaml.in/yaml/v3"
+
+	celexpr "github.com/compensa/compensa/internal/expr"
 )
 
-// costLimit bounds one evaluation: an expression that loops over a huge
-// list stops with an error instead of holding a worker.
-const costLimit = 1_000_000
+// costLimit bounds one evaluation (the same for every file's expressions).
+const costLimit = celexpr.CostLimit
 
 // The names an expression may use. Which of them are in scope depends on
 // where the expression stands (see scope).
@@ -142,73 +137,7 @@ func (e *expr) eval(vars map[string]any) (any, error) {
 }
 
 // fromCEL turns a CEL value into a plain JSON value.
-func fromCEL(v ref.Val) (any, error) {
-	switch t := v.(type) {
-	case types.Null:
-		return nil, nil
-	case types.Bool:
-		return bool(t), nil
-	case types.Int:
-		return int64(t), nil
-	case types.Uint:
-		if uint64(t) > math.MaxInt64 {
-			return float64(t), nil
-		}
-		return int64(t), nil
-	case types.Double:
-		f := float64(t)
-		if math.IsNaN(f) || math.IsInf(f, 0) {
-			return nil, fmt.Errorf("the result %v is not a JSON number", f)
-		}
-		return f, nil
-	case types.String:
-		return string(t), nil
-	case types.Bytes:
-		return base64.StdEncoding.EncodeToString([]byte(t)), nil
-	case types.Timestamp:
-		return t.Time.UTC().Format(time.RFC3339Nano), nil
-	case types.Duration:
-		return t.Duration.String(), nil
-	case *types.Err:
-		return nil, t
-	}
-	if m, ok := v.(traits.Mapper); ok {
-		out := map[string]any{}
-		it := m.Iterator()
-		for it.HasNext() == types.True {
-			k := it.Next()
-			ks, ok := k.(types.String)
-			if !ok {
-				return nil, fmt.Errorf("a map key %v is not a string; JSON objects have string keys", k)
-			}
-			x, err := fromCEL(m.Get(k))
-			if err != nil {
-				return nil, err
-			}
-			out[string(ks)] = x
-		}
-		return out, nil
-	}
-	if l, ok := v.(traits.Lister); ok {
-		var out []any
-		it := l.Iterator()
-		for it.HasNext() == types.True {
-			x, err := fromCEL(it.Next())
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, x)
-		}
-		if out == nil {
-			out = []any{}
-		}
-		return out, nil
-	}
-	if n := v.Value(); n != nil {
-		return n, nil
-	}
-	return nil, fmt.Errorf("a %s value cannot be written as JSON", v.Type())
-}
+func fromCEL(v ref.Val) (any, error) { return celexpr.ToJSON(v) }
 
 // compileExpr compiles and checks one expression that starts at (line, col)
 // of file, reporting problems with the column inside the expression.
@@ -537,55 +466,12 @@ func splitTemplate(n *yaml.Node, file string, sc *scope, r *report) []part {
 	}
 }
 
-// closingBrace finds the } that ends an expression, skipping braces inside
-// CEL string literals and nested map literals. -1 when there is none.
-func closingBrace(s string) int {
-	depth := 0
-	var quote byte
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if quote != 0 {
-			if c == '\\' {
-				i++
-			} else if c == quote {
-				quote = 0
-			}
-			continue
-		}
-		switch c {
-		case '\'', '"':
-			quote = c
-		case '{':
-			depth++
-		case '}':
-			if depth == 0 {
-				return i
-			}
-			depth--
-		}
-	}
-	return -1
-}
+// closingBrace finds the } that ends an expression (see celexpr.ClosingBrace).
+func closingBrace(s string) int { return celexpr.ClosingBrace(s) }
 
-// valueOffset is the file position of byte off of a scalar's value. Exact
-// for plain and quoted scalars on one line (quoted ones without escapes
-// before off); for block scalars the line is exact and the column counts
-// from the block's indentation.
-func valueOffset(n *yaml.Node, off int) (int, int) {
-	before := n.Value[:off]
-	switch n.Style {
-	case yaml.LiteralStyle, yaml.FoldedStyle:
-		nl := strings.Count(before, "\n")
-		lineStart := strings.LastIndex(before, "\n") + 1
-		return n.Line + 1 + nl, n.Column + 2 + len(before) - lineStart
-	case yaml.DoubleQuotedStyle, yaml.SingleQuotedStyle:
-		return n.Line, n.Column + 1 + off
-	}
-	if nl := strings.Count(before, "\n"); nl > 0 {
-		return n.Line + nl, len(before) - strings.LastIndex(before, "\n")
-	}
-	return n.Line, n.Column + off
-}
+// valueOffset is the file position of byte off of a scalar's value (see
+// celexpr.ValueOffset).
+func valueOffset(n *yaml.Node, off int) (int, int) { return celexpr.ValueOffset(n, off) }
 
 // eval renders the template against vars.
 func (t *template) eval(vars map[string]any) (any, error) {
@@ -647,22 +533,7 @@ func (t *template) evalText(vars map[string]any) (string, error) {
 
 // textOf writes a value into text: strings as they are, numbers in JSON
 // form, the rest as JSON.
-func textOf(v any) string {
-	switch t := v.(type) {
-	case string:
-		return t
-	case nil:
-		return ""
-	case int64:
-		return strconv.FormatInt(t, 10)
-	case float64:
-		return strconv.FormatFloat(t, 'f', -1, 64)
-	case bool:
-		return strconv.FormatBool(t)
-	}
-	b, _ := jsonMarshal(v)
-	return string(b)
-}
+func textOf(v any) string { return celexpr.Text(v) }
 
 // secretNames lists every secret a template reads.
 func (t *template) secretNames() []string {

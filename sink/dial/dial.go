@@ -29,7 +29,7 @@ func Open(cfg *sink.Config, getenv func(string) string) ([]sink.Destination, err
 			errs = append(errs, fmt.Errorf("%s:%d: sink %q: %w", cfg.File, s.Line, s.Name, err))
 			continue
 		}
-		out = append(out, sink.Destination{Spec: s, Sink: d})
+		out = append(out, sink.Destination{Spec: s, Sink: sink.Shaped(s, d)})
 	}
 	if len(errs) > 0 {
 		Close(out)
@@ -79,18 +79,27 @@ func open(s sink.Spec, getenv func(string) string) (sink.Sink, error) {
 			}
 		}
 		sk, err := webhook.New(webhook.Config{URL: w.URL, Secret: secret, Timeout: w.Timeout, Concurrency: w.Concurrency,
-			LegacyUnderscoreHeaders: w.LegacyUnderscoreHeaders})
+			LegacyUnderscoreHeaders: w.LegacyUnderscoreHeaders, Format: s.Format, Source: s.Source})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w.SecretEnv, err)
 		}
 		return sk, nil
 	case s.NATS != nil:
-		n := s.NATS
-		return natssink.New(natssink.Config{URL: n.URL, Stream: n.Stream, Subject: n.Subject,
-			DuplicateWindow: n.DuplicateWindow, Timeout: n.Timeout, Name: "compensa-relay/" + s.Name})
+		return natssink.New(natsConfig(s))
 	case s.Kafka != nil:
-		k := s.Kafka
-		return kafkasink.New(kafkasink.Config{Brokers: k.Brokers, Topic: k.Topic, Timeout: k.Timeout, MaxMessageBytes: k.MaxMessageBytes})
+		return kafkasink.New(kafkaConfig(s))
 	}
 	return nil, errors.New("no destination (webhook, nats or kafka)")
+}
+
+func natsConfig(s sink.Spec) natssink.Config {
+	n := s.NATS
+	return natssink.Config{URL: n.URL, Stream: n.Stream, Subject: n.Subject, DuplicateWindow: n.DuplicateWindow,
+		Timeout: n.Timeout, Name: "compensa-relay/" + s.Name, Format: s.Format, Source: s.Source}
+}
+
+func kafkaConfig(s sink.Spec) kafkasink.Config {
+	k := s.Kafka
+	return kafkasink.Config{Brokers: k.Brokers, Topic: k.Topic, Timeout: k.Timeout, MaxMessageBytes: k.MaxMessageBytes,
+		Format: s.Format, Source: s.Source}
 }

@@ -1,7 +1,8 @@
 // Package kafkasink delivers outbox events to Kafka with franz-go's
 // idempotent producer: key = aggregate_id (one aggregate, one partition, in
 // order), value = payload, header "id" = the outbox row's id, and the row's
-// fields and headers as headers. Deliver waits for every produce callback.
+// fields and headers as headers; or, with a cloudevents format, a
+// CloudEvent per the Kafka protocol binding (ce_ headers in binary mode). Deliver waits for every produce callback.
 package kafkasink
 
 import (
@@ -30,6 +31,13 @@ type Config struct {
 	MaxMessageBytes int
 	// Opts are extra client options (tests: a shorter metadata refresh).
 	Opts []kgo.Opt
+	// Format is sink.FormatEnvelope (or empty), sink.FormatCloudEvents
+	// (binary content mode: attributes as ce_ headers, datacontenttype as
+	// content-type, per the Kafka protocol binding) or
+	// sink.FormatCloudEventsStructured.
+	Format string
+	// Source is the CloudEvents source.
+	Source string
 }
 
 // Sink is a Kafka destination; safe for concurrent use.
@@ -87,18 +95,43 @@ func varintLen(n int) int {
 	return max(1, (bits.Len64(u)+6)/7)
 }
 
-// Topic is the topic an event is produced to.
-func (s *Sink) Topic(ev *sink.Event) string {
-	return s.cfg.Topic.Expand(ev, func(v string) string {
-		return strings.Map(func(r rune) rune {
-			// '.' separates the parts of a topic's name: a value is one
-			// part ({raw(…)} keeps its dots).
-			if r < 128 && (r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
-				return r
-			}
-			return '_'
-		}, v)
-	})
+// Topic is the topic an event is produced to (an expression that fails
+// fills its part with "_"; Deliver refuses such an event).
+func (s *Sink) Topic(ev *sink.Event) string { return s.cfg.Topic.Expand(ev, cleanPart) }
+
+// cleanPart makes a value one part of a topic's name.
+func cleanPart(v string) string {
+	return strings.Map(func(r rune) rune {
+		// '.' separates the parts of a topic's name: a value is one
+		// part ({raw(…)} keeps its dots).
+		if r < 128 && (r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, v)
+}
+
+// Record is the record ev is produced as. The error refuses this event:
+// an expression of the topic failed, or Kafka refuses the topic's name.
+func Record(cfg Config, ev *sink.Event) (*kgo.Record, error) {
+	topic, err := cfg.Topic.Render(ev, cleanPart)
+	if err != nil {
+		return nil, sink.EventError(err)
+	}
+	if err := checkTopic(topic); err != nil {
+		// The broker would refuse it for every record: refuse this
+		// event, not the sink.
+		return nil, sink.EventError(err)
+	}
+	enc := ev.Encode(cfg.Format, cfg.Source, "ce_", "content-type", nil)
+	rec := &kgo.Record{Topic: topic, Key: []byte(ev.AggregateID), Value: enc.Body}
+	rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: []byte(ev.ID)})
+	for _, h := range enc.Headers {
+		if h.Key != "id" {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
+		}
+	}
+	return rec, nil
 }
 
 // Deliver produces evs in order and waits for every callback.
@@ -113,19 +146,11 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			errs[i] = sink.ErrHeldBack
 			continue
 		}
-		rec := &kgo.Record{Topic: s.Topic(ev), Key: []byte(ev.AggregateID), Value: ev.Body()}
-		if err := checkTopic(rec.Topic); err != nil {
-			// The broker would refuse it for every record: refuse this
-			// event, not the sink.
-			errs[i] = sink.EventError(err)
+		rec, err := Record(s.cfg, ev)
+		if err != nil {
+			errs[i] = err
 			refused[ev.AggregateKey()] = true
 			continue
-		}
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "id", Value: []byte(ev.ID)})
-		for _, h := range ev.MessageHeaders() {
-			if h.Key != "id" {
-				rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)})
-			}
 		}
 		// franz-go fails a record larger than its batch cap, but only from
 		// the callback, after the aggregate's later records were handed

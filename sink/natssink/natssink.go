@@ -1,7 +1,8 @@
 // Package natssink delivers outbox events to a NATS JetStream stream: the
 // payload is the message body, the outbox row's id is Nats-Msg-Id (so
 // JetStream drops a resend within the stream's duplicate window), the row's
-// fields and headers are message headers. Events are published in commit
+// fields and headers are message headers; or, with a cloudevents format,
+// a CloudEvent per the NATS protocol binding (ce- headers in binary mode). Events are published in commit
 // order with PublishMsgAsync and every future is awaited; once an event of
 // an aggregate fails, its later events count as not delivered, so the
 // fan-out resends them in order with the same ids.
@@ -34,6 +35,13 @@ type Config struct {
 	Timeout time.Duration
 	// Name is the client's connection name (shown by the server).
 	Name string
+	// Format is sink.FormatEnvelope (or empty: the payload as the body, the
+	// row's fields as headers), sink.FormatCloudEvents (binary content
+	// mode: attributes as ce- headers, datacontenttype as content-type, per
+	// the NATS protocol binding) or sink.FormatCloudEventsStructured.
+	Format string
+	// Source is the CloudEvents source.
+	Source string
 }
 
 // Sink is a JetStream destination; safe for concurrent use.
@@ -118,8 +126,35 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 	return nil
 }
 
-// Subject is the subject an event is published on.
+// Subject is the subject an event is published on (an expression that
+// fails fills its token with "_"; Deliver refuses such an event).
 func (s *Sink) Subject(ev *sink.Event) string { return s.cfg.Subject.Expand(ev, cleanToken) }
+
+// Message is the message ev is published as, without its Nats-Msg-Id
+// (the event's id, set when publishing). The error refuses this event:
+// an expression of the subject failed, or the subject is too long.
+func Message(cfg Config, ev *sink.Event) (*nats.Msg, error) {
+	subject, err := cfg.Subject.Render(ev, cleanToken)
+	if err != nil {
+		return nil, sink.EventError(err)
+	}
+	msg := nats.NewMsg(subject)
+	if len(msg.Subject) > MaxSubjectBytes {
+		// The server would close the connection on such a line, and
+		// every event after it would look like an outage.
+		return nil, sink.EventError(fmt.Errorf("subject of %d bytes is longer than the %d bytes the sink publishes (the server's control line is 4096 bytes)", len(msg.Subject), MaxSubjectBytes))
+	}
+	enc := ev.Encode(cfg.Format, cfg.Source, "ce-", "content-type", nil)
+	msg.Data = enc.Body
+	for _, h := range enc.Headers {
+		// Nats-* headers steer the server (Nats-Msg-Id, expectations):
+		// only the sink sets them.
+		if !strings.HasPrefix(strings.ToLower(h.Key), "nats-") {
+			msg.Header.Set(h.Key, h.Value)
+		}
+	}
+	return msg, nil
+}
 
 // cleanToken makes a value one token of a subject: no '.', which would
 // start another token, no spaces, control characters or wildcards.
@@ -153,21 +188,11 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			errs[i] = sink.ErrHeldBack
 			continue
 		}
-		msg := nats.NewMsg(s.Subject(ev))
-		if len(msg.Subject) > MaxSubjectBytes {
-			// The server would close the connection on such a line, and
-			// every event after it would look like an outage.
-			errs[i] = sink.EventError(fmt.Errorf("subject of %d bytes is longer than the %d bytes the sink publishes (the server's control line is 4096 bytes)", len(msg.Subject), MaxSubjectBytes))
+		msg, err := Message(s.cfg, ev)
+		if err != nil {
+			errs[i] = err
 			refused[ev.AggregateKey()] = true
 			continue
-		}
-		msg.Data = ev.Body()
-		for _, h := range ev.MessageHeaders() {
-			// Nats-* headers steer the server (Nats-Msg-Id, expectations):
-			// only the sink sets them.
-			if !strings.HasPrefix(strings.ToLower(h.Key), "nats-") {
-				msg.Header.Set(h.Key, h.Value)
-			}
 		}
 		if size := int64(len(msg.Data) + len(msg.Subject) + headerSize(msg.Header)); maxPayload > 0 && size > maxPayload {
 			errs[i] = sink.EventError(fmt.Errorf("event of %d bytes is larger than the server's max_payload of %d bytes", size, maxPayload))

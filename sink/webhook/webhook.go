@@ -1,5 +1,6 @@
 // Package webhook delivers outbox events to an HTTP endpoint: one POST per
-// event, its body the JSON envelope of the row (sink.Event), signed per the
+// event, its body the JSON envelope of the row (sink.Event) or a CloudEvent
+// (binary or structured content mode of the HTTP binding), signed per the
 // Standard Webhooks specification (webhook-id = the outbox row's id,
 // webhook-timestamp, webhook-signature "v1,<base64 HMAC-SHA256>" over
 // "id.timestamp.body" with the whsec_ secret).
@@ -50,6 +51,15 @@ type Config struct {
 	// proxies drop by default), instead of Event-Type, Tenant-Id, ...;
 	// deprecated, removed in the next release.
 	LegacyUnderscoreHeaders bool
+	// Format is sink.FormatEnvelope (or empty: the JSON envelope),
+	// sink.FormatCloudEvents (binary content mode: the data as the body,
+	// attributes as ce- headers, percent-encoded, per the HTTP protocol
+	// binding) or sink.FormatCloudEventsStructured (an
+	// application/cloudevents+json body). Every format is signed over the
+	// body sent.
+	Format string
+	// Source is the CloudEvents source.
+	Source string
 }
 
 // Sink is a webhook destination; safe for concurrent use.
@@ -303,26 +313,20 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 // done with once the answer is read.
 var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
 
-func (s *Sink) post(ctx context.Context, in *interrupter, ev *sink.Event) error {
-	var buf *[]byte
+// Request is what Deliver posts for ev: the headers (canonical names,
+// signature included) and the body, appended to buf.
+func (s *Sink) Request(ev *sink.Event, buf []byte) ([]sink.Header, []byte) {
 	var body []byte
-	if s.conns != nil {
-		buf = bufs.Get().(*[]byte)
-		defer func() {
-			if cap(*buf) <= 64<<10 {
-				bufs.Put(buf)
-			}
-		}()
-		// One buffer: the body, then the head, written once the body's
-		// length is known.
-		*buf = ev.AppendEnvelope((*buf)[:0])
-		body = *buf
-	} else {
-		body = ev.Envelope()
+	var msg []sink.Header
+	switch s.cfg.Format {
+	case sink.FormatCloudEvents, sink.FormatCloudEventsStructured:
+		enc := ev.Encode(s.cfg.Format, s.cfg.Source, "ce-", "Content-Type", sink.PercentEncode)
+		body, msg = append(buf, enc.Body...), enc.Headers
+	default:
+		body, msg = ev.AppendEnvelope(buf), ev.MessageHeaders()
 	}
 	ts := strconv.FormatInt(s.now().Unix(), 10)
 	id := HeaderID(ev.ID)
-	msg := ev.MessageHeaders()
 	hs := make([]sink.Header, 3, 4+len(msg))
 	hs[0], hs[1], hs[2] = sink.Header{Key: "Content-Type", Value: "application/json"},
 		sink.Header{Key: "Webhook-Id", Value: id}, sink.Header{Key: "Webhook-Timestamp", Value: ts}
@@ -332,7 +336,8 @@ func (s *Sink) post(ctx context.Context, in *interrupter, ev *sink.Event) error 
 	// MessageHeaders leaves out every reserved name of the row's headers
 	// (sink.ReservedHeader), the signature's and the framing's included.
 	// Names are sent in canonical form; of two that are one name so, the
-	// later one's value is sent (as http.Header.Set does).
+	// later one's value is sent (as http.Header.Set does): a CloudEvent's
+	// datacontenttype replaces application/json.
 next:
 	for _, kv := range msg {
 		if !validHeaderName(kv.Key) {
@@ -346,6 +351,27 @@ next:
 			}
 		}
 		hs = append(hs, h)
+	}
+	return hs, body
+}
+
+func (s *Sink) post(ctx context.Context, in *interrupter, ev *sink.Event) error {
+	var buf *[]byte
+	var body []byte
+	var hs []sink.Header
+	if s.conns != nil {
+		buf = bufs.Get().(*[]byte)
+		defer func() {
+			if cap(*buf) <= 64<<10 {
+				bufs.Put(buf)
+			}
+		}()
+		// One buffer: the body, then the head, written once the body's
+		// length is known.
+		hs, *buf = s.Request(ev, (*buf)[:0])
+		body = *buf
+	} else {
+		hs, body = s.Request(ev, nil)
 	}
 	var resp *http.Response
 	var err error

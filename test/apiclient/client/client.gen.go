@@ -742,8 +742,11 @@ type SearchResultItemsStuckReason string
 
 // Sink defines model for Sink.
 type Sink struct {
-	Delivered int    `json:"delivered"`
-	Kind      string `json:"kind"`
+	Delivered int `json:"delivered"`
+
+	// Filtered events the sink's filter rejected: dropped for this sink, never parked
+	Filtered int    `json:"filtered"`
+	Kind     string `json:"kind"`
 
 	// LastReason the reason of the sink's most recent failed delivery; empty if none
 	LastReason          string   `json:"last_reason"`
