@@ -195,11 +195,21 @@ func (s *Sink) deliver(ctx context.Context, evs []*sink.Event) (errs []error, no
 		args := append([]any{window, maxLen}, fields(ev)...)
 		cmds[i] = addScript.EvalSha(ctx, pipe, []string{stream, DedupeKey(stream, ev.ID)}, args...)
 	}
-	_, _ = pipe.Exec(ctx)
+	_, execErr := pipe.Exec(ctx)
 	for i, c := range cmds {
+		// Delivered means Redis answered this script with the entry's id.
+		// A pipeline whose connection failed to start (a wrong password)
+		// reports that only from Exec, leaving each command without error
+		// and without a reply.
 		err := c.Err()
-		if err == nil {
+		if id, _ := c.Val().(string); err == nil && id != "" {
 			continue
+		}
+		if err == nil {
+			err = execErr
+		}
+		if err == nil {
+			err = errors.New("no entry id in the reply")
 		}
 		if strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			noScript = true
