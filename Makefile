@@ -95,14 +95,14 @@ demo: postgres build ## the demo: a throwaway PostgreSQL, the relay and the exam
 # links none of it) and runs the full benchmark of BENCHMARKS.md (about 13
 # minutes); `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
 .PHONY: bench bench-build test-bench
-bench: postgres bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
+bench: postgres brokers bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
 	./bin/relay-bench $(BENCH_FLAGS)
 
 bench-build: ## build bin/relay-bench
 	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o ../bin/relay-bench ./cmd/relay-bench
 
 # The bench module's own tests, the quick bench run among them.
-test-bench: postgres ## the bench module's tests, the quick bench run among them
+test-bench: postgres brokers ## the bench module's tests, the quick bench run among them
 	cd bench && $(GO) test -race -count=1 -timeout 15m ./...
 
 # `make chaos` runs the fault suite of RELIABILITY.md (20 to 40 minutes) and
