@@ -25,9 +25,11 @@
 //     '#', spaces and control characters become '_'), and a row's headers
 //     cannot set CC or BCC (RabbitMQ's sender-selected distribution, which
 //     would route the message under other keys) or any x- header.
-//   - Outages are errors. A closed connection or channel, a nack or a
-//     missing confirm fails the events not confirmed (the fan-out parks them
-//     and the drainer resends them); the next Deliver dials again.
+//   - Outages are errors. A closed connection or channel, a nack, a
+//     missing confirm or a broker blocking publishers (a memory or disk
+//     alarm) fails the events not confirmed (the fan-out parks them and the
+//     drainer resends them); every write and the wait for confirms are
+//     bounded by the timeout, and the next Deliver dials again.
 //   - No credentials in errors. The password comes from the environment
 //     (Config.Password) and is cut out of every error the sink returns.
 package rabbitsink
@@ -36,8 +38,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -81,7 +85,11 @@ type Sink struct {
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	returns chan amqp.Return
+	raw     net.Conn // the socket under conn
 	closed  bool
+	// blocked is the reason the broker gave for blocking this connection's
+	// publishers (a memory or disk alarm), "" when it does not.
+	blocked atomic.Pointer[string]
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -179,13 +187,39 @@ func (s *Sink) channel() (*amqp.Channel, error) {
 		return s.ch, nil
 	}
 	s.drop()
+	dial := amqp.DefaultDial(s.cfg.Timeout)
+	var raw net.Conn
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
-		SASL: s.auth, Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(s.cfg.Timeout),
+		SASL: s.auth, Heartbeat: 10 * time.Second,
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			raw = c
+			return &writeDeadlineConn{Conn: c, timeout: s.cfg.Timeout}, nil
+		},
 		Properties: amqp.Table{"connection_name": s.cfg.Name},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connect to RabbitMQ at %s: %w", s.uri.Host, err)
 	}
+	s.blocked.Store(nil)
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		// Ends when the connection closes (the library closes the channel).
+		for b := range blocked {
+			if conn.IsClosed() {
+				continue // a later connection's state is its own
+			}
+			if b.Active {
+				reason := b.Reason
+				s.blocked.Store(&reason)
+			} else {
+				s.blocked.Store(nil)
+			}
+		}
+	}()
 	ch, err := conn.Channel()
 	if err != nil {
 		conn.Close()
@@ -207,7 +241,7 @@ func (s *Sink) channel() (*amqp.Channel, error) {
 		return nil, fmt.Errorf("put the channel in confirm mode: %w", err)
 	}
 	s.returns = ch.NotifyReturn(make(chan amqp.Return, chunk))
-	s.conn, s.ch = conn, ch
+	s.conn, s.ch, s.raw = conn, ch, raw
 	return ch, nil
 }
 
@@ -215,9 +249,35 @@ func (s *Sink) channel() (*amqp.Channel, error) {
 // s.mu held.
 func (s *Sink) drop() {
 	if s.conn != nil {
-		s.conn.Close()
+		// A broker that blocks publishers may never answer
+		// connection.close, and its heartbeats keep moving the socket's
+		// read deadline: after the timeout, close the socket under it.
+		conn, raw, done := s.conn, s.raw, make(chan struct{})
+		go func() { conn.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(s.cfg.Timeout):
+			raw.Close()
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+			}
+		}
 	}
-	s.conn, s.ch, s.returns = nil, nil, nil
+	s.conn, s.ch, s.returns, s.raw = nil, nil, nil, nil
+}
+
+// writeDeadlineConn bounds every write: a broker that stopped reading (it
+// blocks publishers on a resource alarm) fails the connection after the
+// timeout instead of holding the stream.
+type writeDeadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c *writeDeadlineConn) Write(b []byte) (int, error) {
+	c.Conn.SetWriteDeadline(time.Now().Add(c.timeout))
+	return c.Conn.Write(b)
 }
 
 // Deliver publishes evs in order and waits for every confirm.
@@ -251,6 +311,15 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 func (s *Sink) deliverChunk(ctx context.Context, evs []*sink.Event, errs []error, failed map[string]bool) {
 	ch, err := s.channel()
 	if err != nil {
+		for i, ev := range evs {
+			errs[i] = err
+			failed[ev.AggregateKey()] = true
+		}
+		return
+	}
+	if reason := s.blocked.Load(); reason != nil {
+		// Publishing now would wait for the whole timeout and then fail.
+		err := fmt.Errorf("RabbitMQ blocks publishers (%s): a resource alarm; free memory or disk on the broker", *reason)
 		for i, ev := range evs {
 			errs[i] = err
 			failed[ev.AggregateKey()] = true

@@ -352,3 +352,43 @@ func TestConcurrentBatchesOnOneChannel(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A broker that blocks publishers (a memory alarm) fails deliveries as an
+// outage within the timeout, saying why, and delivers again once the alarm
+// clears.
+func TestBlockedBrokerIsAnOutage(t *testing.T) {
+	srv := rabbittest.Shared(t)
+	topology(t, srv, "blocked", "blocked", "#")
+	s := newSink(t, srv, "blocked", "b")
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(1, 1)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := srv.Ctl("set_vm_memory_high_watermark", "absolute", "1MB"); err != nil {
+		t.Fatalf("set the alarm: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { srv.Ctl("set_vm_memory_high_watermark", "absolute", "1GB") })
+	start := time.Now()
+	var last error
+	for time.Since(start) < 20*time.Second {
+		if last = s.Deliver(t.Context(), sinktest.Events(1, 1))[0]; last != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if last == nil || sink.Classify(last) != "down" {
+		t.Fatalf("while publishers are blocked: %v, want an outage", last)
+	}
+	t.Logf("blocked: %v (after %s)", last, time.Since(start).Round(time.Millisecond))
+	if out, err := srv.Ctl("set_vm_memory_high_watermark", "absolute", "1GB"); err != nil {
+		t.Fatalf("clear the alarm: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for s.Deliver(t.Context(), sinktest.Events(1, 1))[0] != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("still failing after the alarm cleared")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -289,6 +289,16 @@ func tailOf(s string) string {
 	return s
 }
 
+// Ctl runs rabbitmqctl against the node (set_vm_memory_high_watermark,
+// say) and returns its output.
+func (s *Server) Ctl(args ...string) (string, error) {
+	ctl := filepath.Join(filepath.Dir(s.script), "rabbitmqctl")
+	cmd := exec.Command(ctl, append([]string{"-n", fmt.Sprintf("rabbittest%d@localhost", s.port)}, args...)...)
+	cmd.Env = s.env()
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // Kill sends SIGKILL to the node's processes: no flush, no goodbye to
 // clients.
 func (s *Server) Kill() {
