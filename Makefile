@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: help test test-short demo build install vet postgres chromium
+.PHONY: help test test-short demo build install vet postgres chromium brokers
 
 help: ## list the targets, one line each
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -48,6 +48,9 @@ postgres: ## install PostgreSQL's server binaries with apt when missing
 chromium: ## install Chromium with apt when missing (the browser tests)
 	@./scripts/ensure-chromium.sh
 
+brokers: ## install RabbitMQ and Redis with apt when missing (the sink tests)
+	@./scripts/ensure-brokers.sh
+
 vet: ## gofmt and go vet, the relay's module and the bench's
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
@@ -64,7 +67,7 @@ vet: ## gofmt and go vet, the relay's module and the bench's
 # the faults it makes, so together they keep two cores busy. Each one's
 # output is printed whole when it ends. The two suites run the relay as a
 # process built without -race, as users run it.
-test: postgres chromium vet ## the full suite CI runs (about 15 minutes)
+test: postgres chromium brokers vet ## the full suite CI runs (about 15 minutes)
 	$(MAKE) --no-print-directory test-bench
 	$(MAKE) --no-print-directory --output-sync=target -j7 test-race deploy-check apiclient-check test-pg17 test-pg18 test-failover chaos QUICK=1
 
@@ -73,7 +76,7 @@ test: postgres chromium vet ## the full suite CI runs (about 15 minutes)
 RACE_FIRST := ./test/sinks ./test/e2e ./relay ./cdc ./sink/kafkasink ./internal/httpapi ./internal/pgcluster
 
 .PHONY: test-race
-test-race: ## every package with -race but the failover suite
+test-race: brokers ## every package with -race but the failover suite
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(RACE_FIRST) ./... | grep -v '/test/failover$$')
 
 # `make test-versions` runs the stream's own tests (cdc) on PostgreSQL 17 and
@@ -92,14 +95,14 @@ demo: postgres build ## the demo: a throwaway PostgreSQL, the relay and the exam
 # links none of it) and runs the full benchmark of BENCHMARKS.md (about 13
 # minutes); `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
 .PHONY: bench bench-build test-bench
-bench: postgres bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
+bench: postgres brokers bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
 	./bin/relay-bench $(BENCH_FLAGS)
 
 bench-build: ## build bin/relay-bench
 	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o ../bin/relay-bench ./cmd/relay-bench
 
 # The bench module's own tests, the quick bench run among them.
-test-bench: postgres ## the bench module's tests, the quick bench run among them
+test-bench: postgres brokers ## the bench module's tests, the quick bench run among them
 	cd bench && $(GO) test -race -count=1 -timeout 15m ./...
 
 # `make chaos` runs the fault suite of RELIABILITY.md (20 to 40 minutes) and
@@ -177,7 +180,9 @@ test-db-down: postgres ## the relay under a 60 s database outage
 # `make test-sinks` is the sink fault suite (a few minutes): 5 kill -9
 # of the relay under load, nats-server (its own process) killed for 10 s, the
 # webhook endpoint down for 10 s, against NATS, Kafka (kfake) and a webhook;
-# and a webhook sink down for 2 minutes under a steady load of sagas.
+# a webhook sink down for 2 minutes under a steady load of sagas; and
+# RabbitMQ and Redis (apt's, make brokers) each killed -9 twice and the relay
+# once under 3,000 events.
 # `make test` runs its short mode (2 kills, 3 s outages, a 6 s sink outage)
 # with the other packages.
 # `make test-failover` runs the failover suite in full (about 15 minutes): on
@@ -196,8 +201,8 @@ else
 endif
 
 .PHONY: test-sinks
-test-sinks: postgres ## the sink fault suite in full
-	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes)$$' ./test/sinks
+test-sinks: postgres brokers ## the sink fault suite in full
+	RELAY_TEST_HEAVY=1 $(GO) test -race -count=1 -v -timeout 30m -run '^(TestSinkFaults|TestSinkDownForMinutes|TestRabbitMQThroughBrokerAndRelayKills|TestRedisStreamsThroughServerAndRelayKills)$$' ./test/sinks
 
 # `make test-lag-idle` watches an idle relay's lag for a full minute (go test
 # watches for 15 s): the stream's and QueryLag's lag_seconds, and the

@@ -334,32 +334,40 @@ type SoakBucket struct {
 // Summary is the one-line JSON object `relay-bench --json` prints last. A
 // figure that was not measured (--only, a failed scenario) is null.
 type Summary struct {
-	RecvlogicalEventsPerSec *float64 `json:"recvlogical_events_per_sec"`
-	StreamEventsPerSec      *float64 `json:"stream_events_per_sec"`
-	StreamRatio             *float64 `json:"stream_ratio"`
-	CorrelateEventsPerSec   *float64 `json:"correlate_events_per_sec"`
-	CorrelateRatio          *float64 `json:"correlate_ratio"`
-	StartP99Ms              *float64 `json:"start_p99_ms"`
-	FirstStepP99Ms          *float64 `json:"first_step_p99_ms"`
-	StepsPerSec             *float64 `json:"steps_per_sec"`
-	PgbenchStepTPS          *float64 `json:"pgbench_step_tps"`
-	StepRatio               *float64 `json:"step_ratio"`
-	ServerMsPerStep         *float64 `json:"server_ms_per_step"`
-	DeclaredStepRatio       *float64 `json:"declared_step_ratio"`
-	NATSSinkEventsPerSec    *float64 `json:"nats_sink_events_per_sec"`
-	NATSSinkRatio           *float64 `json:"nats_sink_ratio"`
-	WebhookSinkEventsPerSec *float64 `json:"webhook_sink_events_per_sec"`
-	WebhookSinkRatio        *float64 `json:"webhook_sink_ratio"`
+	RecvlogicalEventsPerSec  *float64 `json:"recvlogical_events_per_sec"`
+	StreamEventsPerSec       *float64 `json:"stream_events_per_sec"`
+	StreamRatio              *float64 `json:"stream_ratio"`
+	CorrelateEventsPerSec    *float64 `json:"correlate_events_per_sec"`
+	CorrelateRatio           *float64 `json:"correlate_ratio"`
+	StartP99Ms               *float64 `json:"start_p99_ms"`
+	FirstStepP99Ms           *float64 `json:"first_step_p99_ms"`
+	StepsPerSec              *float64 `json:"steps_per_sec"`
+	PgbenchStepTPS           *float64 `json:"pgbench_step_tps"`
+	StepRatio                *float64 `json:"step_ratio"`
+	ServerMsPerStep          *float64 `json:"server_ms_per_step"`
+	DeclaredStepRatio        *float64 `json:"declared_step_ratio"`
+	NATSSinkEventsPerSec     *float64 `json:"nats_sink_events_per_sec"`
+	NATSSinkRatio            *float64 `json:"nats_sink_ratio"`
+	WebhookSinkEventsPerSec  *float64 `json:"webhook_sink_events_per_sec"`
+	WebhookSinkRatio         *float64 `json:"webhook_sink_ratio"`
+	RabbitMQSinkEventsPerSec *float64 `json:"rabbitmq_sink_events_per_sec"`
+	RabbitMQSinkRatio        *float64 `json:"rabbitmq_sink_ratio"`
+	RedisSinkEventsPerSec    *float64 `json:"redis_sink_events_per_sec"`
+	RedisSinkRatio           *float64 `json:"redis_sink_ratio"`
 	// Producer commit → sink acknowledgement at 1,000 and 5,000 events/s.
-	NATSSinkLatencyP50Ms1k    *float64 `json:"nats_sink_latency_p50_ms_1k"`
-	NATSSinkLatencyP99Ms1k    *float64 `json:"nats_sink_latency_p99_ms_1k"`
-	NATSSinkLatencyP50Ms5k    *float64 `json:"nats_sink_latency_p50_ms_5k"`
-	NATSSinkLatencyP99Ms5k    *float64 `json:"nats_sink_latency_p99_ms_5k"`
-	WebhookSinkLatencyP50Ms5k *float64 `json:"webhook_sink_latency_p50_ms_5k"`
-	WebhookSinkLatencyP99Ms5k *float64 `json:"webhook_sink_latency_p99_ms_5k"`
-	KafkaSinkLatencyP50Ms5k   *float64 `json:"kafka_sink_latency_p50_ms_5k"`
-	KafkaSinkLatencyP99Ms5k   *float64 `json:"kafka_sink_latency_p99_ms_5k"`
-	PeakRSSMB                 *float64 `json:"peak_rss_mb"`
+	NATSSinkLatencyP50Ms1k     *float64 `json:"nats_sink_latency_p50_ms_1k"`
+	NATSSinkLatencyP99Ms1k     *float64 `json:"nats_sink_latency_p99_ms_1k"`
+	NATSSinkLatencyP50Ms5k     *float64 `json:"nats_sink_latency_p50_ms_5k"`
+	NATSSinkLatencyP99Ms5k     *float64 `json:"nats_sink_latency_p99_ms_5k"`
+	WebhookSinkLatencyP50Ms5k  *float64 `json:"webhook_sink_latency_p50_ms_5k"`
+	WebhookSinkLatencyP99Ms5k  *float64 `json:"webhook_sink_latency_p99_ms_5k"`
+	KafkaSinkLatencyP50Ms5k    *float64 `json:"kafka_sink_latency_p50_ms_5k"`
+	KafkaSinkLatencyP99Ms5k    *float64 `json:"kafka_sink_latency_p99_ms_5k"`
+	RabbitMQSinkLatencyP50Ms5k *float64 `json:"rabbitmq_sink_latency_p50_ms_5k"`
+	RabbitMQSinkLatencyP99Ms5k *float64 `json:"rabbitmq_sink_latency_p99_ms_5k"`
+	RedisSinkLatencyP50Ms5k    *float64 `json:"redis_sink_latency_p50_ms_5k"`
+	RedisSinkLatencyP99Ms5k    *float64 `json:"redis_sink_latency_p99_ms_5k"`
+	PeakRSSMB                  *float64 `json:"peak_rss_mb"`
 	// The saga's end at the first rate (trigger commit → COMPLETED).
 	EndP99Ms *float64 `json:"end_p99_ms"`
 	// Steps/s while a backlog exists and drains (producer at twice the
@@ -456,6 +464,8 @@ func (r *Report) Summary() Summary {
 	if c := r.Sinks; c != nil {
 		s.NATSSinkEventsPerSec, s.NATSSinkRatio = f64(c.NATSPerSec), f64(c.NATSRatio)
 		s.WebhookSinkEventsPerSec, s.WebhookSinkRatio = f64(c.WebhookPerSec), f64(c.WebhookRatio)
+		s.RabbitMQSinkEventsPerSec, s.RabbitMQSinkRatio = f64(c.RabbitMQPerSec), f64(c.RabbitMQRatio)
+		s.RedisSinkEventsPerSec, s.RedisSinkRatio = f64(c.RedisPerSec), f64(c.RedisRatio)
 	}
 	for _, c := range r.SinkLatency {
 		p50, p99 := f64(c.Latency.P50), f64(c.Latency.P99)
@@ -468,6 +478,10 @@ func (r *Report) Summary() Summary {
 			s.WebhookSinkLatencyP50Ms5k, s.WebhookSinkLatencyP99Ms5k = p50, p99
 		case c.Sink == "kafka" && c.Rate == 5000:
 			s.KafkaSinkLatencyP50Ms5k, s.KafkaSinkLatencyP99Ms5k = p50, p99
+		case c.Sink == "rabbitmq" && c.Rate == 5000:
+			s.RabbitMQSinkLatencyP50Ms5k, s.RabbitMQSinkLatencyP99Ms5k = p50, p99
+		case c.Sink == "redis" && c.Rate == 5000:
+			s.RedisSinkLatencyP50Ms5k, s.RedisSinkLatencyP99Ms5k = p50, p99
 		}
 	}
 	for _, c := range r.Stream {
@@ -645,6 +659,10 @@ func (r *Report) WriteTable(w io.Writer) {
 		fmt.Fprintln(tw, "\n   sinks (1 row/tx, no sagas)\tevents\tpg_recvlogical ev/s\tNATS sink ev/s\tratio (≥0.5)\twebhook sink ev/s\tratio")
 		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f\n", c.Events, c.RecvlogicalPerSec, c.NATSPerSec, c.NATSRatio, mark(c.NATSRatio >= 0.5),
 			c.WebhookPerSec, c.WebhookRatio)
+		if c.RabbitMQPerSec > 0 || c.RedisPerSec > 0 {
+			fmt.Fprintln(tw, "\t\t\tRabbitMQ sink ev/s\tratio\tRedis sink ev/s\tratio")
+			fmt.Fprintf(tw, "\t\t\t%.0f\t%.2f\t%.0f\t%.2f\n", c.RabbitMQPerSec, c.RabbitMQRatio, c.RedisPerSec, c.RedisRatio)
+		}
 	}
 	if len(r.SinkLatency) > 0 {
 		fmt.Fprintln(tw, "\n   sink latency (ms, commit → ack)\tsink\trate ev/s\tachieved\tevents\tp50\tp95\tp99\tmax")

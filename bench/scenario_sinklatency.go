@@ -12,6 +12,8 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/rabbitsink"
+	"github.com/compensa/compensa/sink/redissink"
 	"github.com/compensa/compensa/sink/webhook"
 )
 
@@ -23,7 +25,8 @@ import (
 // event's latency runs from the producer's clock_timestamp() in the row
 // (created_at, written by the inserting statement, which commits on its own)
 // to the sink's acknowledgement of that event: the NATS PubAck, the Kafka
-// produce ack, the webhook's 2xx.
+// produce ack, the webhook's 2xx, RabbitMQ's publisher confirm, the reply
+// to Redis's XADD script.
 type SinkLatencyCase struct {
 	Sink         string         `json:"sink"`
 	Rate         int            `json:"rate"`
@@ -59,7 +62,8 @@ func (r *run) sinkLatencyRuns() []struct {
 	return []struct {
 		sink string
 		rate int
-	}{{"nats", low}, {"nats", high}, {"webhook", low}, {"webhook", high}, {"kafka", low}, {"kafka", high}}
+	}{{"nats", low}, {"nats", high}, {"webhook", low}, {"webhook", high}, {"kafka", low}, {"kafka", high},
+		{"rabbitmq", low}, {"rabbitmq", high}, {"redis", low}, {"redis", high}}
 }
 
 func (r *run) sinkLatencyScenario(ctx context.Context) error {
@@ -82,6 +86,11 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 		return fmt.Errorf("bench: start an in-process Kafka broker: %w", err)
 	}
 	defer kc.Close()
+	brokers, err := startBrokers(func(n string) { r.report.Notes = append(r.report.Notes, "sinklatency: "+n) })
+	if err != nil {
+		return err
+	}
+	defer brokers.close()
 
 	for i, c := range r.sinkLatencyRuns() {
 		var (
@@ -99,6 +108,27 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 		case "kafka":
 			s, err = kafkasink.New(kafkasink.Config{Brokers: kc.ListenAddrs(), Topic: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}", i))})
 			spec.Kafka = &sink.KafkaSpec{}
+		case "rabbitmq":
+			if brokers.rabbit == nil {
+				continue
+			}
+			exchange := fmt.Sprintf("lat%d", i)
+			if err := brokers.rabbitTopology(exchange); err != nil {
+				return err
+			}
+			s, err = rabbitsink.New(rabbitsink.Config{URL: brokers.rabbit.URL(), Password: brokers.rabbit.Password, Exchange: exchange,
+				RoutingKey: sink.MustTemplate("outbox.{aggregate_type}.{event_type}")})
+			spec.RabbitMQ = &sink.RabbitMQSpec{}
+		case "redis":
+			if brokers.redis == nil {
+				continue
+			}
+			if err := brokers.flushRedis(ctx); err != nil {
+				return err
+			}
+			s, err = redissink.New(redissink.Config{URL: brokers.redis.URL(), Password: brokers.redis.Password,
+				Stream: sink.MustTemplate(fmt.Sprintf("lat%d.{aggregate_type}", i))})
+			spec.Redis = &sink.RedisSpec{}
 		}
 		if err != nil {
 			return err

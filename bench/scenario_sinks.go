@@ -7,14 +7,18 @@ import (
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/rabbitsink"
+	"github.com/compensa/compensa/sink/redissink"
 	"github.com/compensa/compensa/sink/webhook"
 )
 
 // SinkCase is the sinks scenario: the single-row load of scenario 1 read by
 // pg_recvlogical and by the relay's stream delivering every event to a sink
 // (checkpoint commits only, no sagas): a NATS JetStream stream on a
-// nats-server process of its own, and a webhook on a local endpoint
-// that reads each request whole and answers 204 (hookEndpoint).
+// nats-server process of its own, a webhook on a local endpoint
+// that reads each request whole and answers 204 (hookEndpoint), a RabbitMQ
+// exchange with one durable queue bound, and a Redis stream (appendfsync
+// always), each broker a process of its own.
 type SinkCase struct {
 	Events            int     `json:"events"`
 	RecvlogicalPerSec float64 `json:"recvlogical_events_per_sec"`
@@ -22,6 +26,10 @@ type SinkCase struct {
 	NATSRatio         float64 `json:"nats_sink_ratio"`
 	WebhookPerSec     float64 `json:"webhook_sink_events_per_sec"`
 	WebhookRatio      float64 `json:"webhook_sink_ratio"`
+	RabbitMQPerSec    float64 `json:"rabbitmq_sink_events_per_sec,omitempty"`
+	RabbitMQRatio     float64 `json:"rabbitmq_sink_ratio,omitempty"`
+	RedisPerSec       float64 `json:"redis_sink_events_per_sec,omitempty"`
+	RedisRatio        float64 `json:"redis_sink_ratio,omitempty"`
 }
 
 func (r *run) sinksScenario(ctx context.Context) error {
@@ -43,15 +51,21 @@ func (r *run) sinksScenario(ctx context.Context) error {
 		return err
 	}
 	defer hook.Close()
+	brokers, err := startBrokers(func(n string) { r.report.Notes = append(r.report.Notes, "sinks: "+n) })
+	if err != nil {
+		return err
+	}
+	defer brokers.close()
 
-	type slots struct{ recv, nats, hook string }
+	type slots struct{ recv, nats, hook, rabbit, redis string }
 	runs := make([]slots, r.sz.repeats)
 	for i := range runs {
-		runs[i] = slots{e.slotName(fmt.Sprintf("srecv%d", i)), e.slotName(fmt.Sprintf("snats%d", i)), e.slotName(fmt.Sprintf("shook%d", i))}
+		runs[i] = slots{e.slotName(fmt.Sprintf("srecv%d", i)), e.slotName(fmt.Sprintf("snats%d", i)), e.slotName(fmt.Sprintf("shook%d", i)),
+			e.slotName(fmt.Sprintf("srabbit%d", i)), e.slotName(fmt.Sprintf("sredis%d", i))}
 		if _, err := e.createSlot(ctx, runs[i].recv, false); err != nil {
 			return err
 		}
-		for _, s := range []string{runs[i].nats, runs[i].hook} {
+		for _, s := range []string{runs[i].nats, runs[i].hook, runs[i].rabbit, runs[i].redis} {
 			if _, err := e.createSlot(ctx, s, true); err != nil {
 				return err
 			}
@@ -65,7 +79,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var a, nb, wb, nr, wr []float64
+	var a, nb, wb, nr, wr, qb, qr, sb, sr []float64
 	for i, sl := range runs {
 		e.checkpoint(ctx)
 		r.progress("sinks: run %d/%d pg_recvlogical to %s", i+1, len(runs), end)
@@ -104,6 +118,48 @@ func (r *run) sinksScenario(ctx context.Context) error {
 		rnRate, rwRate := rate(rn.Events, rn.Took), rate(rw.Events, rw.Took)
 		a, nb, wb = append(a, ra), append(nb, rnRate), append(wb, rwRate)
 		nr, wr = append(nr, rnRate/ra), append(wr, rwRate/ra)
+
+		if brokers.rabbit != nil {
+			r.progress("sinks: run %d/%d relay stream to a RabbitMQ sink (durable queue, confirms)", i+1, len(runs))
+			exchange := fmt.Sprintf("bench%d", i)
+			if err := brokers.rabbitTopology(exchange); err != nil {
+				return err
+			}
+			rs, err := rabbitsink.New(rabbitsink.Config{URL: brokers.rabbit.URL(), Password: brokers.rabbit.Password, Exchange: exchange,
+				RoutingKey: sink.MustTemplate("outbox.{aggregate_type}.{event_type}")})
+			if err != nil {
+				return err
+			}
+			rq, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.rabbit, Registry: saga.NewRegistry(),
+				Want: n, Timeout: r.sz.timeout, Logger: r.log,
+				Destinations: []sink.Destination{{Spec: sink.Spec{Name: fmt.Sprintf("rabbit%d", i), RabbitMQ: &sink.RabbitMQSpec{}}, Sink: rs}}})
+			rs.Close()
+			if err != nil {
+				return err
+			}
+			qRate := rate(rq.Events, rq.Took)
+			qb, qr = append(qb, qRate), append(qr, qRate/ra)
+		}
+		if brokers.redis != nil {
+			r.progress("sinks: run %d/%d relay stream to a Redis streams sink (appendfsync always)", i+1, len(runs))
+			if err := brokers.flushRedis(ctx); err != nil {
+				return err
+			}
+			ds, err := redissink.New(redissink.Config{URL: brokers.redis.URL(), Password: brokers.redis.Password,
+				Stream: sink.MustTemplate("outbox.{aggregate_type}")})
+			if err != nil {
+				return err
+			}
+			rd, err := consume(ctx, consumeOptions{URL: e.url, Publication: e.pub, Slot: sl.redis, Registry: saga.NewRegistry(),
+				Want: n, Timeout: r.sz.timeout, Logger: r.log,
+				Destinations: []sink.Destination{{Spec: sink.Spec{Name: fmt.Sprintf("redis%d", i), Redis: &sink.RedisSpec{}}, Sink: ds}}})
+			ds.Close()
+			if err != nil {
+				return err
+			}
+			dRate := rate(rd.Events, rd.Took)
+			sb, sr = append(sb, dRate), append(sr, dRate/ra)
+		}
 	}
 	var parked int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM relay_sink_parked`).Scan(&parked); err != nil {
@@ -114,5 +170,11 @@ func (r *run) sinksScenario(ctx context.Context) error {
 	}
 	r.report.Sinks = &SinkCase{Events: n, RecvlogicalPerSec: median(a), NATSPerSec: median(nb), NATSRatio: median(nr),
 		WebhookPerSec: median(wb), WebhookRatio: median(wr)}
+	if len(qb) > 0 {
+		r.report.Sinks.RabbitMQPerSec, r.report.Sinks.RabbitMQRatio = median(qb), median(qr)
+	}
+	if len(sb) > 0 {
+		r.report.Sinks.RedisPerSec, r.report.Sinks.RedisRatio = median(sb), median(sr)
+	}
 	return nil
 }

@@ -38,7 +38,8 @@ type Config struct {
 	Sinks []Spec
 }
 
-// Spec is one sink as configured. Exactly one of Webhook, NATS and Kafka is set.
+// Spec is one sink as configured. Exactly one of Webhook, NATS, Kafka,
+// RabbitMQ and Redis is set.
 type Spec struct {
 	Name  string
 	Match Match
@@ -62,6 +63,8 @@ type Spec struct {
 	// Transform, when set, is the delivered payload (the envelope's
 	// payload, CloudEvents data), rendered from each event.
 	Transform *Value
+	RabbitMQ  *RabbitMQSpec
+	Redis     *RedisSpec
 	// Line is where the sink is declared, for messages.
 	Line int
 }
@@ -99,13 +102,18 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// Kind names the sink's broker: "webhook", "nats" or "kafka".
+// Kind names the sink's broker: "webhook", "nats", "kafka", "rabbitmq" or
+// "redis".
 func (s *Spec) Kind() string {
 	switch {
 	case s.Webhook != nil:
 		return "webhook"
 	case s.NATS != nil:
 		return "nats"
+	case s.RabbitMQ != nil:
+		return "rabbitmq"
+	case s.Redis != nil:
+		return "redis"
 	default:
 		return "kafka"
 	}
@@ -144,6 +152,44 @@ type KafkaSpec struct {
 	// max.message.bytes); 0 means Kafka's default, 1,000,012. A larger
 	// record is parked with the reason and never sent.
 	MaxMessageBytes int
+}
+
+// DefaultRabbitMQMaxMessageBytes is RabbitMQ's default max_message_size.
+const DefaultRabbitMQMaxMessageBytes = 128 << 20
+
+// RabbitMQSpec configures a RabbitMQ exchange. The relay declares nothing:
+// the operator declares the exchange and binds the queues, and a message
+// no queue takes is returned by the broker (mandatory) and parked.
+type RabbitMQSpec struct {
+	// URL is amqp:// or amqps:// with a user but never a password.
+	URL string
+	// PasswordEnv names the environment variable holding the password.
+	PasswordEnv string
+	Exchange    string
+	RoutingKey  Template
+	Timeout     time.Duration
+	// MaxMessageBytes is the broker's max_message_size: a larger message is
+	// refused for its event before publishing (the broker would close the
+	// channel, which would look like an outage).
+	MaxMessageBytes int
+}
+
+// DefaultDedupeWindow is how long a Redis sink remembers an added id when
+// redis.dedupe_window is not set.
+const DefaultDedupeWindow = 24 * time.Hour
+
+// RedisSpec configures a Redis stream.
+type RedisSpec struct {
+	// URL is redis:// or rediss:// with a user but never a password.
+	URL         string
+	PasswordEnv string
+	Stream      Template
+	// MaxLen trims each stream approximately (MAXLEN ~); 0: no trimming.
+	MaxLen int
+	// DedupeWindow is how long an added outbox id is remembered, so that a
+	// replay within it adds no second entry.
+	DedupeWindow time.Duration
+	Timeout      time.Duration
 }
 
 // Problem is one mistake in a sinks file.
@@ -455,7 +501,7 @@ func (c *Config) Warnings() []Warning {
 
 func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 	s := Spec{Line: n.Line, MaxParked: DefaultMaxParked}
-	if !p.expect(n, yaml.MappingNode, "a sink", "write '- name: …' followed by one of webhook:, nats:, kafka:") {
+	if !p.expect(n, yaml.MappingNode, "a sink", "write '- name: …' followed by one of "+destinations) {
 		return s, false
 	}
 	before := len(p.problems)
@@ -514,7 +560,7 @@ func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 		s.Transform = p.value(v, "transform")
 	}
 	var kinds []string
-	for _, k := range []string{"webhook", "nats", "kafka"} {
+	for _, k := range []string{"webhook", "nats", "kafka", "rabbitmq", "redis"} {
 		if v, ok := f[k]; ok {
 			kinds = append(kinds, k)
 			if !p.expect(v, yaml.MappingNode, k, "write its settings indented below "+k+":") {
@@ -527,15 +573,24 @@ func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 				s.NATS = p.nats(v)
 			case "kafka":
 				s.Kafka = p.kafka(v)
+			case "rabbitmq":
+				s.RabbitMQ = p.rabbitmq(v)
+			case "redis":
+				s.Redis = p.redis(v)
 			}
 		}
 	}
 	switch len(kinds) {
 	case 0:
-		p.add(n.Line, n.Column, where+" names no destination", "add exactly one of webhook:, nats:, kafka:")
+		p.add(n.Line, n.Column, where+" names no destination", "add exactly one of "+destinations)
 	case 1:
 	default:
 		p.add(n.Line, n.Column, where+" has "+strings.Join(kinds, " and "), "declare one destination per sink: split it into several sinks")
+	}
+	if v, ok := f["format"]; ok && s.Format != FormatEnvelope && (s.RabbitMQ != nil || s.Redis != nil) {
+		// CloudEvents bindings exist for HTTP, NATS and Kafka; these sinks
+		// send the envelope with the event's metadata as their own fields.
+		p.add(v.Line, v.Column, fmt.Sprintf("format %s is for webhook, nats and kafka sinks; %s sends the envelope", s.Format, s.Kind()), "remove format from this sink")
 	}
 	return s, len(p.problems) == before
 }
@@ -562,6 +617,8 @@ func (p *parser) filter(n *yaml.Node) *Expr {
 	}
 	return x
 }
+// destinations lists the destination keys, for messages.
+const destinations = "webhook:, nats:, kafka:, rabbitmq:, redis:"
 
 func (p *parser) globs(n *yaml.Node, what string) []string {
 	gs := p.strs(n, what, `write a list of globs, e.g. ["payment.*"]`)

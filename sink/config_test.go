@@ -18,7 +18,7 @@ func TestParseIssueExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Sinks) != 3 {
+	if len(cfg.Sinks) != 5 {
 		t.Fatalf("got %d sinks", len(cfg.Sinks))
 	}
 	p, b, k := cfg.Sinks[0], cfg.Sinks[1], cfg.Sinks[2]
@@ -144,7 +144,13 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("a valid file with no sinks")
 		}
 		for _, s := range cfg.Sinks {
-			if (s.Webhook != nil) == (s.NATS != nil) && (s.NATS != nil) == (s.Kafka != nil) {
+			n := 0
+			for _, set := range []bool{s.Webhook != nil, s.NATS != nil, s.Kafka != nil, s.RabbitMQ != nil, s.Redis != nil} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
 				t.Fatalf("sink %q without exactly one destination", s.Name)
 			}
 		}

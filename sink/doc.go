@@ -1,5 +1,6 @@
 // Package sink delivers committed outbox events to brokers and webhooks
-// (NATS JetStream, Kafka, HTTP) next to the saga correlator, and promises:
+// (NATS JetStream, Kafka, RabbitMQ, Redis Streams, HTTP) next to the saga
+// correlator, and promises:
 //
 //   - Nothing is lost. The stream's position passes an event only when every
 //     sink whose match selects it holds it durably: the broker acknowledged
@@ -10,7 +11,8 @@
 //     events of its aggregate in that sink only; the Drainer delivers parked
 //     events in order per aggregate with capped backoff.
 //   - One dedupe id. Every sink sends the outbox row's id (Nats-Msg-Id, the
-//     Kafka header "id", webhook-id), the same on every retry and replay;
+//     Kafka header "id", webhook-id, AMQP message_id, the Redis entry's id
+//     field), the same on every retry and replay;
 //     with a cloudevents format it is also the CloudEvent's id (see
 //     Event.CloudEvent), and webhooks are signed over the body sent.
 //   - A sink's own choice is no failure. An event its filter rejects is

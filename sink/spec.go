@@ -18,6 +18,8 @@ type fieldSpec struct {
 	Pattern  string
 	OneOf    [][]string // for object: exactly one of these key sets
 	Enum     []string   // for string: the values allowed
+	// ZeroOK: an integer that may be 0 (it means "off").
+	ZeroOK bool
 }
 
 func (s *fieldSpec) field(key string) *fieldSpec {
@@ -62,7 +64,23 @@ var (
 		{Key: "timeout", Type: "duration", Doc: "wait for acknowledgements (default 10s)", Example: "10s"},
 		{Key: "max_message_bytes", Type: "integer", Doc: "the topics' max.message.bytes (default 1000012, Kafka's); a larger record is parked, never sent", Example: "1000012"},
 	}}
-	sinkSpec = &fieldSpec{Key: "sink", Type: "object", OneOf: [][]string{{"webhook"}, {"nats"}, {"kafka"}}, Fields: []*fieldSpec{
+	rabbitSpec = &fieldSpec{Key: "rabbitmq", Type: "object", Doc: "a RabbitMQ exchange the operator declared (persistent messages, mandatory, publisher confirms awaited)", Fields: []*fieldSpec{
+		{Key: "url", Type: "string", Required: true, Doc: "amqp:// or amqps:// (TLS) URL, with a user but no password", Example: "amqp://relay@127.0.0.1:5672/"},
+		{Key: "password_env", Type: "string", Doc: "environment variable holding the user's password", Example: "RELAY_RABBITMQ_PASSWORD", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`},
+		{Key: "exchange", Type: "string", Required: true, Doc: "exchange to publish to; the operator declares it (durable) and binds the queues, the relay never does", Example: "outbox", Pattern: `^[A-Za-z0-9_.:-]+$`},
+		{Key: "routing_key", Type: "string", Doc: "routing key template (default outbox.{aggregate_type}.{event_type}); each {placeholder} fills one word (its dots, '*', '#' and spaces become _), {raw(placeholder)} keeps its dots as word separators", Example: "outbox.{aggregate_type}.{event_type}"},
+		{Key: "timeout", Type: "duration", Doc: "wait for the broker's confirms (default 10s)", Example: "10s"},
+		{Key: "max_message_bytes", Type: "integer", Doc: "the broker's max_message_size (default 134217728, RabbitMQ's); a larger message is parked, never sent", Example: "134217728"},
+	}}
+	redisSpec = &fieldSpec{Key: "redis", Type: "object", Doc: "a Redis stream (XADD, idempotent on replay within dedupe_window)", Fields: []*fieldSpec{
+		{Key: "url", Type: "string", Required: true, Doc: "redis:// or rediss:// (TLS) URL, with a user but no password", Example: "redis://127.0.0.1:6379/0"},
+		{Key: "password_env", Type: "string", Doc: "environment variable holding the password", Example: "RELAY_REDIS_PASSWORD", Pattern: `^[A-Za-z_][A-Za-z0-9_]*$`},
+		{Key: "stream", Type: "string", Doc: "stream key template (default outbox.{aggregate_type}); each {placeholder} fills one part (its dots, ':', braces and spaces become _)", Example: "outbox.{aggregate_type}"},
+		{Key: "maxlen", Type: "integer", ZeroOK: true, Doc: "approximate trimming, XADD MAXLEN ~ n (default 0: no trimming)", Example: "1000000"},
+		{Key: "dedupe_window", Type: "duration", Doc: "how long an added id is remembered, so that a replay adds no second entry (at least 2m, default 24h)", Example: "24h"},
+		{Key: "timeout", Type: "duration", Doc: "per round trip (default 10s)", Example: "10s"},
+	}}
+	sinkSpec = &fieldSpec{Key: "sink", Type: "object", OneOf: [][]string{{"webhook"}, {"nats"}, {"kafka"}, {"rabbitmq"}, {"redis"}}, Fields: []*fieldSpec{
 		{Key: "name", Type: "string", Required: true, Doc: "unique; names the sink in metrics, commands and the parked table", Example: "payments", Pattern: `^[a-z0-9][a-z0-9_-]{0,62}$`},
 		matchSpec,
 		{Key: "max_parked", Type: "integer", Doc: "cap on parked events; at the cap the stream waits (default 1000000)", Example: "1000000"},
@@ -70,7 +88,7 @@ var (
 		{Key: "source", Type: "string", Doc: "CloudEvents source attribute, a URI reference (default /compensa/<database>/<schema>.<table>); only with a cloudevents format", Example: "/billing/orders"},
 		{Key: "filter", Type: "expression", Doc: "one ${ … } CEL expression over event giving true or false; the events it rejects are dropped for this sink (counted in compensa_sink_filtered_total), never parked; an expression that fails parks the event with the reason", Example: `"${ event.payload.amount > 100 }"`},
 		{Key: "transform", Type: "any", Doc: "the delivered payload (envelope payload, CloudEvents data): a YAML value whose strings may hold ${ … } CEL expressions over event; a string that is one expression keeps the expression's type", Example: `{ order: "${ event.aggregate_id }", total: "${ event.payload.amount }" }`},
-		webhookSpec, natsSpec, kafkaSpec,
+		webhookSpec, natsSpec, kafkaSpec, rabbitSpec, redisSpec,
 	}}
 	fileSpec = &fieldSpec{Key: "", Type: "object", Fields: []*fieldSpec{
 		{Key: "sinks", Type: "list", Required: true, Doc: "the sinks", Fields: []*fieldSpec{sinkSpec}},
@@ -120,6 +138,9 @@ func schemaOf(f *fieldSpec) map[string]any {
 		out["type"] = []string{"integer", "string"}
 		out["pattern"] = `^[0-9_]+$`
 		out["minimum"] = 1
+		if f.ZeroOK {
+			out["minimum"] = 0
+		}
 	case "list":
 		out["type"] = "array"
 		if len(f.Fields) == 1 {

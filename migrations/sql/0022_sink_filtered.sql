@@ -1,4 +1,4 @@
--- 0019: how many events each sink's filter rejected. Forward-only: never
+-- 0022: how many events each sink's filter rejected. Forward-only: never
 -- edit after release.
 --
 -- A sink's filter drops an event for that sink only, never parking it; the

@@ -1,5 +1,5 @@
 // Package dial builds the sinks of a sinks file (sink.Config): a webhook,
-// NATS or Kafka destination for each entry. It is the one place that knows
+// NATS, Kafka, RabbitMQ or Redis destination for each entry. It is the one place that knows
 // every broker sub-package, so that sink/ itself imports none.
 package dial
 
@@ -11,6 +11,8 @@ import (
 	"github.com/compensa/compensa/sink"
 	"github.com/compensa/compensa/sink/kafkasink"
 	"github.com/compensa/compensa/sink/natssink"
+	"github.com/compensa/compensa/sink/rabbitsink"
+	"github.com/compensa/compensa/sink/redissink"
 	"github.com/compensa/compensa/sink/webhook"
 )
 
@@ -39,7 +41,8 @@ func Open(cfg *sink.Config, getenv func(string) string) ([]sink.Destination, err
 }
 
 // Check refuses what Open would refuse before anything connects: a
-// webhook's secret_env that is not set or does not hold a valid secret. It
+// webhook's secret_env that is not set or does not hold a valid secret, a
+// RabbitMQ or Redis password_env that is not set. It
 // connects nothing, so a relay that does not stream (and opens no sink)
 // checks a sinks file exactly as one that does.
 func Check(cfg *sink.Config, getenv func(string) string) error {
@@ -48,7 +51,7 @@ func Check(cfg *sink.Config, getenv func(string) string) error {
 	}
 	var errs []error
 	for _, s := range cfg.Sinks {
-		if s.Webhook == nil {
+		if s.Webhook == nil && s.RabbitMQ == nil && s.Redis == nil {
 			continue
 		}
 		sk, err := open(s, getenv)
@@ -88,8 +91,37 @@ func open(s sink.Spec, getenv func(string) string) (sink.Sink, error) {
 		return natssink.New(natsConfig(s))
 	case s.Kafka != nil:
 		return kafkasink.New(kafkaConfig(s))
+	case s.RabbitMQ != nil:
+		r := s.RabbitMQ
+		password, err := passwordFrom(r.PasswordEnv, getenv)
+		if err != nil {
+			return nil, err
+		}
+		return rabbitsink.New(rabbitsink.Config{URL: r.URL, Password: password, Exchange: r.Exchange, RoutingKey: r.RoutingKey,
+			Timeout: r.Timeout, MaxMessageBytes: r.MaxMessageBytes, Name: "compensa-relay/" + s.Name})
+	case s.Redis != nil:
+		r := s.Redis
+		password, err := passwordFrom(r.PasswordEnv, getenv)
+		if err != nil {
+			return nil, err
+		}
+		return redissink.New(redissink.Config{URL: r.URL, Password: password, Stream: r.Stream, MaxLen: r.MaxLen,
+			DedupeWindow: r.DedupeWindow, Timeout: r.Timeout, Name: "compensa-relay/" + s.Name})
 	}
-	return nil, errors.New("no destination (webhook, nats or kafka)")
+	return nil, errors.New("no destination (webhook, nats, kafka, rabbitmq or redis)")
+}
+
+// passwordFrom reads the password a broker sink's password_env names; an
+// unset variable is an error naming it, never a guess at its value.
+func passwordFrom(env string, getenv func(string) string) (string, error) {
+	if env == "" {
+		return "", nil
+	}
+	p := getenv(env)
+	if p == "" {
+		return "", fmt.Errorf("environment variable %s (password_env) is not set; export it with the broker user's password", env)
+	}
+	return p, nil
 }
 
 func natsConfig(s sink.Spec) natssink.Config {

@@ -87,6 +87,23 @@ func (s *tracedSink) start(ctx context.Context, ev *sink.Event) (context.Context
 		return s.tr.Start(pctx, "send "+dest, append(attrs, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 			semconv.MessagingSystemKafka, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"),
 			semconv.MessagingDestinationName(dest), semconv.MessagingMessageID(ev.ID)))...)
+	case s.spec.RabbitMQ != nil:
+		dest := s.spec.RabbitMQ.Exchange
+		kv := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+			semconv.MessagingSystemRabbitMQ, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+			semconv.MessagingDestinationName(dest), semconv.MessagingMessageID(ev.ID))}
+		if rk, ok := s.Sink.(interface{ RoutingKey(*sink.Event) string }); ok {
+			kv = append(kv, trace.WithAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(rk.RoutingKey(ev))))
+		}
+		return s.tr.Start(pctx, "publish "+dest, append(attrs, kv...)...)
+	case s.spec.Redis != nil:
+		dest := s.spec.Redis.Stream.String()
+		if st, ok := s.Sink.(interface{ Stream(*sink.Event) string }); ok {
+			dest = st.Stream(ev)
+		}
+		return s.tr.Start(pctx, "send "+dest, append(attrs, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+			semconv.MessagingSystemKey.String("redis"), semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("xadd"),
+			semconv.MessagingDestinationName(dest), semconv.MessagingMessageID(ev.ID)))...)
 	}
 	return s.tr.Start(pctx, "deliver "+s.spec.Name, attrs...)
 }
