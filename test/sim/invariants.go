@@ -177,6 +177,18 @@ func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 				w.violate("%s: step %d (%s) compensated, but it never completed nor may have acted", w.name(id), step, def.steps[step].name)
 			}
 		}
+		for _, e := range w.ledger {
+			if e.inst == id && e.kind == "acted" && !may[e.step] {
+				// Not a violation of what the journal can promise: the
+				// attempt lost its lease (or its relay) before it could
+				// record that it may have acted, and nothing may be
+				// written without the lease. Counted, for the docs.
+				w.stats.UnrecordedActs++
+				if inst.Status == saga.StatusCompensated && def.steps[e.step].compensates && !done[e.step] {
+					w.stats.UncompensatedActs++
+				}
+			}
+		}
 		if inst.Status != saga.StatusCompensated {
 			continue
 		}

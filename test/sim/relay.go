@@ -492,6 +492,11 @@ func (w *world) compensate(r *relay, wk *work) (*pendingTx, next) {
 	if attempt <= 2 && w.fault(fmt.Sprintf("compensation of %s step %s fails", w.name(inst.ID), step.name), 0.2) {
 		return w.compensationFailed(wk, step, attempt, errors.New("participant could not undo yet"))
 	}
+	if w.fault(fmt.Sprintf("compensation of %s step %s fails for good", w.name(inst.ID), step.name), 0.01) {
+		// The instance ends FAILED, for a person: the operator's retry
+		// (operatorTurn, quiesce) compensates again from this step.
+		return w.compensationFailed(wk, step, attempt, saga.Permanent(errors.New("participant cannot undo")))
+	}
 	target := i
 	if w.cfg.Mutant == MutantForwardCompensation {
 		target = w.forwardTarget(wk, i)

@@ -33,6 +33,8 @@ type Config struct {
 	Triggers int
 	// Mutant plants one bug; empty plants none.
 	Mutant Mutant
+	// FaultScale multiplies every fault's probability (0: 1).
+	FaultScale float64
 }
 
 // WithDefaults fills the zero fields.
@@ -45,6 +47,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Relays == 0 {
 		c.Relays = 2 + int(c.Seed%3)
+	}
+	if c.FaultScale == 0 {
+		c.FaultScale = 1
 	}
 	if c.Triggers == 0 {
 		c.Triggers = 16
@@ -79,6 +84,9 @@ type Stats struct {
 	// whose step_failed was never committed (the lease was lost first):
 	// the journal cannot know that the step may have acted.
 	UnrecordedActs int
+	// UncompensatedActs counts those of them in an instance that ended
+	// COMPENSATED without compensating the step.
+	UncompensatedActs int
 }
 
 // Failed reports whether an invariant broke.
@@ -224,7 +232,7 @@ func (w *world) leaseName(id uuid.UUID) string {
 // whatever the phase and the cap, so that lowering MaxFaults keeps the
 // scheduler's other draws where they were as long as possible.
 func (w *world) fault(what string, p float64) bool {
-	hit := w.rng.Float64() < p
+	hit := w.rng.Float64() < p*w.cfg.FaultScale
 	if !hit || !w.faultPhase || (w.cfg.MaxFaults >= 0 && w.faults >= w.cfg.MaxFaults) {
 		return false
 	}
@@ -303,11 +311,23 @@ func (w *world) quiesce() {
 			r.pausedUntil = w.now
 		}
 	}
+	w.operatorSweep()
+}
+
+// operatorSweep is the person who, once the faults stop, resumes what is
+// paused and retries the compensations that gave up: a FAILED instance
+// compensates again from where it stopped.
+func (w *world) operatorSweep() {
 	for _, id := range w.instances {
 		inst, err := w.mem.Get(ctx, id)
-		if err == nil && inst.Status == saga.StatusPaused {
+		switch {
+		case err != nil:
+		case inst.Status == saga.StatusPaused:
 			err := w.j.RequestResume(ctx, id, "quiescence", "sim")
 			w.logf("operator resume %s: %s", w.name(id), errText(err))
+		case inst.Status == saga.StatusFailed:
+			err := w.j.RequestRetry(ctx, id, "quiescence", "sim")
+			w.logf("operator retry %s: %s", w.name(id), errText(err))
 		}
 	}
 }
@@ -317,6 +337,11 @@ func (w *world) quiesce() {
 func (w *world) idle() bool {
 	if w.corr.acked < len(w.triggers) {
 		return false
+	}
+	if w.tick%500 == 0 {
+		// Something may have failed for good after quiescence began (a
+		// FAILED compensation is retried once more by the person).
+		w.operatorSweep()
 	}
 	for _, id := range w.instances {
 		inst, err := w.mem.Get(ctx, id)

@@ -43,5 +43,6 @@ func addStats(a, b Stats) Stats {
 	a.RepliesDuplicate += b.RepliesDuplicate
 	a.RepliesForeign += b.RepliesForeign
 	a.UnrecordedActs += b.UnrecordedActs
+	a.UncompensatedActs += b.UncompensatedActs
 	return a
 }

@@ -24,9 +24,10 @@ func run() int {
 	mutant := flag.String("mutant", "", "plant this bug in the -seed or -seeds run")
 	limit := flag.Int("limit", 300, "with -mutants, the seeds tried per bug")
 	ticks := flag.Int("ticks", 0, "length of the faulty phase (0: the default)")
+	scale := flag.Float64("fault-scale", 0, "multiply every fault's probability (0: 1)")
 	history := flag.Bool("history", false, "with -seed, print the history")
 	flag.Parse()
-	base := sim.Config{Ticks: *ticks, Mutant: sim.Mutant(*mutant)}
+	base := sim.Config{Ticks: *ticks, Mutant: sim.Mutant(*mutant), FaultScale: *scale}
 	began := time.Now()
 	switch {
 	case *mutants:
@@ -49,9 +50,9 @@ func run() int {
 		for _, r := range failed {
 			fmt.Print(sim.Report(r, sim.Shrink(r)))
 		}
-		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused; replies: %d late, %d duplicate, %d foreign refused\n",
+		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated)\n",
 			*seeds, len(failed), time.Since(began).Round(time.Millisecond), t.Instances, t.Completed, t.Compensated, t.Failed,
-			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign)
+			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign, t.UnrecordedActs, t.UncompensatedActs)
 		if len(failed) > 0 {
 			return 1
 		}
@@ -65,6 +66,9 @@ func run() int {
 			}
 		}
 		fmt.Println(r.DigestLine())
+		t := r.Stats
+		fmt.Printf("%d faults, %d ticks; %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused; %d timed-out attempts acted unrecorded (%d never compensated)\n",
+			r.Faults, t.Ticks, t.Instances, t.Completed, t.Compensated, t.Failed, t.Events, t.Effects, t.StaleRefused, t.UnrecordedActs, t.UncompensatedActs)
 		if r.Failed() {
 			fmt.Print(sim.Report(r, sim.Shrink(r)))
 			return 1
