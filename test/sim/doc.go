@@ -40,8 +40,9 @@
 //     ends the saga; release by a heartbeat of a microsecond. Choices made
 //     here, not in the runner: a unit is split in two scheduler turns (run
 //     the step, then commit), so that a crash or a pause can fall between
-//     them; the heartbeat runs at each of the relay's turns instead of on a
-//     timer; rate limits, holds (operator and transient error classes),
+//     them; a relay advances the instances of its claim one after the
+//     other, where the runner gives them to concurrent workers; the
+//     heartbeat runs at each of the relay's turns instead of on a timer; rate limits, holds (operator and transient error classes),
 //     deadlines, wait steps and OnReplyTimeout other than retry are not
 //     modelled.
 //   - transactions. A step's transaction is its participant effects plus its

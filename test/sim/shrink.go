@@ -2,44 +2,79 @@ package sim
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 )
 
-// Shrink looks for a shorter failing run of the same seed: the fewest
-// faults (MaxFaults), then the shortest faulty phase (Ticks), each by
-// bisection. It is deterministic, since Run is. It returns the smallest
-// failing result it found (r itself when nothing smaller fails).
+// Shrink looks for a shorter failing run of the same seed: the shortest
+// faulty phase (Ticks, tried in sixteenths from the shortest up), then the
+// fewest faults (each injected fault, in order, skipped if the run still
+// fails without it). Failure is not monotone (a fault fewer changes what
+// follows), so it scans rather than bisects. It is deterministic, since
+// Run is, and returns the smallest failing run it found (r itself when none
+// is smaller).
 func Shrink(r Result) Result {
 	if !r.Failed() {
 		return r
 	}
 	best := r
-	lo, hi := 0, r.Faults
-	for lo < hi {
-		mid := (lo + hi) / 2
+	ticks := best.Config.Ticks
+	for k := 1; k < 16; k++ {
 		cfg := best.Config
-		cfg.MaxFaults = mid
+		cfg.Ticks = max(1, ticks*k/16)
 		if got := Run(cfg); got.Failed() {
-			best, hi = got, mid
-		} else {
-			lo = mid + 1
+			best = got
+			break
 		}
 	}
-	if best.Config.MaxFaults < 0 {
-		best.Config.MaxFaults = best.Faults
-	}
-	lo, hi = 1, best.Config.Ticks
-	for lo < hi {
-		mid := (lo + hi) / 2
+	for _, n := range best.injected() {
 		cfg := best.Config
-		cfg.Ticks = mid
+		cfg.Skip = append(slices.Clone(cfg.Skip), n)
 		if got := Run(cfg); got.Failed() {
-			best, hi = got, mid
-		} else {
-			lo = mid + 1
+			best = got
 		}
 	}
 	return best
+}
+
+// injected lists the ordinals of the faults the run injected, from its
+// history.
+func (r Result) injected() []int {
+	var out []int
+	for _, l := range r.History {
+		_, rest, ok := strings.Cut(l, " fault ")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ":")
+		if n, err := strconv.Atoi(num); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Flags is the configuration as the sim command's flags, to replay it.
+func (c Config) Flags() string {
+	s := fmt.Sprintf("-seed %d -ticks %d", c.Seed, c.Ticks)
+	if c.MaxFaults != 0 {
+		s += fmt.Sprintf(" -max-faults %d", c.MaxFaults)
+	}
+	if len(c.Skip) > 0 {
+		parts := make([]string, len(c.Skip))
+		for i, n := range c.Skip {
+			parts[i] = strconv.Itoa(n)
+		}
+		s += " -skip " + strings.Join(parts, ",")
+	}
+	if c.Mutant != "" {
+		s += " -mutant " + string(c.Mutant)
+	}
+	if c.FaultScale != 1 && c.FaultScale != 0 {
+		s += fmt.Sprintf(" -fault-scale %g", c.FaultScale)
+	}
+	return s
 }
 
 // Report is the text printed for a failing run: the seed and the shrunk
@@ -51,8 +86,8 @@ func Report(orig, shrunk Result) string {
 	for _, v := range orig.Violations {
 		fmt.Fprintf(&b, "  %s\n", v)
 	}
-	fmt.Fprintf(&b, "shrunk: seed=%d ticks=%d max-faults=%d (from ticks=%d, %d faults): %d violation(s)\n",
-		c.Seed, c.Ticks, c.MaxFaults, orig.Config.Ticks, orig.Faults, len(shrunk.Violations))
+	fmt.Fprintf(&b, "shrunk: %d faults in %d ticks (from %d in %d): %d violation(s); replay with: go run ./test/sim/cmd/sim %s -history\n",
+		shrunk.Faults, c.Ticks, orig.Faults, orig.Config.Ticks, len(shrunk.Violations), c.Flags())
 	for _, v := range shrunk.Violations {
 		fmt.Fprintf(&b, "  %s\n", v)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,10 +24,14 @@ type Config struct {
 	// Ticks is the length of the faulty phase; afterwards no fault is
 	// injected and the run goes on until every instance has ended.
 	Ticks int
-	// MaxFaults caps the faults injected (-1: no cap). The scheduler draws
-	// every fault decision either way, so a lower cap changes only what the
-	// draws do: Shrink lowers it to find a shorter failing history.
+	// MaxFaults caps the faults injected: 0 sets no cap, a negative value
+	// injects none.
 	MaxFaults int
+	// Skip lists faults not to inject, by their ordinal among the faults
+	// the scheduler decided on (1 for the first). The draws happen either
+	// way, so a skipped fault changes only what follows from it: Shrink
+	// removes faults one by one this way.
+	Skip []int
 	// Relays is how many simulated relays share the journal (2 to 4).
 	Relays int
 	// Triggers is how many trigger events the stream carries.
@@ -41,9 +46,6 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.Ticks == 0 {
 		c.Ticks = 1500
-	}
-	if c.MaxFaults == 0 {
-		c.MaxFaults = -1
 	}
 	if c.Relays == 0 {
 		c.Relays = 2 + int(c.Seed%3)
@@ -117,6 +119,7 @@ type world struct {
 	part     *participant
 
 	faults     int
+	candidates int
 	faultPhase bool
 
 	// instances in the order they were started, and their short names.
@@ -229,15 +232,20 @@ func (w *world) leaseName(id uuid.UUID) string {
 }
 
 // fault draws a fault decision with probability p. The draw happens
-// whatever the phase and the cap, so that lowering MaxFaults keeps the
-// scheduler's other draws where they were as long as possible.
+// whatever the phase, the cap and the skips, so that a fault not injected
+// leaves the scheduler's other draws where they were as long as possible.
 func (w *world) fault(what string, p float64) bool {
 	hit := w.rng.Float64() < p*w.cfg.FaultScale
-	if !hit || !w.faultPhase || (w.cfg.MaxFaults >= 0 && w.faults >= w.cfg.MaxFaults) {
+	if !hit || !w.faultPhase {
+		return false
+	}
+	w.candidates++
+	switch {
+	case w.cfg.MaxFaults < 0, w.cfg.MaxFaults > 0 && w.faults >= w.cfg.MaxFaults, slices.Contains(w.cfg.Skip, w.candidates):
 		return false
 	}
 	w.faults++
-	w.logf("fault %s", what)
+	w.logf("fault %d: %s", w.candidates, what)
 	return true
 }
 

@@ -80,7 +80,7 @@ func TestShrinkKeepsTheFailure(t *testing.T) {
 
 // TestCorpus replays testdata/corpus: seeds that once broke an invariant
 // (a bug of the simulation or of the code it runs), each line
-// "seed=N [ticks=T] [max-faults=F] [mutant=M] # why".
+// "seed=N [ticks=T] [max-faults=F] [skip=a,b] [mutant=M] [digest=D] # why".
 func TestCorpus(t *testing.T) {
 	t.Parallel()
 	f, err := os.Open("testdata/corpus")
@@ -107,6 +107,14 @@ func TestCorpus(t *testing.T) {
 				cfg.Ticks = n
 			case "max-faults":
 				cfg.MaxFaults = n
+			case "skip":
+				for _, f := range strings.Split(v, ",") {
+					n, err := strconv.Atoi(f)
+					if err != nil {
+						t.Fatalf("corpus:%d: skip=%q: %v", line, v, err)
+					}
+					cfg.Skip = append(cfg.Skip, n)
+				}
 			case "mutant":
 				cfg.Mutant = sim.Mutant(v)
 			case "digest":

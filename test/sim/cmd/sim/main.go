@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/compensa/compensa/test/sim"
@@ -25,9 +27,22 @@ func run() int {
 	limit := flag.Int("limit", 300, "with -mutants, the seeds tried per bug")
 	ticks := flag.Int("ticks", 0, "length of the faulty phase (0: the default)")
 	scale := flag.Float64("fault-scale", 0, "multiply every fault's probability (0: 1)")
+	maxFaults := flag.Int("max-faults", 0, "inject at most this many faults (0: no cap, negative: none)")
+	skip := flag.String("skip", "", "comma-separated ordinals of faults not to inject (what a shrunk run prints)")
 	history := flag.Bool("history", false, "with -seed, print the history")
 	flag.Parse()
-	base := sim.Config{Ticks: *ticks, Mutant: sim.Mutant(*mutant), FaultScale: *scale}
+	base := sim.Config{Ticks: *ticks, Mutant: sim.Mutant(*mutant), FaultScale: *scale, MaxFaults: *maxFaults}
+	for _, f := range strings.Split(*skip, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "sim: -skip %q: %v\n", *skip, err)
+			return 2
+		}
+		base.Skip = append(base.Skip, n)
+	}
 	began := time.Now()
 	switch {
 	case *mutants:
@@ -47,8 +62,14 @@ func run() int {
 		}
 	case *seeds > 0:
 		failed, t := sim.Sweep(1, *seeds, base)
-		for _, r := range failed {
-			fmt.Print(sim.Report(r, sim.Shrink(r)))
+		// The first failure in full; the others by seed and first
+		// violation, each replayable with -seed.
+		for i, r := range failed {
+			if i == 0 {
+				fmt.Print(sim.Report(r, sim.Shrink(r)))
+				continue
+			}
+			fmt.Printf("FAIL seed=%d: %s (and %d more)\n", r.Config.Seed, r.Violations[0], len(r.Violations)-1)
 		}
 		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated)\n",
 			*seeds, len(failed), time.Since(began).Round(time.Millisecond), t.Instances, t.Completed, t.Compensated, t.Failed,
