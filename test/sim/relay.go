@@ -155,6 +155,14 @@ func (w *world) commit(r *relay, wk *work, tx *pendingTx) (err error, crashed bo
 			w.record(r, tx)
 		}
 	}
+	if err != nil {
+		// A transaction that failed must have written nothing: memjournal
+		// cannot roll back, so a refusal after a first write succeeded
+		// would be a partial commit PostgreSQL never makes.
+		if after, aerr := w.mem.Get(ctx, wk.inst.ID); gerr == nil && aerr == nil && after.Version != before.Version {
+			w.violate("relay %d: %s for %s failed after writing (version %d to %d): a partial transaction", r.id, tx.what, w.name(wk.inst.ID), before.Version, after.Version)
+		}
+	}
 	if err == nil && !held {
 		w.violate("stale lease accepted: relay %d committed %s for %s under lease %s, which it no longer held", r.id, tx.what, w.name(wk.inst.ID), w.leaseName(wk.lease))
 	}

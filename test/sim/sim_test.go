@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/compensa/compensa/test/sim"
+	"github.com/compensa/compensa/test/testkit"
 )
 
 // The simulation runs on one goroutine and shares nothing between runs, so
@@ -16,8 +17,11 @@ import (
 func TestSeedsKeepTheInvariants(t *testing.T) {
 	t.Parallel()
 	n := 200
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		n = 40
+	case testkit.Heavy():
+		n = 5000
 	}
 	failed, total := sim.Sweep(1, n, sim.Config{})
 	for _, r := range failed {
