@@ -97,12 +97,40 @@ func (w *world) relayTurn(r *relay) {
 }
 
 func (w *world) claim(r *relay) {
+	// The projection as it stood before the claim, to check the claim
+	// against saga.Claimable and against the leases other relays hold.
+	before := map[uuid.UUID]saga.Instance{}
+	for _, id := range w.instances {
+		if w.settled[id] {
+			continue
+		}
+		if inst, err := w.mem.Get(ctx, id); err == nil {
+			before[id] = inst
+			// Nothing in the simulation restarts a COMPLETED or
+			// COMPENSATED instance: it need not be read again.
+			w.settled[id] = inst.Status == saga.StatusCompleted || inst.Status == saga.StatusCompensated
+		}
+	}
 	insts, err := w.j.ClaimPending(ctx, claimBatch, leaseDuration)
 	if err != nil {
 		w.violate("relay %d: claim failed: %v", r.id, err)
 		return
 	}
 	for _, inst := range insts {
+		prev, ok := before[inst.ID]
+		if !ok {
+			w.violate("relay %d claimed %s, which had ended", r.id, w.name(inst.ID))
+		}
+		if !saga.Claimable(&prev, w.now) {
+			w.violate("relay %d claimed %s, which was not claimable (%s, due %s, lease until %v)", r.id, w.name(inst.ID), prev.Status, prev.NextAttemptAt.Sub(w.start), prev.LeaseExpiresAt)
+		}
+		for _, other := range w.relays {
+			for _, wk := range other.works {
+				if wk.inst.ID == inst.ID && saga.HoldsLease(prev, wk.lease, w.now) {
+					w.violate("relay %d claimed %s while relay %d still held its lease %s", r.id, w.name(inst.ID), other.id, w.leaseName(wk.lease))
+				}
+			}
+		}
 		d := w.def(inst.SagaName)
 		w.logf("relay %d claimed %s (%s step %d) lease %s", r.id, w.name(inst.ID), inst.Status, inst.CurrentStep, w.leaseName(inst.LeaseID.UUID))
 		r.works = append(r.works, &work{inst: inst, lease: inst.LeaseID.UUID, def: d})

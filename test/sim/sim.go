@@ -125,7 +125,9 @@ type world struct {
 	// instances in the order they were started, and their short names.
 	instances []uuid.UUID
 	names     map[uuid.UUID]string
-	leases    map[uuid.UUID]int
+	// settled holds the instances seen COMPLETED or COMPENSATED.
+	settled map[uuid.UUID]bool
+	leases  map[uuid.UUID]int
 	// started counts the successful starts per (trigger, saga).
 	started map[startKey]int
 	ledger  []effect
@@ -181,6 +183,7 @@ func newWorld(cfg Config) *world {
 		now:             epoch,
 		start:           epoch,
 		names:           map[uuid.UUID]string{},
+		settled:         map[uuid.UUID]bool{},
 		leases:          map[uuid.UUID]int{},
 		started:         map[startKey]int{},
 		acceptedReplies: map[uuid.UUID]int{},
@@ -268,10 +271,27 @@ func (w *world) run() {
 			}
 		}
 		w.now = w.now.Add(time.Duration(20+w.rng.IntN(280)) * time.Millisecond)
+		w.toLeaseBoundary()
 		w.step()
 	}
 	w.stats.Ticks = w.tick
 	w.recordJournal()
+}
+
+// toLeaseBoundary sometimes moves the clock to exactly the expiry of a
+// lease some relay holds, where the lease is still held and no claim may
+// take it: the boundary a rounding error in the fence would cross.
+func (w *world) toLeaseBoundary() {
+	r := w.relays[w.rng.IntN(len(w.relays))]
+	if !w.fault(fmt.Sprintf("clock on relay %d's lease expiry", r.id), 0.02) || len(r.works) == 0 {
+		return
+	}
+	inst, err := w.mem.Get(ctx, r.works[0].inst.ID)
+	if err != nil || inst.LeaseExpiresAt == nil || !inst.LeaseExpiresAt.After(w.now) {
+		return
+	}
+	w.now = *inst.LeaseExpiresAt
+	w.logf("clock set to %s's lease expiry", w.name(inst.ID))
 }
 
 // step is one scheduler decision: a fault, then one actor's turn.
