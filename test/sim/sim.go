@@ -80,8 +80,15 @@ type Result struct {
 // Stats are a run's figures.
 type Stats struct {
 	Ticks, Instances, Completed, Compensated, Failed int
-	Events, Effects, StaleRefused, DuplicateStarts   int
-	RepliesLate, RepliesDuplicate, RepliesForeign    int
+	// StaleRefused counts fenced writes the journal refused for a lost
+	// lease; DuplicateStarts the starts it refused as a trigger's second.
+	Events, Effects, StaleRefused, DuplicateStarts int
+	// RepliesLate counts the replies DeliverReply found no wait for: late
+	// ones and repeated ones alike, since the first reply ends the wait.
+	// RepliesDuplicate counts its ErrConflict (two waits on one
+	// correlation id), which the simulation never makes; RepliesForeign
+	// the replies parked for coming from another tenant.
+	RepliesLate, RepliesDuplicate, RepliesForeign int
 	// UnrecordedActs counts timed-out attempts that may have acted but
 	// whose step_failed was never committed (the lease was lost first):
 	// the journal cannot know that the step may have acted.
