@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -164,6 +165,11 @@ func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 				may[e.Step] = true
 			}
 		}
+		for _, e := range hist[id] {
+			if e.Kind == saga.EventCompensationStarted && strings.Contains(e.Reason, "permission denied") {
+				w.violate("%s: a missing grant, which an operator must fix, started compensation: %s", w.name(id), e.Reason)
+			}
+		}
 		done := map[int]bool{}
 		for k, step := range comps[id] {
 			if k > 0 && step >= comps[id][k-1] {
@@ -184,9 +190,11 @@ func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 				// record that it may have acted, and nothing may be
 				// written without the lease. Counted, for the docs.
 				w.stats.UnrecordedActs++
-				if inst.Status == saga.StatusCompensated && def.steps[e.step].compensates && !done[e.step] {
+				uncompensated := inst.Status == saga.StatusCompensated && def.steps[e.step].compensates && !done[e.step]
+				if uncompensated {
 					w.stats.UncompensatedActs++
 				}
+				w.logf("note: %s step %d attempt %d may have acted, but its step_failed never committed (ended %s, compensated: %v)", w.name(id), e.step, e.attempt, inst.Status, !uncompensated)
 			}
 		}
 		if inst.Status != saga.StatusCompensated {

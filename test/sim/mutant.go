@@ -37,12 +37,17 @@ const (
 	// MutantCompensateNeverRan: the relay takes every step as one that
 	// acted, and compensates a step whose attempts all rolled back.
 	MutantCompensateNeverRan Mutant = "compensate-never-ran"
+	// MutantNoErrorClasses: the relay does not classify errors, so a
+	// missing grant counts as the step's failure and, once the attempts
+	// are spent, compensates the saga.
+	MutantNoErrorClasses Mutant = "no-error-classes"
 )
 
 // Mutants lists every planted bug.
 var Mutants = []Mutant{
 	MutantAckBeforeCommit, MutantNoLeaseFencing, MutantForwardCompensation,
 	MutantLostJournalWrite, MutantReplyTwice, MutantCompensateNeverRan,
+	MutantNoErrorClasses,
 }
 
 // simJournal is what the relays need of a journal: the Journal and the one

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/compensa/compensa/saga"
 )
@@ -269,6 +270,12 @@ func (w *world) runDo(r *relay, wk *work, step stepDef) (*pendingTx, next) {
 	case x < 8:
 		return w.fail(wk, step, attempt, saga.Permanent(errors.New("participant refused for good")), "")
 	}
+	if until, ok := w.revoked[wk.def.name+"."+step.name]; ok && w.now.Before(until) {
+		// What a missing grant looks like to the runner: PostgreSQL's
+		// error, which saga.Classify holds for an operator.
+		err := &pgconn.PgError{Severity: "ERROR", Code: "42501", Message: "permission denied for table " + step.name}
+		return w.fail(wk, step, attempt, err, "")
+	}
 	if w.fault(fmt.Sprintf("step %s of %s times out", step.name, w.name(inst.ID)), 0.03) {
 		if w.rng.IntN(2) == 0 {
 			// It acted before it was stopped: outside the transaction, so
@@ -332,6 +339,22 @@ func (w *world) afterFailedCommit(wk *work, step stepDef, attempt int, err error
 func (w *world) fail(wk *work, step stepDef, attempt int, err error, reason string) (*pendingTx, next) {
 	inst := &wk.inst
 	ev := saga.Event{Kind: saga.EventStepFailed, Step: inst.CurrentStep, StepName: step.name, Error: err.Error(), Reason: reason}
+	timedOut := reason == saga.FailureTimeout || reason == saga.FailureReplyTimeout
+	if class := saga.Classify(err); (class == saga.ClassOperator || class == saga.ClassTransient) && !timedOut && w.cfg.Mutant != MutantNoErrorClasses {
+		// The runner's hold: no attempt counted, retried after a delay
+		// that grows with the hold (heldDelay, without its jitter), never
+		// compensated.
+		ev.Class = class
+		held := time.Duration(0)
+		if inst.HeldSince != nil {
+			held = w.now.Sub(*inst.HeldSince)
+		}
+		ev.RetryIn = saga.RoundDelay(min(max(held, stepRetry.Base), stepRetry.Max))
+		return w.journalOnly(wk, "step_failed (held) "+step.name, func() error {
+			_, err := w.j.Append(ctx, inst.ID, wk.lease, ev)
+			return err
+		}, func() next { return nextYield }), nextContinue
+	}
 	if !saga.IsPermanent(err) && attempt < stepRetry.MaxAttempts {
 		ev.RetryIn = saga.RoundDelay(stepRetry.Delay(attempt))
 		return w.journalOnly(wk, "step_failed "+step.name, func() error {

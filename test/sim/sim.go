@@ -89,6 +89,9 @@ type Stats struct {
 	// correlation id), which the simulation never makes; RepliesForeign
 	// the replies parked for coming from another tenant.
 	RepliesLate, RepliesDuplicate, RepliesForeign int
+	// Held counts the failed attempts held for an operator (a missing
+	// grant): never counted as attempts, never compensated.
+	Held int
 	// UnrecordedActs counts timed-out attempts that may have acted but
 	// whose step_failed was never committed (the lease was lost first):
 	// the journal cannot know that the step may have acted.
@@ -142,7 +145,9 @@ type world struct {
 	// correlation id.
 	acceptedReplies map[uuid.UUID]int
 	commands        map[uuid.UUID]command
-	cmdSeq          int
+	// revoked holds, per "saga.step", until when its grant is missing.
+	revoked map[string]time.Time
+	cmdSeq  int
 
 	stats      Stats
 	violations []string
@@ -195,6 +200,7 @@ func newWorld(cfg Config) *world {
 		started:         map[startKey]int{},
 		acceptedReplies: map[uuid.UUID]int{},
 		commands:        map[uuid.UUID]command{},
+		revoked:         map[string]time.Time{},
 	}
 	w.mem = memjournal.New(func() time.Time { return w.now })
 	w.j = wrapJournal(w.mem, cfg.Mutant)
@@ -318,6 +324,11 @@ func (w *world) step() {
 	if r := w.relays[w.rng.IntN(len(w.relays))]; r.down == 0 && w.fault(fmt.Sprintf("relay %d crashed between commits", r.id), 0.002) {
 		w.crash(r)
 	}
+	if d := w.sagas[w.rng.IntN(len(w.sagas))]; w.fault(fmt.Sprintf("grant revoked from saga %s", d.name), 0.002) {
+		step := d.steps[w.rng.IntN(len(d.steps))]
+		w.revoked[d.name+"."+step.name] = w.now.Add(time.Duration(3000+w.rng.IntN(5000)) * time.Millisecond)
+		w.logf("grant revoked: step %s.%s until %s", d.name, step.name, w.revoked[d.name+"."+step.name].Sub(w.start))
+	}
 	if w.faultPhase && w.rng.IntN(60) == 0 {
 		w.operatorTurn()
 	}
@@ -337,6 +348,7 @@ func (w *world) step() {
 // resumed, every paused relay awake.
 func (w *world) quiesce() {
 	w.logf("quiescence: no more faults")
+	clear(w.revoked)
 	for _, r := range w.relays {
 		if r.down > 0 {
 			r.down = 0
@@ -398,6 +410,9 @@ func (w *world) recordJournal() {
 	}
 	w.stats.Events = len(evs)
 	for _, e := range evs {
+		if e.Kind == saga.EventStepFailed && e.Class != "" {
+			w.stats.Held++
+		}
 		var b strings.Builder
 		fmt.Fprintf(&b, "event %d %s v%d %s step=%d", e.GlobalSeq, w.name(e.InstanceID), e.Version, e.Kind, e.Step)
 		if e.Reason != "" {
@@ -408,6 +423,9 @@ func (w *world) recordJournal() {
 		}
 		if e.RetryIn != 0 {
 			fmt.Fprintf(&b, " retry_in=%s", e.RetryIn)
+		}
+		if e.Class != "" {
+			fmt.Fprintf(&b, " class=%s", e.Class)
 		}
 		if e.CorrelationID != uuid.Nil {
 			fmt.Fprintf(&b, " corr=%s", w.cmdName(e.CorrelationID))

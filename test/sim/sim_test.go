@@ -31,7 +31,7 @@ func TestSeedsKeepTheInvariants(t *testing.T) {
 		n, total.Instances, total.Completed, total.Compensated, total.Failed, total.Events, total.StaleRefused, total.DuplicateStarts)
 	// A sweep that injects nothing proves nothing: the faults must have
 	// reached the fences.
-	if total.StaleRefused == 0 || total.DuplicateStarts == 0 || total.Compensated == 0 || total.RepliesLate == 0 || total.RepliesForeign == 0 {
+	if total.StaleRefused == 0 || total.DuplicateStarts == 0 || total.Compensated == 0 || total.RepliesLate == 0 || total.RepliesForeign == 0 || total.Held == 0 {
 		t.Errorf("the sweep did not exercise the fences: %+v", total)
 	}
 }
@@ -84,7 +84,7 @@ func TestShrinkKeepsTheFailure(t *testing.T) {
 
 // TestCorpus replays testdata/corpus: seeds that once broke an invariant
 // (a bug of the simulation or of the code it runs), each line
-// "seed=N [ticks=T] [max-faults=F] [skip=a,b] [mutant=M] [digest=D] # why".
+// "seed=N [ticks=T] [max-faults=F] [skip=a,b] [mutant=M] [digest=D] [uncompensated=N] # why".
 func TestCorpus(t *testing.T) {
 	t.Parallel()
 	f, err := os.Open("testdata/corpus")
@@ -100,7 +100,7 @@ func TestCorpus(t *testing.T) {
 			continue
 		}
 		var cfg sim.Config
-		want := ""
+		want, uncompensated := "", -1
 		for _, kv := range fields {
 			k, v, _ := strings.Cut(kv, "=")
 			n, _ := strconv.Atoi(v)
@@ -123,6 +123,8 @@ func TestCorpus(t *testing.T) {
 				cfg.Mutant = sim.Mutant(v)
 			case "digest":
 				want = v
+			case "uncompensated":
+				uncompensated = n
 			default:
 				t.Fatalf("corpus:%d: unknown field %q", line, k)
 			}
@@ -135,6 +137,9 @@ func TestCorpus(t *testing.T) {
 		}
 		if cfg.Mutant == "" && r.Failed() {
 			t.Errorf("corpus:%d:\n%s", line, sim.Report(r, sim.Shrink(r)))
+		}
+		if uncompensated >= 0 && r.Stats.UncompensatedActs != uncompensated {
+			t.Errorf("corpus:%d: seed %d left %d acts uncompensated, want %d", line, cfg.Seed, r.Stats.UncompensatedActs, uncompensated)
 		}
 		if want != "" && r.Digest != want {
 			t.Errorf("corpus:%d: seed %d digest %s, want %s (the history changed: update the corpus if on purpose)", line, cfg.Seed, r.Digest, want)

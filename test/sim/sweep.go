@@ -42,6 +42,7 @@ func addStats(a, b Stats) Stats {
 	a.RepliesLate += b.RepliesLate
 	a.RepliesDuplicate += b.RepliesDuplicate
 	a.RepliesForeign += b.RepliesForeign
+	a.Held += b.Held
 	a.UnrecordedActs += b.UnrecordedActs
 	a.UncompensatedActs += b.UncompensatedActs
 	return a

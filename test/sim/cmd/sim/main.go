@@ -71,9 +71,9 @@ func run() int {
 			}
 			fmt.Printf("FAIL seed=%d: %s (and %d more)\n", r.Config.Seed, r.Violations[0], len(r.Violations)-1)
 		}
-		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated)\n",
+		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused, %d attempts held; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated)\n",
 			*seeds, len(failed), time.Since(began).Round(time.Millisecond), t.Instances, t.Completed, t.Compensated, t.Failed,
-			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign, t.UnrecordedActs, t.UncompensatedActs)
+			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.Held, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign, t.UnrecordedActs, t.UncompensatedActs)
 		if len(failed) > 0 {
 			return 1
 		}
