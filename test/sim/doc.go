@@ -21,7 +21,8 @@
 //     idempotent start (one instance per trigger per saga) and every event's
 //     effect (saga.Advance) are the code the relay runs.
 //   - the decisions around a step that live in package saga and are
-//     exported: saga.Advance for the relay's local projection, saga.ParseReply,
+//     exported: saga.Advance for the relay's local projection,
+//     saga.Classify for a failed attempt's error, saga.ParseReply,
 //     saga.RetryPolicy.Delay (with jitter off), saga.RoundDelay,
 //     saga.IsPermanent and the reasons that mark a step that may have acted.
 //
@@ -42,9 +43,11 @@
 //     the step, then commit), so that a crash or a pause can fall between
 //     them; a relay advances the instances of its claim one after the
 //     other, where the runner gives them to concurrent workers; the
-//     heartbeat runs at each of the relay's turns instead of on a timer; rate limits, holds (operator and transient error classes),
-//     deadlines, wait steps and OnReplyTimeout other than retry are not
-//     modelled.
+//     heartbeat runs at each of the relay's turns instead of on a timer; a held failure (an error saga.Classify gives to an operator,
+//     here PostgreSQL's 42501 for a revoked grant) retries after
+//     min(max(held, Base), Max) without the runner's jitter; rate limits,
+//     deadlines, wait steps, compensation holds and OnReplyTimeout other
+//     than retry are not modelled.
 //   - transactions. A step's transaction is its participant effects plus its
 //     journal writes: the journal writes run first, back to back with no
 //     scheduling point between them (the clock does not move), and the
