@@ -212,3 +212,17 @@ test-sinks: postgres brokers ## the sink fault suite in full
 test-lag-idle: postgres chromium ## watch an idle relay's lag for a full minute
 	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestLagIsTheAgeOfTheOldestUnhandledChange$$' ./cdc
 	RELAY_TEST_HEAVY=1 $(GO) test -count=1 -v -run '^TestBrowserListTimelineAndIdleLag$$' ./internal/httpapi
+
+# The deterministic simulation of the saga core (test/sim): no database, a
+# second or two. `make sim SEED=7` runs one seed and prints its digest (the
+# same seed always gives the same one); `make sim SEEDS=500` runs seeds
+# 1..500 and exits 1 on any broken invariant, printing the seed, a shrunk
+# failing configuration and its history; `make sim-mutants` plants each
+# known bug in turn and exits 0 only if every one is caught.
+.PHONY: sim sim-mutants
+SEED ?= 1
+sim: ## the saga core's simulation: SEED=N (one seed, its digest) or SEEDS=N (a sweep)
+	@$(GO) run ./test/sim/cmd/sim $(if $(SEEDS),-seeds $(SEEDS),-seed $(SEED))
+
+sim-mutants: ## plant each known bug in the simulation; exit 0 only if all are caught
+	@$(GO) run ./test/sim/cmd/sim -mutants
