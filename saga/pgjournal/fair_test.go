@@ -110,9 +110,10 @@ func TestClaimsAreSharedBetweenTenantsInTurn(t *testing.T) {
 			served[tenant] += n
 		}
 		// Per tenant: a descent to find it, one to see it is due, one to
-		// claim: a few entries each, never the 20 instances it holds.
+		// claim, each reading a few entries (about 10 a tenant today):
+		// never the 20 instances it holds, let alone the backlog.
 		most = max(most, read)
-		if read > 64*10 {
+		if read > 64*20 {
 			t.Fatalf("claim %d read %d index entries for 64 instances", claim, read)
 		}
 	}
