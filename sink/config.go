@@ -617,6 +617,7 @@ func (p *parser) filter(n *yaml.Node) *Expr {
 	}
 	return x
 }
+
 // destinations lists the destination keys, for messages.
 const destinations = "webhook:, nats:, kafka:, rabbitmq:, redis:"
 
