@@ -21,20 +21,18 @@ import (
 	"github.com/compensa/compensa/test/rabbittest"
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-// run returns the code, so that the shared node is stopped before exit
-// and goleak checks after it.
-func run(m *testing.M) int {
+// TestMain stops the shared node before goleak checks, so that its
+// goroutines are not taken for leaks.
+func TestMain(m *testing.M) {
 	code := m.Run()
 	rabbittest.StopShared()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			return 1
+			code = 1
 		}
 	}
-	return code
+	os.Exit(code)
 }
 
 // topology declares what an operator would: a durable topic exchange and a

@@ -20,20 +20,18 @@ import (
 	"github.com/compensa/compensa/test/redistest"
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-// run returns the code, so that the shared server is stopped before exit
-// and goleak checks after it.
-func run(m *testing.M) int {
+// TestMain stops the shared server before goleak checks, so that its
+// goroutines are not taken for leaks.
+func TestMain(m *testing.M) {
 	code := m.Run()
 	redistest.StopShared()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			return 1
+			code = 1
 		}
 	}
-	return code
+	os.Exit(code)
 }
 
 func client(t *testing.T, srv *redistest.Server) *redis.Client {
