@@ -36,6 +36,12 @@ var (
 	envOnce sync.Once
 	celEnv  *cel.Env
 	envErr  error
+	// compileMu serializes compilations on the shared environment: the
+	// checker fills a lazy catalog of the environment when it reports an
+	// undeclared name, which races with another compilation's read
+	// (cel-go 0.33). Compiling happens when a sinks file loads, never per
+	// event.
+	compileMu sync.Mutex
 )
 
 func exprEnv() (*cel.Env, error) {
@@ -93,7 +99,9 @@ func compileExpr(text string) (*Expr, []exprIssue) {
 	if strings.TrimSpace(text) == "" {
 		return nil, []exprIssue{{1, 0, "empty expression ${ }", "write an expression inside ${ … } or remove it"}}
 	}
+	compileMu.Lock()
 	checked, iss := env.Compile(text)
+	compileMu.Unlock()
 	if iss != nil && iss.Err() != nil {
 		var out []exprIssue
 		for _, e := range iss.Errors() {
@@ -111,7 +119,9 @@ func compileExpr(text string) (*Expr, []exprIssue) {
 		}
 		return nil, out
 	}
+	compileMu.Lock()
 	prg, err := env.Program(checked, cel.CostLimit(expr.CostLimit), cel.EvalOptions(cel.OptOptimize))
+	compileMu.Unlock()
 	if err != nil {
 		return nil, []exprIssue{{1, 0, fmt.Sprintf("expression ${ %s }: %v", strings.TrimSpace(text), err), "simplify it"}}
 	}
