@@ -115,6 +115,8 @@ type readiness struct {
 	state   string
 	reasons []string
 	body    string
+	// asked and answered bound when the probe saw this (dbdown_test).
+	asked, answered time.Time
 }
 
 func probe(t *testing.T, addr string) readiness {
