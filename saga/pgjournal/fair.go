@@ -59,23 +59,30 @@ func (j *Journal) tenantShares(ctx context.Context, batch int) (*shares, error) 
 	if err != nil {
 		return nil, err
 	}
-	if len(tenants) < 2 && f.next != uuid.Nil {
-		// The look started in the middle: the tenants before it count too.
-		more, _, err := j.dueTenants(ctx, uuid.Nil, batch-len(tenants))
+	// The next look starts after the last tenant served, or from the
+	// first when this one reached the last.
+	next := uuid.Nil
+	if !wrapped {
+		next = after(tenants[len(tenants)-1])
+	}
+	if wrapped && len(tenants) < batch && f.next != uuid.Nil {
+		// The look started in the middle and reached the last tenant: the
+		// tenants before where it started take the rest of the batch.
+		more, moreWrapped, err := j.dueTenants(ctx, uuid.Nil, batch-len(tenants))
 		if err != nil {
 			return nil, err
 		}
-		tenants, wrapped = append(tenants, more...), true
+		tenants = append(tenants, more...)
+		if len(more) > 0 && !moreWrapped {
+			next = after(more[len(more)-1])
+		}
 	}
 	tenants = dedupe(tenants)
 	if len(tenants) < 2 {
 		f.next, f.soloUntil = uuid.Nil, now.Add(fairRecheck)
 		return nil, nil
 	}
-	f.next = uuid.Nil
-	if !wrapped {
-		f.next = after(tenants[len(tenants)-1])
-	}
+	f.next = next
 	return j.split(tenants, batch), nil
 }
 

@@ -83,8 +83,8 @@ SELECT ` + instanceCols + ` FROM claimed i ORDER BY i.next_attempt_at, i.id`
 // sqlDueTenants lists up to $4 tenants that have due work, in tenant id
 // order from $2 on: a skip scan of saga_tenant_due_idx (one index descent
 // per tenant with unfinished instances, at most $3 of them, then one to
-// see whether its oldest is due), so that its cost depends on the tenants
-// it passes, not on how many instances they have.
+// find a due instance no runner holds), so that its cost depends on the
+// tenants it passes, not on how many instances they have.
 const sqlDueTenants = `
 WITH RECURSIVE clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 t(tenant_id, n) AS (
@@ -100,7 +100,8 @@ t(tenant_id, n) AS (
 SELECT t.tenant_id, (SELECT max(n) FROM t) FROM t, clock c
 WHERE t.tenant_id IS NOT NULL AND EXISTS (
 	SELECT 1 FROM saga_instances d
-	WHERE d.tenant_id = t.tenant_id AND d.status IN ('RUNNING', 'COMPENSATING') AND d.next_attempt_at <= c.now)
+	WHERE d.tenant_id = t.tenant_id AND d.status IN ('RUNNING', 'COMPENSATING') AND d.next_attempt_at <= c.now
+	  AND (d.lease_id IS NULL OR d.lease_expires_at IS NULL OR d.lease_expires_at < c.now))
 ORDER BY t.n
 LIMIT $4`
 
