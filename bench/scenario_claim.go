@@ -50,18 +50,9 @@ func (r *run) claimScenario(ctx context.Context) error {
 			return err
 		}
 		e.checkpoint(ctx)
-		const rounds = 25
-		claims := make([]float64, 0, rounds)
-		for range rounds {
-			began := time.Now()
-			insts, err := journal.ClaimPending(ctx, 8, time.Minute)
-			if err != nil {
-				return fmt.Errorf("claim: %w", err)
-			}
-			if len(insts) != 8 {
-				return fmt.Errorf("claim: %d instances claimed from a backlog of %d, want 8", len(insts), size)
-			}
-			claims = append(claims, ms(time.Since(began)))
+		claims, err := measureClaims(ctx, journal, fmt.Sprintf("a backlog of %d", size))
+		if err != nil {
+			return err
 		}
 		starts := make([]float64, 0, 5)
 		for range 5 {
@@ -107,24 +98,34 @@ func (r *run) claimTenants(ctx context.Context, journal *pgjournal.Journal) erro
 			return err
 		}
 		e.checkpoint(ctx)
-		const rounds = 25
-		claims := make([]float64, 0, rounds)
-		for range rounds {
-			began := time.Now()
-			insts, err := journal.ClaimPending(ctx, 8, time.Minute)
-			if err != nil {
-				return fmt.Errorf("claim: %w", err)
-			}
-			if len(insts) != 8 {
-				return fmt.Errorf("claim: %d instances claimed from a backlog of %d over %d tenants, want 8", len(insts), size, claimTenantCount)
-			}
-			claims = append(claims, ms(time.Since(began)))
+		claims, err := measureClaims(ctx, journal, fmt.Sprintf("a backlog of %d over %d tenants", size, claimTenantCount))
+		if err != nil {
+			return err
 		}
 		c := ClaimCase{Due: size, Tenants: claimTenantCount, ClaimMs: median(claims)}
 		r.progress("claim: %d due over %d tenants: claim of 8 %.2f ms (median)", size, claimTenantCount, c.ClaimMs)
 		r.report.ClaimTenants = append(r.report.ClaimTenants, c)
 	}
 	return nil
+}
+
+// measureClaims times 25 claims of 8 instances from a backlog (what names
+// it in an error), in milliseconds.
+func measureClaims(ctx context.Context, journal *pgjournal.Journal, what string) ([]float64, error) {
+	const rounds = 25
+	claims := make([]float64, 0, rounds)
+	for range rounds {
+		began := time.Now()
+		insts, err := journal.ClaimPending(ctx, 8, time.Minute)
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		if len(insts) != 8 {
+			return nil, fmt.Errorf("claim: %d instances claimed from %s, want 8", len(insts), what)
+		}
+		claims = append(claims, ms(time.Since(began)))
+	}
+	return claims, nil
 }
 
 // claimTenantCount is how many tenants the shared claim's backlog spans.

@@ -103,7 +103,7 @@ func (s *Server) scoped(r *http.Request, c caller) (*admin.Admin, error) {
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation bool) (caller, bool) {
 	if !s.authRequired() {
 		if mutation {
-			writeError(w, http.StatusForbidden, "retry and cancel are disabled: this relay has no API token; start it with --api-token (RELAY_API_TOKEN) or --api-tokens FILE")
+			writeError(w, http.StatusForbidden, "operator actions (retry, cancel, pause, resume, upgrade) are disabled: this relay has no API token; start it with --api-token (RELAY_API_TOKEN) or --api-tokens FILE")
 			return caller{}, false
 		}
 		return caller{anonymous: true, Token: apitoken.Token{Name: "anonymous", Role: apitoken.RoleRead}}, true
@@ -134,7 +134,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, mutation b
 		return caller{}, false
 	}
 	if mutation && !c.Role.CanMutate() {
-		writeError(w, http.StatusForbidden, "token "+c.Name+" has role read: it cannot retry or cancel")
+		writeError(w, http.StatusForbidden, "token "+c.Name+" has role read: it cannot act on sagas (retry, cancel, pause, resume, upgrade)")
 		return caller{}, false
 	}
 	return c, true

@@ -61,13 +61,8 @@ func lookup() (script, epmd string, err error) {
 // and CI is not set; it fails t when it is missing and CI is set.
 func Require(t testing.TB) {
 	t.Helper()
-	testkit.SkipShort(t, "needs a real RabbitMQ server, installed with apt")
-	if _, _, err := lookup(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%v; CI is set, so this is a failure: make test installs it (make brokers)", err)
-		}
-		t.Skipf("%v; make test installs it", err)
-	}
+	_, _, err := lookup()
+	testkit.RequireTool(t, "needs a real RabbitMQ server, installed with apt", err)
 }
 
 // Server is a RabbitMQ node.
@@ -94,39 +89,18 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-var shared struct {
-	once sync.Once
-	srv  *Server
-	err  error
-	dir  string
-}
+var shared testkit.Shared[*Server]
 
 // Shared returns one node for the whole test binary, started on first use;
 // StopShared (from TestMain, after m.Run) stops it.
 func Shared(t testing.TB) *Server {
 	t.Helper()
 	Require(t)
-	shared.once.Do(func() {
-		shared.dir, shared.err = os.MkdirTemp("", "rabbittest")
-		if shared.err == nil {
-			shared.srv, shared.err = StartProcess(shared.dir)
-		}
-	})
-	if shared.err != nil {
-		t.Fatal(shared.err)
-	}
-	return shared.srv
+	return shared.Get(t, "rabbittest", StartProcess)
 }
 
 // StopShared stops the node Shared started, if any, and removes its files.
-func StopShared() {
-	if shared.srv != nil {
-		shared.srv.Stop()
-	}
-	if shared.dir != "" {
-		os.RemoveAll(shared.dir)
-	}
-}
+func StopShared() { shared.Stop() }
 
 // StartProcess starts a node with its files under dir.
 func StartProcess(dir string) (*Server, error) {
@@ -136,7 +110,7 @@ func StartProcess(dir string) (*Server, error) {
 	}
 	s := &Server{Password: fmt.Sprintf("rabbittest-%d", time.Now().UnixNano()), script: script, epmdBin: epmd, dir: dir}
 	for _, p := range []*int{&s.port, &s.dist, &s.epmdPrt} {
-		if *p, err = freePort(); err != nil {
+		if *p, err = testkit.FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -340,13 +314,4 @@ func (s *Server) Stop() {
 		s.cmd = nil
 	}
 	s.stopEPMD()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

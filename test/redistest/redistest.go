@@ -45,13 +45,11 @@ var ErrMissing = errors.New("redis-server is not installed (apt-get install redi
 // missing and CI is not set; it fails t when it is missing and CI is set.
 func Require(t testing.TB) {
 	t.Helper()
-	testkit.SkipShort(t, "needs a real Redis server, installed with apt")
+	var missing error
 	if _, err := exec.LookPath(Binary); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%v; CI is set, so this is a failure: make test installs it (make brokers)", ErrMissing)
-		}
-		t.Skipf("%v; make test installs it", ErrMissing)
+		missing = ErrMissing
 	}
+	testkit.RequireTool(t, "needs a real Redis server, installed with apt", missing)
 }
 
 // Start starts a server for t, stopped when t ends.
@@ -66,39 +64,18 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-var shared struct {
-	once sync.Once
-	srv  *Server
-	err  error
-	dir  string
-}
+var shared testkit.Shared[*Server]
 
-// Shared returns one server for the whole test binary, started on first
-// use; StopShared (from TestMain, after m.Run) stops it.
+// Shared returns one server for the whole test binary, started on first use;
+// StopShared (from TestMain, after m.Run) stops it.
 func Shared(t testing.TB) *Server {
 	t.Helper()
 	Require(t)
-	shared.once.Do(func() {
-		shared.dir, shared.err = os.MkdirTemp("", "redistest")
-		if shared.err == nil {
-			shared.srv, shared.err = StartProcess(shared.dir)
-		}
-	})
-	if shared.err != nil {
-		t.Fatal(shared.err)
-	}
-	return shared.srv
+	return shared.Get(t, "redistest", StartProcess)
 }
 
-// StopShared stops the server Shared started, if any, and removes its data.
-func StopShared() {
-	if shared.srv != nil {
-		shared.srv.Stop()
-	}
-	if shared.dir != "" {
-		os.RemoveAll(shared.dir)
-	}
-}
+// StopShared stops the server Shared started, if any, and removes its files.
+func StopShared() { shared.Stop() }
 
 // StartProcess starts a server with its data under dir.
 func StartProcess(dir string) (*Server, error) {
@@ -106,7 +83,7 @@ func StartProcess(dir string) (*Server, error) {
 	if err != nil {
 		return nil, ErrMissing
 	}
-	port, err := freePort()
+	port, err := testkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -209,13 +186,4 @@ func (s *Server) Stop() {
 		<-s.done
 	}
 	s.cmd = nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
