@@ -123,7 +123,7 @@ type Config struct {
 	// carry at least 128 random bits (httpapi.CheckTokenStrength).
 	APIToken string
 	// APITokensFile is a token file (YAML: tokens with name, token_env or
-	// sha256, tenant or "*", role operate or read; see docs/operations.md, "API
+	// sha256, tenant or "*", role operate or read; see docs/monitor.md, "API
 	// tokens"), loaded and validated by New with every problem reported as
 	// file:line:col. Its tokens work beside APIToken; a tenant-scoped one
 	// sees and acts on its tenant only.

@@ -108,7 +108,7 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
 	f.DurationVar(&cfg.HoldAfter, "hold-after", relay.DefaultHoldAfter, "an instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is reported held; such errors are retried and never compensate (env RELAY_HOLD_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
-	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see docs/operations.md, API tokens")
+	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see docs/monitor.md, API tokens")
 	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token (otherwise relay run exits 2); the page shows a banner (env RELAY_HTTP_INSECURE)")
 	f.StringVar(&cfg.ProbeAddr, "probe-addr", "", "a listener of its own for /healthz and /readyz, e.g. :8081, so that a flood of connections to the monitor cannot fail the probes (env RELAY_PROBE_ADDR)")
 	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "a listener of its own for /metrics, e.g. :9090; the monitor then no longer serves /metrics, which stays off the address users and the API reach (env RELAY_METRICS_ADDR)")

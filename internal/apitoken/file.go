@@ -79,7 +79,7 @@ func Parse(file string, data []byte, getenv func(string) string, checks ...Check
 		}
 		msg := strings.TrimPrefix(err.Error(), "yaml: ")
 		if err.Error() == "EOF" {
-			msg = "the file is empty; it needs a `tokens:` list (see docs/operations.md, \"API tokens\")"
+			msg = "the file is empty; it needs a `tokens:` list (see docs/monitor.md, \"API tokens\")"
 		}
 		return nil, Problems{{File: file, Line: line, Col: col, Msg: msg + "; fix the YAML syntax"}}
 	}

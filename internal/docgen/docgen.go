@@ -38,7 +38,7 @@ var schemaPages = []struct{ source, page, title, intro string }{
 	{"sink/sinks.schema.json", "sinks-file.md", "Sinks file reference",
 		"The sinks file of `relay run --sinks FILE` and `relay sinks validate`. [Sinks](../sinks.md) explains delivery, ordering and parked events."},
 	{"internal/apitoken/api-tokens.schema.json", "api-tokens-file.md", "API tokens file reference",
-		"The tokens file of `relay run --api-tokens FILE`. [Operations](../operations.md#api-tokens) explains scopes and roles."},
+		"The tokens file of `relay run --api-tokens FILE`. [The monitor](../monitor.md#api-tokens) explains scopes and roles."},
 }
 
 // Files returns every generated page, keyed by its path relative to the
