@@ -117,12 +117,12 @@ func sizesFor(quick bool) sizes {
 		}
 	}
 	return sizes{
-		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 3,
+		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 5,
 		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second, latencyLong: 60 * time.Second,
 		overloadDuration: 30 * time.Second, claimSizes: []int{1000, 1000000},
 		capacityStart: 200, capacityGrowth: 1.5, capacityPrecision: 0.1, capacityMaxSteps: 16, capacityRetries: 1,
 		capacityStep: 5 * time.Second, capacityLevel: 60 * time.Second,
-		stepSagas: 10000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
+		stepSagas: 20000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,
 	}
 }

@@ -201,3 +201,21 @@ func median(v []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// spread is (max − min) / median of v: how far apart the passes behind a
+// median figure landed; nil for fewer than two passes, which say nothing
+// about it.
+func spread(v []float64) *float64 {
+	if len(v) < 2 {
+		return nil
+	}
+	m := median(v)
+	if m == 0 {
+		return nil
+	}
+	return f64((slices.Max(v) - slices.Min(v)) / m)
+}
+
+// unreliableSpread is the spread above which a figure's passes disagree too
+// much for a target to be called met or missed on it.
+const unreliableSpread = 0.15

@@ -78,6 +78,18 @@ type StreamCase struct {
 	CorrelateBatches  int     `json:"correlate_batches"`
 	StreamRatio       float64 `json:"stream_ratio"`
 	CorrelateRatio    float64 `json:"correlate_ratio"`
+	// CorrelateLimitPerSec is the correlator's floor in the same pass: the
+	// time pg_recvlogical took to decode the WAL plus a COPY of the rows
+	// the correlator wrote into a table with saga_instances' columns and
+	// indexes. CorrelateLimitRatio is the correlator's rate over it.
+	CorrelateLimitPerSec float64 `json:"correlate_limit_events_per_sec"`
+	CorrelateLimitRatio  float64 `json:"correlate_limit_ratio"`
+	// The spread of each ratio's passes: (max − min) / median.
+	StreamRatioSpread         *float64 `json:"stream_ratio_spread"`
+	CorrelateRatioSpread      *float64 `json:"correlate_ratio_spread"`
+	CorrelateLimitRatioSpread *float64 `json:"correlate_limit_ratio_spread"`
+	// LoadAverages is the 1-minute load average before each pass.
+	LoadAverages []float64 `json:"load_averages"`
 	// StreamSinkBusy and CorrelateSinkBusy are the share of the wall time
 	// spent inside the sink (the correlator's transactions): near 1, the
 	// sink is what limits the stream.
@@ -87,6 +99,7 @@ type StreamCase struct {
 	RecvlogicalRuns []float64 `json:"recvlogical_runs"`
 	StreamRuns      []float64 `json:"stream_runs"`
 	CorrelateRuns   []float64 `json:"correlate_runs"`
+	LimitRuns       []float64 `json:"correlate_limit_runs"`
 }
 
 // ProducerCost is what one event costs its producer as an outbox row and as
@@ -198,6 +211,10 @@ type StepsResult struct {
 	PgbenchClients int     `json:"pgbench_clients"`
 	PgbenchSeconds float64 `json:"pgbench_seconds"`
 	Ratio          float64 `json:"step_ratio"`
+	// RatioSpread is the spread of the passes' step ratios, and
+	// LoadAverages the 1-minute load average before each pass.
+	RatioSpread  *float64  `json:"step_ratio_spread"`
+	LoadAverages []float64 `json:"load_averages"`
 	// Claims is how many claim queries returned instances, PerClaim the
 	// instances each leased on average and ClaimSeconds the time spent in
 	// them (the dispatcher runs them one at a time).
@@ -339,17 +356,24 @@ type Summary struct {
 	StreamRatio              *float64 `json:"stream_ratio"`
 	CorrelateEventsPerSec    *float64 `json:"correlate_events_per_sec"`
 	CorrelateRatio           *float64 `json:"correlate_ratio"`
+	StreamRatioSpread        *float64 `json:"stream_ratio_spread"`
+	CorrelateRatioSpread     *float64 `json:"correlate_ratio_spread"`
+	CorrelateLimitRatio      *float64 `json:"correlate_limit_ratio"`
+	CorrelateLimitSpread     *float64 `json:"correlate_limit_ratio_spread"`
 	StartP99Ms               *float64 `json:"start_p99_ms"`
 	FirstStepP99Ms           *float64 `json:"first_step_p99_ms"`
 	StepsPerSec              *float64 `json:"steps_per_sec"`
 	PgbenchStepTPS           *float64 `json:"pgbench_step_tps"`
 	StepRatio                *float64 `json:"step_ratio"`
+	StepRatioSpread          *float64 `json:"step_ratio_spread"`
 	ServerMsPerStep          *float64 `json:"server_ms_per_step"`
 	DeclaredStepRatio        *float64 `json:"declared_step_ratio"`
 	NATSSinkEventsPerSec     *float64 `json:"nats_sink_events_per_sec"`
 	NATSSinkRatio            *float64 `json:"nats_sink_ratio"`
+	NATSSinkRatioSpread      *float64 `json:"nats_sink_ratio_spread"`
 	WebhookSinkEventsPerSec  *float64 `json:"webhook_sink_events_per_sec"`
 	WebhookSinkRatio         *float64 `json:"webhook_sink_ratio"`
+	WebhookSinkRatioSpread   *float64 `json:"webhook_sink_ratio_spread"`
 	RabbitMQSinkEventsPerSec *float64 `json:"rabbitmq_sink_events_per_sec"`
 	RabbitMQSinkRatio        *float64 `json:"rabbitmq_sink_ratio"`
 	RedisSinkEventsPerSec    *float64 `json:"redis_sink_events_per_sec"`
@@ -409,6 +433,10 @@ type Summary struct {
 	Tx100RecvlogicalEventsPerSec *float64 `json:"tx100_recvlogical_events_per_sec"`
 	Tx100StreamRatio             *float64 `json:"tx100_stream_ratio"`
 	Tx100CorrelateRatio          *float64 `json:"tx100_correlate_ratio"`
+	Tx100StreamRatioSpread       *float64 `json:"tx100_stream_ratio_spread"`
+	Tx100CorrelateRatioSpread    *float64 `json:"tx100_correlate_ratio_spread"`
+	Tx100CorrelateLimitRatio     *float64 `json:"tx100_correlate_limit_ratio"`
+	Tx100CorrelateLimitSpread    *float64 `json:"tx100_correlate_limit_ratio_spread"`
 	// Latency at the higher rate.
 	HighRate           *int     `json:"high_rate"`
 	HighStartP99Ms     *float64 `json:"high_rate_start_p99_ms"`
@@ -464,6 +492,7 @@ func (r *Report) Summary() Summary {
 	if c := r.Sinks; c != nil {
 		s.NATSSinkEventsPerSec, s.NATSSinkRatio = f64(c.NATSPerSec), f64(c.NATSRatio)
 		s.WebhookSinkEventsPerSec, s.WebhookSinkRatio = f64(c.WebhookPerSec), f64(c.WebhookRatio)
+		s.NATSSinkRatioSpread, s.WebhookSinkRatioSpread = c.NATSRatioSpread, c.WebhookRatioSpread
 		s.RabbitMQSinkEventsPerSec, s.RabbitMQSinkRatio = f64(c.RabbitMQPerSec), f64(c.RabbitMQRatio)
 		s.RedisSinkEventsPerSec, s.RedisSinkRatio = f64(c.RedisPerSec), f64(c.RedisRatio)
 	}
@@ -495,10 +524,14 @@ func (r *Report) Summary() Summary {
 			s.StreamRatio = f64(c.StreamRatio)
 			s.CorrelateEventsPerSec = f64(c.CorrelatePerSec)
 			s.CorrelateRatio = f64(c.CorrelateRatio)
+			s.StreamRatioSpread, s.CorrelateRatioSpread = c.StreamRatioSpread, c.CorrelateRatioSpread
+			s.CorrelateLimitRatio, s.CorrelateLimitSpread = f64(c.CorrelateLimitRatio), c.CorrelateLimitRatioSpread
 		case 100:
 			s.Tx100RecvlogicalEventsPerSec = f64(c.RecvlogicalPerSec)
 			s.Tx100StreamRatio = f64(c.StreamRatio)
 			s.Tx100CorrelateRatio = f64(c.CorrelateRatio)
+			s.Tx100StreamRatioSpread, s.Tx100CorrelateRatioSpread = c.StreamRatioSpread, c.CorrelateRatioSpread
+			s.Tx100CorrelateLimitRatio, s.Tx100CorrelateLimitSpread = f64(c.CorrelateLimitRatio), c.CorrelateLimitRatioSpread
 		}
 	}
 	for i, c := range r.Latency {
@@ -523,6 +556,7 @@ func (r *Report) Summary() Summary {
 		s.StepsPerSec = f64(st.StepsPerSec)
 		s.PgbenchStepTPS = f64(st.PgbenchTPS)
 		s.StepRatio = f64(st.Ratio)
+		s.StepRatioSpread = st.RatioSpread
 		s.ServerMsPerStep = st.ServerMsPerStep
 		s.PeerDBOSStepsPerSec, s.PeerRiverStepsPerSec = st.PeerDBOS, st.PeerRiver
 	}
@@ -639,11 +673,12 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "load average: %.2f at start, %.2f at end\n", m.LoadAtStart, m.LoadAtEnd)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	if len(r.Stream) > 0 {
-		fmt.Fprintln(tw, "\n1. stream throughput\tsource\tevents/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tevents/batch (b, c)\tsink busy (b, c)")
+		fmt.Fprintln(tw, "\n1. stream throughput\tsource\tevents/tx\tevents\tpg_recvlogical ev/s\tstream ev/s\tratio b/a (≥0.9)\tstream+correlator ev/s\tratio c/a (≥0.5)\tlimit ev/s (decode + COPY)\tratio c/limit (≥0.8)\tevents/batch (b, c)\tsink busy (b, c)")
 		for _, c := range r.Stream {
-			fmt.Fprintf(tw, "\t%s\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\t%.0f%%, %.0f%%\n",
-				cmp.Or(c.Source, SourceRows), c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, mark(c.StreamRatio >= 0.9),
-				c.CorrelatePerSec, c.CorrelateRatio, mark(c.CorrelateRatio >= 0.5),
+			fmt.Fprintf(tw, "\t%s\t%d\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.0f\t%.2f %s\t%.1f, %.1f\t%.0f%%, %.0f%%\n",
+				cmp.Or(c.Source, SourceRows), c.RowsPerTx, c.Events, c.RecvlogicalPerSec, c.StreamPerSec, c.StreamRatio, judge(c.StreamRatio >= 0.9, c.StreamRatioSpread),
+				c.CorrelatePerSec, c.CorrelateRatio, judge(c.CorrelateRatio >= 0.5, c.CorrelateRatioSpread),
+				c.CorrelateLimitPerSec, c.CorrelateLimitRatio, judge(c.CorrelateLimitRatio >= 0.8, c.CorrelateLimitRatioSpread),
 				perBatch(c.Events, c.StreamBatches), perBatch(c.Events, c.CorrelateBatches), 100*c.StreamSinkBusy, 100*c.CorrelateSinkBusy)
 		}
 	}
@@ -657,7 +692,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if c := r.Sinks; c != nil {
 		fmt.Fprintln(tw, "\n   sinks (1 row/tx, no sagas)\tevents\tpg_recvlogical ev/s\tNATS sink ev/s\tratio (≥0.5)\twebhook sink ev/s\tratio")
-		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f\n", c.Events, c.RecvlogicalPerSec, c.NATSPerSec, c.NATSRatio, mark(c.NATSRatio >= 0.5),
+		fmt.Fprintf(tw, "\t%d\t%.0f\t%.0f\t%.2f %s\t%.0f\t%.2f\n", c.Events, c.RecvlogicalPerSec, c.NATSPerSec, c.NATSRatio, judge(c.NATSRatio >= 0.5, c.NATSRatioSpread),
 			c.WebhookPerSec, c.WebhookRatio)
 		if c.RabbitMQPerSec > 0 || c.RedisPerSec > 0 {
 			fmt.Fprintln(tw, "\t\t\tRabbitMQ sink ev/s\tratio\tRedis sink ev/s\tratio")
@@ -713,7 +748,7 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if st := r.Steps; st != nil {
 		fmt.Fprintln(tw, "\n3. step throughput\tsagas×steps\tworkers\tseconds\tsteps/s\tpgbench tps (INSERT+UPDATE, 8 clients)\tratio (≥0.7)\tclaims\tinstances/claim\tclaim s\tHOT updates")
-		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\t%.0f%%\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, mark(st.Ratio >= 0.7),
+		fmt.Fprintf(tw, "\t%d×%d\t%d\t%.1f\t%.0f\t%.0f\t%.2f %s\t%d\t%.1f\t%.1f\t%.0f%%\n", st.Sagas, st.StepsPerSaga, st.Workers, st.Seconds, st.StepsPerSec, st.PgbenchTPS, st.Ratio, judge(st.Ratio >= 0.7, st.RatioSpread),
 			st.Claims, st.PerClaim, st.ClaimSeconds, 100*st.HotShare)
 		if st.PeerDBOS != nil || st.PeerRiver != nil {
 			fmt.Fprintln(tw, "\n   peers, same workload (bench/peers)\tDBOS steps/s\tRiver steps/s\tRiver 1 ms cooldown steps/s\tours ÷ DBOS (≥2)\tours ÷ River (≥3)\tours ÷ River 1 ms")
@@ -883,6 +918,16 @@ func lowerBound(unfinished int) string {
 		return "≥"
 	}
 	return ""
+}
+
+// judge is mark for a median figure whose passes spread by sp: past
+// unreliableSpread the passes disagree too much to call the target either
+// way.
+func judge(ok bool, sp *float64) string {
+	if sp != nil && *sp > unreliableSpread {
+		return fmt.Sprintf("UNRELIABLE (spread %.0f%%)", 100**sp)
+	}
+	return mark(ok)
 }
 
 func mark(ok bool) string {

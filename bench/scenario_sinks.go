@@ -30,6 +30,9 @@ type SinkCase struct {
 	RabbitMQRatio     float64 `json:"rabbitmq_sink_ratio,omitempty"`
 	RedisPerSec       float64 `json:"redis_sink_events_per_sec,omitempty"`
 	RedisRatio        float64 `json:"redis_sink_ratio,omitempty"`
+	// The spread of the passes' ratios: (max − min) / median.
+	NATSRatioSpread    *float64 `json:"nats_sink_ratio_spread"`
+	WebhookRatioSpread *float64 `json:"webhook_sink_ratio_spread"`
 }
 
 func (r *run) sinksScenario(ctx context.Context) error {
@@ -169,7 +172,7 @@ func (r *run) sinksScenario(ctx context.Context) error {
 		r.report.Notes = append(r.report.Notes, fmt.Sprintf("sinks: %d events were parked instead of delivered at once", parked))
 	}
 	r.report.Sinks = &SinkCase{Events: n, RecvlogicalPerSec: median(a), NATSPerSec: median(nb), NATSRatio: median(nr),
-		WebhookPerSec: median(wb), WebhookRatio: median(wr)}
+		WebhookPerSec: median(wb), WebhookRatio: median(wr), NATSRatioSpread: spread(nr), WebhookRatioSpread: spread(wr)}
 	if len(qb) > 0 {
 		r.report.Sinks.RabbitMQPerSec, r.report.Sinks.RabbitMQRatio = median(qb), median(qr)
 	}

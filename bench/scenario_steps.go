@@ -54,6 +54,12 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	res.StepsPerSec = pick(func(x StepsResult) float64 { return x.StepsPerSec })
 	res.PgbenchTPS = pick(func(x StepsResult) float64 { return x.PgbenchTPS })
 	res.Ratio = pick(func(x StepsResult) float64 { return x.Ratio })
+	ratios := make([]float64, len(runs))
+	for i, x := range runs {
+		ratios[i] = x.Ratio
+		res.LoadAverages = append(res.LoadAverages, x.LoadAverages...)
+	}
+	res.RatioSpread = spread(ratios)
 	res.Claims = int(pick(func(x StepsResult) float64 { return float64(x.Claims) }))
 	res.PerClaim = pick(func(x StepsResult) float64 { return x.PerClaim })
 	res.ClaimSeconds = pick(func(x StepsResult) float64 { return x.ClaimSeconds })
@@ -81,7 +87,7 @@ func (r *run) stepsScenario(ctx context.Context) error {
 func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	e := r.env
 	n := r.sz.stepSagas
-	res := StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga}
+	res := StepsResult{Sagas: n, StepsPerSaga: benchStepsPerSaga, LoadAverages: []float64{loadAverage()}}
 	if err := e.reset(ctx); err != nil {
 		return res, err
 	}

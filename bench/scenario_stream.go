@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
@@ -84,8 +85,9 @@ func (r *run) streamCase(ctx context.Context, perTx int, source string) (StreamC
 	if err != nil {
 		return c, err
 	}
-	var a, b, cr, bRatio, cRatio, bBusy, cBusy []float64
+	var a, b, cr, lim, bRatio, cRatio, limRatio, bBusy, cBusy []float64
 	for i, sl := range runs {
+		c.LoadAverages = append(c.LoadAverages, loadAverage())
 		e.checkpoint(ctx)
 		r.progress("stream: run %d/%d (a) pg_recvlogical to %s", i+1, len(runs), end)
 		cpuA := e.startCPUMeter()
@@ -124,6 +126,14 @@ func (r *run) streamCase(ctx context.Context, perTx int, source string) (StreamC
 		if started != n {
 			return c, fmt.Errorf("the correlator started %d sagas for %d events", started, n)
 		}
+		copied, err := e.copyStarts(ctx)
+		if err != nil {
+			return c, err
+		}
+		rl := rate(n, took+copied)
+		lim, limRatio = append(lim, rl), append(limRatio, rate(n, rc.Took)/rl)
+		r.progress("stream: run %d/%d the correlator's limit: decode %s + COPY of its %d rows %s = %.0f ev/s",
+			i+1, len(runs), took.Round(time.Millisecond), n, copied.Round(time.Millisecond), rl)
 		a, b, cr = append(a, ra), append(b, rate(n, rb.Took)), append(cr, rate(n, rc.Took))
 		bRatio, cRatio = append(bRatio, rate(n, rb.Took)/ra), append(cRatio, rate(n, rc.Took)/ra)
 		bBusy, cBusy = append(bBusy, share(rb.SinkBusy, rb.Took)), append(cBusy, share(rc.SinkBusy, rc.Took))
@@ -131,9 +141,11 @@ func (r *run) streamCase(ctx context.Context, perTx int, source string) (StreamC
 		r.progress("stream: run %d/%d, %d %s/tx: pg_recvlogical %.0f ev/s, stream %.0f ev/s (%.2f), stream+correlator %.0f ev/s (%.2f)",
 			i+1, len(runs), perTx, source, ra, b[i], bRatio[i], cr[i], cRatio[i])
 	}
-	c.RecvlogicalRuns, c.StreamRuns, c.CorrelateRuns = a, b, cr
+	c.RecvlogicalRuns, c.StreamRuns, c.CorrelateRuns, c.LimitRuns = a, b, cr, lim
 	c.RecvlogicalPerSec, c.StreamPerSec, c.CorrelatePerSec = median(a), median(b), median(cr)
 	c.StreamRatio, c.CorrelateRatio = median(bRatio), median(cRatio)
+	c.CorrelateLimitPerSec, c.CorrelateLimitRatio = median(lim), median(limRatio)
+	c.StreamRatioSpread, c.CorrelateRatioSpread, c.CorrelateLimitRatioSpread = spread(bRatio), spread(cRatio), spread(limRatio)
 	c.StreamSinkBusy, c.CorrelateSinkBusy = median(bBusy), median(cBusy)
 	return c, nil
 }
@@ -378,4 +390,43 @@ func (r *run) producerCost(ctx context.Context) error {
 	r.progress("stream: producer cost per event: row %.0f µs/tx, %.0f WAL bytes (+%.0f bytes, %.1f µs to delete and vacuum later); message %.0f µs/tx, %.0f WAL bytes",
 		p.RowTxMicros, p.RowWALBytes, p.RowCleanupWALBytes, p.RowCleanupMicros, p.MessageTxMicros, p.MessageWALBytes)
 	return nil
+}
+
+// copyStarts is the write half of the correlator's limit: a COPY, in one
+// transaction, of the saga_instances rows the correlator just wrote into a
+// table with the same columns and indexes, timed. The rows are read before
+// the clock starts.
+func (e *env) copyStarts(ctx context.Context) (time.Duration, error) {
+	cols := []string{"id", "tenant_id", "workspace_id", "saga_name", "saga_version", "trigger_event_id",
+		"correlation_id", "context", "timeout_at", "next_attempt_at", "trigger_aggregate_id", "traceparent"}
+	if _, err := e.pool.Exec(ctx, `DROP TABLE IF EXISTS bench_limit_instances;
+		CREATE TABLE bench_limit_instances (LIKE saga_instances INCLUDING ALL)`); err != nil {
+		return 0, fmt.Errorf("bench: the limit's table: %w", err)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT `+strings.Join(cols, ", ")+` FROM saga_instances`)
+	if err != nil {
+		return 0, err
+	}
+	var data [][]any
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return 0, err
+		}
+		data = append(data, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	began := time.Now()
+	if _, err := e.pool.CopyFrom(ctx, pgx.Identifier{"bench_limit_instances"}, cols, pgx.CopyFromRows(data)); err != nil {
+		return 0, fmt.Errorf("bench: COPY into the limit's table: %w", err)
+	}
+	took := time.Since(began)
+	if _, err := e.pool.Exec(ctx, `DROP TABLE bench_limit_instances`); err != nil {
+		return 0, err
+	}
+	return took, nil
 }
