@@ -24,6 +24,7 @@ type Report struct {
 	CorrelatorAlone []CorrelatorCase  `json:"correlator_alone,omitempty"`
 	Sinks           *SinkCase         `json:"sinks,omitempty"`
 	SinkLatency     []SinkLatencyCase `json:"sink_latency,omitempty"`
+	SinkFloor       []SinkFloorCase   `json:"sink_floor,omitempty"`
 	Latency         []LatencyCase     `json:"latency,omitempty"`
 	Steps           *StepsResult      `json:"steps,omitempty"`
 	Declared        *DeclaredResult   `json:"declared,omitempty"`
@@ -379,6 +380,12 @@ type Summary struct {
 	RedisSinkEventsPerSec    *float64 `json:"redis_sink_events_per_sec"`
 	RedisSinkRatio           *float64 `json:"redis_sink_ratio"`
 	// Producer commit → sink acknowledgement at 1,000 and 5,000 events/s.
+	// The floor: created_at → receipt by a bare replication reader at the
+	// same rates (see floorLatency).
+	SinkFloorLatencyP50Ms1k    *float64 `json:"sink_floor_latency_p50_ms_1k"`
+	SinkFloorLatencyP99Ms1k    *float64 `json:"sink_floor_latency_p99_ms_1k"`
+	SinkFloorLatencyP50Ms5k    *float64 `json:"sink_floor_latency_p50_ms_5k"`
+	SinkFloorLatencyP99Ms5k    *float64 `json:"sink_floor_latency_p99_ms_5k"`
 	NATSSinkLatencyP50Ms1k     *float64 `json:"nats_sink_latency_p50_ms_1k"`
 	NATSSinkLatencyP99Ms1k     *float64 `json:"nats_sink_latency_p99_ms_1k"`
 	NATSSinkLatencyP50Ms5k     *float64 `json:"nats_sink_latency_p50_ms_5k"`
@@ -495,6 +502,14 @@ func (r *Report) Summary() Summary {
 		s.NATSSinkRatioSpread, s.WebhookSinkRatioSpread = c.NATSRatioSpread, c.WebhookRatioSpread
 		s.RabbitMQSinkEventsPerSec, s.RabbitMQSinkRatio = f64(c.RabbitMQPerSec), f64(c.RabbitMQRatio)
 		s.RedisSinkEventsPerSec, s.RedisSinkRatio = f64(c.RedisPerSec), f64(c.RedisRatio)
+	}
+	for _, f := range r.SinkFloor {
+		switch f.Rate {
+		case 1000:
+			s.SinkFloorLatencyP50Ms1k, s.SinkFloorLatencyP99Ms1k = f64(f.Latency.P50), f64(f.Latency.P99)
+		case 5000:
+			s.SinkFloorLatencyP50Ms5k, s.SinkFloorLatencyP99Ms5k = f64(f.Latency.P50), f64(f.Latency.P99)
+		}
 	}
 	for _, c := range r.SinkLatency {
 		p50, p99 := f64(c.Latency.P50), f64(c.Latency.P99)
@@ -699,12 +714,20 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(tw, "\t\t\t%.0f\t%.2f\t%.0f\t%.2f\n", c.RabbitMQPerSec, c.RabbitMQRatio, c.RedisPerSec, c.RedisRatio)
 		}
 	}
-	if len(r.SinkLatency) > 0 {
+	if len(r.SinkLatency) > 0 || len(r.SinkFloor) > 0 {
 		fmt.Fprintln(tw, "\n   sink latency (ms, commit → ack)\tsink\trate ev/s\tachieved\tevents\tp50\tp95\tp99\tmax")
+		for _, f := range r.SinkFloor {
+			fmt.Fprintf(tw, "\tfloor (bare reader, receipt)\t%d\t\t%d\t%.1f\t%.1f\t%.1f\t%.1f\n", f.Rate, f.Latency.Count,
+				f.Latency.P50, f.Latency.P95, f.Latency.P99, f.Latency.Max)
+		}
 		for _, c := range r.SinkLatency {
 			target := ""
+			if fl, ok := r.floorFor(c.Rate); ok {
+				bound := 1.5*fl.P99 + 10
+				target = fmt.Sprintf("\ttarget p99 ≤ 1.5 × floor + 10 = %.1f %s", bound, mark(c.Latency.P99 <= bound))
+			}
 			if c.Rate == 5000 && c.Sink != "kafka" {
-				target = "\ttarget p99 < 50 " + mark(c.Latency.P99 < 50)
+				target += "\ttarget p99 < 50 " + mark(c.Latency.P99 < 50)
 			}
 			fmt.Fprintf(tw, "\t%s\t%d\t%.0f\t%d\t%.1f\t%.1f\t%.1f\t%.1f%s\n", c.Sink, c.Rate, c.AchievedRate, c.Latency.Count,
 				c.Latency.P50, c.Latency.P95, c.Latency.P99, c.Latency.Max, target)

@@ -50,6 +50,23 @@ type SinkLatencyCase struct {
 	MaxBatch       int            `json:"max_batch_events"`
 }
 
+// SinkFloorCase is the sinks' floor at one rate: created_at → receipt by a
+// bare replication reader (see floorLatency).
+type SinkFloorCase struct {
+	Rate    int            `json:"rate"`
+	Latency LatencySummary `json:"latency"`
+}
+
+// floorFor is the floor measured at rate, if any.
+func (r *Report) floorFor(rate int) (LatencySummary, bool) {
+	for _, f := range r.SinkFloor {
+		if f.Rate == rate {
+			return f.Latency, true
+		}
+	}
+	return LatencySummary{}, false
+}
+
 // sinkLatencyRuns are the cases of the scenario, in the order they run.
 func (r *run) sinkLatencyRuns() []struct {
 	sink string
@@ -92,6 +109,21 @@ func (r *run) sinkLatencyScenario(ctx context.Context) error {
 	}
 	defer brokers.close()
 
+	seen := map[int]bool{}
+	for _, c := range r.sinkLatencyRuns() {
+		if seen[c.rate] {
+			continue
+		}
+		seen[c.rate] = true
+		r.progress("sinklatency: the floor, a bare replication reader, at %d events/s for %s", c.rate, window)
+		fl, err := r.floorLatency(ctx, c.rate, window)
+		if err != nil {
+			return fmt.Errorf("the floor at %d events/s: %w", c.rate, err)
+		}
+		r.progress("sinklatency: the floor at %d events/s: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms",
+			c.rate, fl.P50, fl.P95, fl.P99, fl.Max)
+		r.report.SinkFloor = append(r.report.SinkFloor, SinkFloorCase{Rate: c.rate, Latency: fl})
+	}
 	for i, c := range r.sinkLatencyRuns() {
 		var (
 			s    sink.Sink
