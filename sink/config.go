@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/compensa/compensa/internal/expr"
+	"github.com/compensa/compensa/internal/suggest"
 )
 
 // DefaultMaxParked is a sink's cap on parked events when max_parked is not set.
@@ -348,7 +349,7 @@ func (p *parser) fields(m *yaml.Node, spec *fieldSpec, where string) map[string]
 		}
 		f := spec.field(k.Value)
 		if f == nil {
-			p.add(k.Line, k.Column, fmt.Sprintf("unknown key %q in %s", k.Value, where), "use one of: "+strings.Join(spec.keys(), ", ")+suggest(k.Value, spec.keys()))
+			p.add(k.Line, k.Column, fmt.Sprintf("unknown key %q in %s", k.Value, where), "use one of: "+strings.Join(spec.keys(), ", ")+didYouMean(k.Value, spec.keys()))
 			continue
 		}
 		if _, dup := out[k.Value]; dup {
@@ -367,11 +368,11 @@ func (p *parser) fields(m *yaml.Node, spec *fieldSpec, where string) map[string]
 	return out
 }
 
-// suggest names a known key close to a misspelt one.
-func suggest(got string, keys []string) string {
+// didYouMean names a known key close to a misspelt one.
+func didYouMean(got string, keys []string) string {
 	best, bestD := "", 3
 	for _, k := range keys {
-		if d := editDistance(got, k); d < bestD {
+		if d := suggest.Distance(got, k); d < bestD {
 			best, bestD = k, d
 		}
 	}
@@ -379,26 +380,6 @@ func suggest(got string, keys []string) string {
 		return ""
 	}
 	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 func (p *parser) str(n *yaml.Node, what string) (string, bool) {
@@ -537,7 +518,7 @@ func (p *parser) sink(n *yaml.Node) (Spec, bool) {
 			case FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured:
 				s.Format = fm
 			default:
-				p.add(v.Line, v.Column, fmt.Sprintf("format %q is not known", fm), "write envelope (the default), cloudevents (binary content mode) or cloudevents-structured"+suggest(fm, []string{FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured}))
+				p.add(v.Line, v.Column, fmt.Sprintf("format %q is not known", fm), "write envelope (the default), cloudevents (binary content mode) or cloudevents-structured"+didYouMean(fm, []string{FormatEnvelope, FormatCloudEvents, FormatCloudEventsStructured}))
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/compensa/compensa/cdc"
 	"github.com/compensa/compensa/correlator"
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/outbox"
 )
 
@@ -66,9 +67,9 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 			return tw.Flush()
 		},
 	}
+	opts.bindTo(list.Flags(), "database-url")
 	list.Flags().BoolVar(&all, "all", false, "include events already re-driven")
-	list.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("how many to show (at most %d)", correlator.MaxDeadLetterLimit))
-	setFlagMax(list.Flags(), "limit", correlator.MaxDeadLetterLimit)
+	list.Flags().Var(cliflag.IntBetween(&limit, 100, 1, correlator.MaxDeadLetterLimit), "limit", fmt.Sprintf("how many to show (1 to %d)", correlator.MaxDeadLetterLimit))
 	list.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 
 	retry := &cobra.Command{
@@ -119,6 +120,7 @@ func newDeadLettersCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(retry.Flags(), "database-url", "outbox-table", "outbox-columns")
 	retry.Flags().BoolVar(&fromOutbox, "from-outbox", false, "re-drive the event's current outbox row (when it still exists) instead of the stored copy")
 	cmd.AddCommand(list, retry)
 	return cmd

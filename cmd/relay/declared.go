@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/saga/declare"
 )
 
@@ -17,7 +20,7 @@ import (
 // file as relay run --sagas would, without a database; with --database-url
 // it also compares them with the stored (pinned) versions, as a reload would.
 func newSagasValidateCmd(opts *rootOptions) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "validate DIR",
 		Short: "Check the saga definition files of DIR (exit 2 on any error); --database-url: against the stored versions too",
 		Long: "Loads every *.yaml and *.yml file of DIR as relay run --sagas does: YAML, the JSON\n" +
@@ -65,6 +68,8 @@ func newSagasValidateCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url")
+	return cmd
 }
 
 // problemsExit prints load problems one per line and returns exit code 2.
@@ -123,7 +128,7 @@ func printSagas(w io.Writer, sagas []*declare.Saga) {
 func newSagasTestCmd() *cobra.Command {
 	var (
 		trigger                 string
-		replies, responses, rws []string
+		replies, responses, rws map[string]string
 		fail, expect            string
 	)
 	cmd := &cobra.Command{
@@ -160,25 +165,17 @@ func newSagasTestCmd() *cobra.Command {
 			if trigger == "" {
 				return exitError{code: 2, msg: "--trigger is required: a JSON file (or inline JSON) with the sample event, e.g. {\"event_type\": \"order.placed\", \"payload\": {…}}"}
 			}
-			switch expect {
-			case "", declare.WalkCompleted, declare.WalkCompensated, declare.WalkFailed, declare.WalkFiltered, declare.WalkDeadLetter:
-			default:
-				return exitError{code: 2, msg: fmt.Sprintf("--expect %q: use one of COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER", expect)}
-			}
 			in := declare.WalkInput{Fail: fail}
 			if in.Trigger, err = jsonArg("--trigger", trigger); err != nil {
 				return exitError{code: 2, msg: err.Error()}
 			}
 			for _, x := range []struct {
 				flag string
-				vals []string
+				vals map[string]string
 				dst  *map[string]json.RawMessage
 			}{{"--reply", replies, &in.Replies}, {"--response", responses, &in.Responses}, {"--rows", rws, &in.Rows}} {
-				for _, v := range x.vals {
-					step, raw, ok := strings.Cut(v, "=")
-					if !ok || step == "" {
-						return exitError{code: 2, msg: fmt.Sprintf("%s %q: write step=JSON, e.g. %s ship='{\"tracking\": \"T1\"}'", x.flag, v, x.flag)}
-					}
+				for _, step := range slices.Sorted(maps.Keys(x.vals)) {
+					raw := x.vals[step]
 					if x.flag == "--response" {
 						raw = statusResponse(raw)
 					}
@@ -204,12 +201,20 @@ func newSagasTestCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&trigger, "trigger", "", "the sample trigger event: a JSON file, or inline JSON")
-	f.StringArrayVar(&replies, "reply", nil, "step=JSON: the reply a command step gets (default {\"ok\": true})")
-	f.StringArrayVar(&responses, "response", nil, "step=JSON or step=STATUS:JSON: the response of an http step ({\"status\", \"headers\", \"body\"} or just the body)")
-	f.StringArrayVar(&rws, "rows", nil, "step=JSON: the rows a sql step returns, a list of objects, or a number: the rows a statement without RETURNING affects")
+	f.Var(stepJSON(&replies, "--reply"), "reply", "the reply a command step gets (default {\"ok\": true}; repeatable)")
+	f.Var(stepJSON(&responses, "--response"), "response", "the response of an http step: {\"status\", \"headers\", \"body\"}, just the body, or STATUS:JSON (repeatable)")
+	f.Var(stepJSON(&rws, "--rows"), "rows", "the rows a sql step returns, a list of objects, or a number: the rows a statement without RETURNING affects (repeatable)")
 	f.StringVar(&fail, "fail", "", "the step that fails for good: shows the compensation path from it")
-	f.StringVar(&expect, "expect", "", "the outcome the walk must end with (COMPLETED, COMPENSATED, FAILED, FILTERED, DEAD_LETTER): exit 1 on another")
+	outcomes := []string{declare.WalkCompleted, declare.WalkCompensated, declare.WalkFailed, declare.WalkFiltered, declare.WalkDeadLetter}
+	f.Var(cliflag.NewEnum(&expect, "", "outcome", outcomes...).Optional(), "expect", "the outcome the walk must end with ("+strings.Join(outcomes, ", ")+"): exit 1 on another")
 	return cmd
+}
+
+// stepJSON is a --reply, --response or --rows flag: STEP=JSON per step,
+// the JSON (or the file holding it) read when the walk starts.
+func stepJSON(m *map[string]string, flag string) *cliflag.Pairs[string, string] {
+	return cliflag.NewPairs(m, "STEP=JSON", "want STEP=JSON, e.g. "+flag+" ship='{\"tracking\": \"T1\"}'",
+		func(step, raw string) (string, string, bool) { return step, raw, true })
 }
 
 // statusResponse turns 422:{"error": "declined"} into {"status": 422,

@@ -124,7 +124,7 @@ COMPENSATED
 		{"an http status compensates", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment=422:{"error":"declined"}`, "--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step charge_payment failed: http POST answered 422 {\"error\":\"declined\"}\n"},
 		{"a 5xx may have acted: its compensation runs too", []string{"--rows", `reserve_stock=[{"sku":"apple"}]`, "--response", `charge_payment=503:`, "--expect", "COMPLETED"}, 1, "relay: --expect COMPLETED, but the saga ends COMPENSATED: step charge_payment failed: http POST answered 503, and every retry alike\n"},
 		{"unknown step", []string{"--fail", "pack"}, 1, "relay: --fail pack: the saga has no such step; use one of: reserve_stock, charge_payment, ship, confirm\n"},
-		{"bad reply flag", []string{"--rows", "reserve_stock"}, 2, "relay: --rows \"reserve_stock\": write step=JSON, e.g. --rows ship='{\"tracking\": \"T1\"}'\n"},
+		{"bad reply flag", []string{"--rows", "reserve_stock"}, 2, "relay: invalid value \"reserve_stock\" for --rows of \"relay sagas test\": want STEP=JSON, e.g. --rows ship='{\"tracking\": \"T1\"}'\n"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

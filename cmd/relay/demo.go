@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/internal/briefs"
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/internal/pgcluster"
 	"github.com/compensa/compensa/migrations"
 	"github.com/compensa/compensa/relay"
@@ -58,10 +59,7 @@ func newDemoCmd(opts *rootOptions) *cobra.Command {
 			"expected, 1 otherwise. The cluster is removed on exit.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if d.briefs < 1 {
-				return exitError{code: 2, msg: fmt.Sprintf("--briefs must be at least 1, got %d", d.briefs)}
-			}
-			if d.fail < 0 || d.fail > d.briefs {
+			if d.fail > d.briefs {
 				return exitError{code: 2, msg: fmt.Sprintf("--fail must be between 0 and --briefs (%d), got %d", d.briefs, d.fail)}
 			}
 			// The demo's screen is the progress bar and the summary: the
@@ -85,11 +83,12 @@ func newDemoCmd(opts *rootOptions) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&d.briefs, "briefs", 200, "research briefs to write (env RELAY_BRIEFS)")
-	f.IntVar(&d.fail, "fail", 8, "how many of them carry [fail-score] and compensate (env RELAY_FAIL)")
+	opts.bindTo(f, "http-addr", "log-level")
+	f.Var(cliflag.IntAtLeast(&d.briefs, 200, 1), "briefs", "research briefs to write (env RELAY_BRIEFS)")
+	f.Var(cliflag.IntAtLeast(&d.fail, 8, 0), "fail", "how many of them carry [fail-score] and compensate (env RELAY_FAIL)")
 	f.BoolVar(&d.exitWhenDone, "exit-when-done", false, "exit once every saga has ended instead of serving the monitor until Ctrl-C (env RELAY_EXIT_WHEN_DONE)")
-	f.DurationVar(&d.timeout, "timeout", 3*time.Minute, "with --exit-when-done, give up (exit 1) when the sagas have not all ended after this long (env RELAY_TIMEOUT)")
-	f.IntVar(&d.workers, "workers", 8, "step workers (env RELAY_WORKERS)")
+	f.Var(cliflag.PositiveDuration(&d.timeout, 3*time.Minute), "timeout", "with --exit-when-done, give up (exit 1) when the sagas have not all ended after this long (env RELAY_TIMEOUT)")
+	f.Var(cliflag.IntAtLeast(&d.workers, 8, 1), "workers", "step workers (env RELAY_WORKERS)")
 	f.StringVar(&d.apiToken, "api-token", "", "token for the monitor's retry and cancel (env RELAY_API_TOKEN); default: a random one, printed")
 	return cmd
 }

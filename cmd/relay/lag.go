@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/internal/dbconn"
 	"github.com/compensa/compensa/outbox"
 )
@@ -36,9 +37,6 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 			"a promotion now). --follow prints one line per --interval.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if interval <= 0 {
-				return fmt.Errorf("--interval must be positive, got %s", interval)
-			}
 			table, err := outbox.ParseTableName(opts.OutboxTable)
 			if err != nil {
 				return usageError("%v", err)
@@ -90,9 +88,10 @@ func newLagCmd(opts *rootOptions) *cobra.Command {
 			}
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "slot", "outbox-table", "outbox-columns")
 	f := cmd.Flags()
 	f.BoolVarP(&follow, "follow", "f", false, "print one line per --interval until interrupted")
-	f.DurationVar(&interval, "interval", 2*time.Second, "time between lines with --follow")
+	f.Var(cliflag.PositiveDuration(&interval, 2*time.Second), "interval", "time between lines with --follow")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per line")
 	return cmd
 }

@@ -107,7 +107,7 @@ func newRootCmd(opts *rootOptions) *cobra.Command {
 		newDeadLettersCmd(opts),
 		newDemoCmd(opts),
 	)
-	harden(root, opts)
+	harden(root)
 	return root
 }
 

@@ -74,6 +74,7 @@ func newMigrateCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "slot", "publication", "outbox-table", "outbox-columns")
 	cmd.Flags().BoolVar(&withExamples, "with-examples", false, "also apply the example application schema (research briefs) used by the demo")
 	cmd.Flags().StringArrayVar(&grantTo, "grant-to", nil, "after migrating, grant this role what relay run needs (repeatable; idempotent)")
 	cmd.Flags().BoolVar(&createSlot, "create-slot", false, "also create the publication and the replication slot, so that nothing written after the migration is missed")

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/internal/dbconn"
 )
 
@@ -26,12 +27,19 @@ type rootOptions struct {
 	extraSecrets []string
 }
 
-// bindTo adds the named shared flags to fs (see sharedFlagsOf).
-func (o *rootOptions) bindTo(fs *pflag.FlagSet, names []string) {
+// bindTo adds the named shared flags to fs: each command names those that
+// mean something to it (no --slot for `relay version`, no --database-url for
+// `relay demo`, which starts its own database). An unknown name is a
+// mistake in the command's declaration.
+func (o *rootOptions) bindTo(fs *pflag.FlagSet, names ...string) {
 	all := pflag.NewFlagSet("shared", pflag.ContinueOnError)
 	o.bind(all)
 	for _, n := range names {
-		if f := all.Lookup(n); f != nil && fs.Lookup(n) == nil {
+		f := all.Lookup(n)
+		if f == nil {
+			panic("no shared flag --" + n)
+		}
+		if fs.Lookup(n) == nil {
 			fs.AddFlag(f)
 		}
 	}
@@ -39,13 +47,16 @@ func (o *rootOptions) bindTo(fs *pflag.FlagSet, names []string) {
 
 func (o *rootOptions) bind(f *pflag.FlagSet) {
 	f.StringVar(&o.DatabaseURL, "database-url", "", "PostgreSQL URL (env RELAY_DATABASE_URL, then DATABASE_URL)")
-	f.StringVar(&o.Slot, "slot", "relay_outbox", "logical replication slot name (env RELAY_SLOT)")
+	f.Var(cliflag.SlotName(&o.Slot, "relay_outbox"), "slot", "logical replication slot name (env RELAY_SLOT)")
 	f.StringVar(&o.Publication, "publication", "relay_outbox_pub", "publication name (env RELAY_PUBLICATION)")
-	f.StringVar(&o.HTTPAddr, "http-addr", "127.0.0.1:8080", "address of the HTTP monitor (env RELAY_HTTP_ADDR)")
-	f.StringVar(&o.OutboxTable, "outbox-table", "outbox", "outbox table, schema-qualified allowed (env RELAY_OUTBOX_TABLE)")
-	f.StringVar(&o.OutboxColumns, "outbox-columns", "", "map of field=column for an existing outbox table, e.g. id=id,event_type=type (env RELAY_OUTBOX_COLUMNS)")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error (env RELAY_LOG_LEVEL)")
+	f.Var(cliflag.Address(&o.HTTPAddr, "127.0.0.1:8080"), "http-addr", "address of the HTTP monitor (env RELAY_HTTP_ADDR)")
+	f.Var(cliflag.TableName(&o.OutboxTable, "outbox"), "outbox-table", "outbox table, schema-qualified allowed (env RELAY_OUTBOX_TABLE)")
+	f.Var(cliflag.ColumnMap(&o.OutboxColumns, ""), "outbox-columns", "map of field=column for an existing outbox table, e.g. id=id,event_type=type (env RELAY_OUTBOX_COLUMNS)")
+	f.Var(cliflag.NewEnum(&o.logLevel, "info", "level", logLevels...), "log-level", "debug, info, warn or error (env RELAY_LOG_LEVEL)")
 }
+
+// logLevels are the levels of log/slog that --log-level names.
+var logLevels = []string{"debug", "info", "warn", "error"}
 
 // resolve applies environment fallbacks to every flag the user did not set,
 // on the command's own flags and the persistent ones.
@@ -61,8 +72,9 @@ func (o *rootOptions) resolve(cmd *cobra.Command) error {
 			v, ok = os.LookupEnv("DATABASE_URL")
 		}
 		if ok {
+			// The same Set as on the command line: the same rule.
 			if serr := f.Value.Set(v); serr != nil {
-				err = fmt.Errorf("%s=%q: %v", env, v, serr)
+				err = fmt.Errorf("%s=%q: %s", env, v, refusal(f, serr))
 			}
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/cdc"
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/internal/dbconn"
 	"github.com/compensa/compensa/internal/httpapi"
 	"github.com/compensa/compensa/outbox"
@@ -24,10 +26,9 @@ import (
 
 func newRunCmd(opts *rootOptions) *cobra.Command {
 	var (
-		cfg           relay.Config
-		stopTimeout   time.Duration
-		withExamples  bool
-		tenantWeights []string
+		cfg          relay.Config
+		stopTimeout  time.Duration
+		withExamples bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -57,20 +58,8 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 			if err := declare.ValidateEgressAllow(cfg.HTTPEgressAllow); err != nil {
 				return exitError{code: 2, msg: "--http-egress-allow: " + err.Error()}
 			}
-			if cfg.ClaimOrder != relay.ClaimFair && cfg.ClaimOrder != relay.ClaimOldest {
-				return exitError{code: 2, msg: fmt.Sprintf("--claim-order %q: want fair (claims shared between tenants) or oldest", cfg.ClaimOrder)}
-			}
-			if cfg.TenantWeights, err = parseTenantWeights(tenantWeights); err != nil {
-				return exitError{code: 2, msg: err.Error()}
-			}
 			if len(cfg.TenantWeights) > 0 && cfg.ClaimOrder == relay.ClaimOldest {
 				return exitError{code: 2, msg: "--tenant-weight applies to --claim-order fair only: drop it, or --claim-order oldest"}
-			}
-			if cfg.OnSlotLost != "stop" && cfg.OnSlotLost != "resync" {
-				return exitError{code: 2, msg: fmt.Sprintf("--on-slot-lost %q: want stop or resync", cfg.OnSlotLost)}
-			}
-			if cfg.ResyncMargin <= 0 {
-				return exitError{code: 2, msg: fmt.Sprintf("--resync-margin %s: give a positive duration such as 10m, longer than the longest producer transaction", cfg.ResyncMargin)}
 			}
 			if cfg.SagaRetention == 0 {
 				cfg.SagaRetention = relay.KeepForever
@@ -81,44 +70,43 @@ func newRunCmd(opts *rootOptions) *cobra.Command {
 				return exitError{code: 2, msg: fmt.Sprintf("--dedupe-window %s is shorter than --resync-margin (%s) plus --outbox-retention (%s): a trigger read again after its tombstone is gone would start its saga twice; give --dedupe-window %s or more",
 					cfg.DedupeWindow, cfg.ResyncMargin, cfg.OutboxRetention, floor)}
 			}
-			if cfg.SessionTTL <= 0 {
-				return exitError{code: 2, msg: fmt.Sprintf("--session-ttl %s: give a positive duration such as 12h", cfg.SessionTTL)}
-			}
 			cfg.Logger = newLogger(opts)
 			return runRelay(cmd.Context(), cfg, stopTimeout, withExamples)
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "slot", "publication", "http-addr", "outbox-table", "outbox-columns", "log-level")
 	f := cmd.Flags()
 	f.BoolVar(&cfg.NoStream, "no-stream", false, "run only the step workers, not the replication stream (env RELAY_NO_STREAM)")
-	f.DurationVar(&cfg.StatusInterval, "status-interval", relay.DefaultStatusEvery, "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
-	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", relay.DefaultHeartbeatEver, "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
+	f.Var(cliflag.PositiveDuration(&cfg.StatusInterval, relay.DefaultStatusEvery), "status-interval", "how often to report the flushed position to PostgreSQL (env RELAY_STATUS_INTERVAL)")
+	f.Var(cliflag.PositiveDuration(&cfg.HeartbeatInterval, relay.DefaultHeartbeatEver), "heartbeat-interval", "how often to emit a heartbeat so the slot advances while the outbox is idle (env RELAY_HEARTBEAT_INTERVAL)")
 	f.StringVar(&cfg.MessagePrefix, "message-prefix", outbox.DefaultMessagePrefix, "prefix of the transactional logical decoding messages (pg_logical_emit_message, PostgreSQL 14+) that are outbox events; other prefixes are ignored (env RELAY_MESSAGE_PREFIX)")
 	f.BoolVar(&cfg.RecreateSlot, "recreate-slot", false, "re-create a missing or lost slot; MAY SKIP EVENTS written while it was gone (env RELAY_RECREATE_SLOT)")
-	f.StringVar(&cfg.OnSlotLost, "on-slot-lost", "stop", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin; events written as messages meanwhile cannot be re-read) (env RELAY_ON_SLOT_LOST)")
-	f.DurationVar(&cfg.ResyncMargin, "resync-margin", 10*time.Minute, "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
-	f.DurationVar(&cfg.OutboxRetention, "outbox-retention", 0, "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
-	f.DurationVar(&cfg.SagaRetention, "saga-retention", relay.DefaultSagaRetention, "delete the steps, journal and inbox rows of instances that ended COMPLETED or COMPENSATED longer ago than this, keeping a small tombstone; 0 keeps them forever (env RELAY_SAGA_RETENTION)")
-	f.DurationVar(&cfg.FailedRetention, "failed-retention", 0, "the same for FAILED and TIMED_OUT instances and dead letters nobody re-drove; 0 keeps them until an operator acts (env RELAY_FAILED_RETENTION)")
-	f.DurationVar(&cfg.DedupeWindow, "dedupe-window", relay.DefaultDedupeWindow, "keep a finished instance's tombstone this long after it ended, so a trigger read again (resync, repeated idempotency key) starts nothing; at least --resync-margin plus --outbox-retention; 0 keeps them forever (env RELAY_DEDUPE_WINDOW)")
-	f.DurationVar(&cfg.StallAfter, "stall-after", relay.DefaultStallAfter, "/readyz answers 503 when committed outbox work has waited this long behind the acknowledged position, or the stream has been down this long (env RELAY_STALL_AFTER)")
-	f.IntVar(&cfg.Workers, "workers", relay.DefaultWorkers, "step workers in this process, at least 1 (env RELAY_WORKERS)")
-	f.StringVar(&cfg.ClaimOrder, "claim-order", relay.ClaimFair, "how step workers pick due instances: fair (each claim shared between the tenants with due work, in turn) or oldest (oldest first, whoever the tenant) (env RELAY_CLAIM_ORDER)")
-	f.StringArrayVar(&tenantWeights, "tenant-weight", nil, "TENANT_ID=N: give a tenant N times the share of each claim (1 to 1000; others weigh 1; repeatable)")
-	f.DurationVar(&cfg.LeaseDuration, "lease", relay.DefaultLease, "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
-	f.DurationVar(&cfg.StuckAfter, "stuck-after", relay.DefaultStuckAfter, "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
-	f.DurationVar(&cfg.HoldAfter, "hold-after", relay.DefaultHoldAfter, "an instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is reported held; such errors are retried and never compensate (env RELAY_HOLD_AFTER)")
+	f.Var(cliflag.NewEnum(&cfg.OnSlotLost, cdc.SlotLostStop, "stop|resync", cdc.SlotLostStop, cdc.SlotLostResync), "on-slot-lost", "when the slot is lost: stop, or resync (a new slot, after re-reading the outbox rows since the last checkpoint minus --resync-margin; events written as messages meanwhile cannot be re-read) (env RELAY_ON_SLOT_LOST)")
+	f.Var(cliflag.PositiveDuration(&cfg.ResyncMargin, 10*time.Minute), "resync-margin", "with --on-slot-lost=resync, how far before the last checkpoint's time the re-read starts; longer than the longest producer transaction (env RELAY_RESYNC_MARGIN)")
+	f.Var(cliflag.OptionalDuration(&cfg.OutboxRetention, 0), "outbox-retention", "delete outbox rows older than this once streamed, e.g. 24h; 0 keeps them (env RELAY_OUTBOX_RETENTION)")
+	f.Var(cliflag.Retention(&cfg.SagaRetention, relay.DefaultSagaRetention), "saga-retention", "delete the steps, journal and inbox rows of instances that ended COMPLETED or COMPENSATED longer ago than this, keeping a small tombstone; 0 keeps them forever (env RELAY_SAGA_RETENTION)")
+	f.Var(cliflag.OptionalDuration(&cfg.FailedRetention, 0), "failed-retention", "the same for FAILED and TIMED_OUT instances and dead letters nobody re-drove; 0 keeps them until an operator acts (env RELAY_FAILED_RETENTION)")
+	f.Var(cliflag.Retention(&cfg.DedupeWindow, relay.DefaultDedupeWindow), "dedupe-window", "keep a finished instance's tombstone this long after it ended, so a trigger read again (resync, repeated idempotency key) starts nothing; at least --resync-margin plus --outbox-retention; 0 keeps them forever (env RELAY_DEDUPE_WINDOW)")
+	f.Var(cliflag.PositiveDuration(&cfg.StallAfter, relay.DefaultStallAfter), "stall-after", "/readyz answers 503 when committed outbox work has waited this long behind the acknowledged position, or the stream has been down this long (env RELAY_STALL_AFTER)")
+	f.Var(cliflag.IntAtLeast(&cfg.Workers, relay.DefaultWorkers, 1), "workers", "step workers in this process, at least 1 (env RELAY_WORKERS)")
+	f.Var(cliflag.NewEnum(&cfg.ClaimOrder, relay.ClaimFair, "fair|oldest", relay.ClaimFair, relay.ClaimOldest), "claim-order", "how step workers pick due instances: fair (each claim shared between the tenants with due work, in turn) or oldest (oldest first, whoever the tenant) (env RELAY_CLAIM_ORDER)")
+	f.Var(cliflag.NewPairs(&cfg.TenantWeights, "TENANT_ID=N", fmt.Sprintf("want TENANT_ID=N, N from 1 to %d, e.g. 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90=3", maxTenantWeight), parseTenantWeight),
+		"tenant-weight", fmt.Sprintf("give the tenant N times the share of each claim (1 to %d; others weigh 1; repeatable)", maxTenantWeight))
+	f.Var(cliflag.PositiveDuration(&cfg.LeaseDuration, relay.DefaultLease), "lease", "how long a worker's claim on an instance lasts without a heartbeat (env RELAY_LEASE)")
+	f.Var(cliflag.PositiveDuration(&cfg.StuckAfter, relay.DefaultStuckAfter), "stuck-after", "an instance overdue by more than this with no live lease is reported stuck (env RELAY_STUCK_AFTER)")
+	f.Var(cliflag.PositiveDuration(&cfg.HoldAfter, relay.DefaultHoldAfter), "hold-after", "an instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is reported held; such errors are retried and never compensate (env RELAY_HOLD_AFTER)")
 	f.StringVar(&cfg.APIToken, "api-token", "", "bearer token for /v1, at least 128 random bits, e.g. from openssl rand -hex 32 (env RELAY_API_TOKEN); without one, mutations answer 403")
 	f.StringVar(&cfg.APITokensFile, "api-tokens", "", "YAML file of named tokens, each scoped to a tenant (or \"*\") with role operate or read (env RELAY_API_TOKENS); see docs/monitor.md, API tokens")
 	f.BoolVar(&cfg.HTTPInsecure, "http-insecure", false, "allow the monitor on a non-loopback --http-addr without any token (otherwise relay run exits 2); the page shows a banner (env RELAY_HTTP_INSECURE)")
-	f.StringVar(&cfg.ProbeAddr, "probe-addr", "", "a listener of its own for /healthz and /readyz, e.g. :8081, so that a flood of connections to the monitor cannot fail the probes (env RELAY_PROBE_ADDR)")
-	f.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "a listener of its own for /metrics, e.g. :9090; the monitor then no longer serves /metrics, which stays off the address users and the API reach (env RELAY_METRICS_ADDR)")
+	f.Var(cliflag.Address(&cfg.ProbeAddr, "").Optional(), "probe-addr", "a listener of its own for /healthz and /readyz, e.g. :8081, so that a flood of connections to the monitor cannot fail the probes (env RELAY_PROBE_ADDR)")
+	f.Var(cliflag.Address(&cfg.MetricsAddr, "").Optional(), "metrics-addr", "a listener of its own for /metrics, e.g. :9090; the monitor then no longer serves /metrics, which stays off the address users and the API reach (env RELAY_METRICS_ADDR)")
 	f.StringSliceVar(&cfg.AllowedHosts, "http-allowed-hosts", nil, "without --api-token, the host names (besides IP addresses and localhost) the monitor answers to, comma-separated (env RELAY_HTTP_ALLOWED_HOSTS)")
-	f.DurationVar(&cfg.SessionTTL, "session-ttl", relay.DefaultSessionTTL, "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
+	f.Var(cliflag.PositiveDuration(&cfg.SessionTTL, relay.DefaultSessionTTL), "session-ttl", "how long a login to the monitor's page lasts (env RELAY_SESSION_TTL)")
 	f.BoolVar(&cfg.SecureCookies, "http-secure-cookies", false, "mark the page's session cookie Secure: a TLS-terminating proxy is in front (env RELAY_HTTP_SECURE_COOKIES)")
 	f.StringVar(&cfg.Sagas, "sagas", "", "directory of declared saga definitions (*.yaml), loaded and checked before anything starts; SIGHUP reloads it (env RELAY_SAGAS)")
 	f.StringSliceVar(&cfg.HTTPEgressAllow, "http-egress-allow", nil, "host names, IP addresses and CIDR networks a declared http step may call when its URL's host comes from an expression; repeat or comma-separate (env RELAY_HTTP_EGRESS_ALLOW); see docs/security.md, Outbound calls")
 	f.StringVar(&cfg.Sinks, "sinks", "", "YAML file of sinks (NATS, Kafka, webhooks) to relay outbox events to; see docs/sinks.md (env RELAY_SINKS)")
-	f.DurationVar(&stopTimeout, "stop-timeout", 30*time.Second, "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
+	f.Var(cliflag.PositiveDuration(&stopTimeout, 30*time.Second), "stop-timeout", "how long a graceful stop may take (env RELAY_STOP_TIMEOUT)")
 	f.BoolVar(&withExamples, "with-examples", false, "also run the example saga (research briefs), whose tables relay migrate --with-examples created (exit 2 when they are missing); without it only the sagas given run (--sagas, or an embedding application's Go sagas) (env RELAY_WITH_EXAMPLES)")
 	return cmd
 }
@@ -254,26 +242,19 @@ func reloadSagas(ctx context.Context, r *relay.Relay, cfg relay.Config) {
 	log.Info("saga reload done", "sagas", len(next))
 }
 
-// parseTenantWeights reads --tenant-weight TENANT_ID=N values.
-func parseTenantWeights(vals []string) (map[uuid.UUID]int, error) {
-	if len(vals) == 0 {
-		return nil, nil
+// maxTenantWeight is the largest weight a tenant may be given (the
+// journal's bound).
+const maxTenantWeight = 1000
+
+// parseTenantWeight reads one --tenant-weight TENANT_ID=N.
+func parseTenantWeight(id, n string) (uuid.UUID, int, bool) {
+	t, err := uuid.Parse(strings.TrimSpace(id))
+	if err != nil {
+		return uuid.Nil, 0, false
 	}
-	out := make(map[uuid.UUID]int, len(vals))
-	for _, v := range vals {
-		id, n, ok := strings.Cut(v, "=")
-		t, err := uuid.Parse(strings.TrimSpace(id))
-		if !ok || err != nil {
-			return nil, fmt.Errorf("--tenant-weight %q: write TENANT_ID=N, e.g. 0b7e6c2a-1f0e-4a57-9a43-5d2c1e6f8b90=3", v)
-		}
-		w, err := strconv.Atoi(strings.TrimSpace(n))
-		if err != nil || w < 1 || w > 1000 {
-			return nil, fmt.Errorf("--tenant-weight %q: the weight is a whole number from 1 to 1000", v)
-		}
-		if _, dup := out[t]; dup {
-			return nil, fmt.Errorf("--tenant-weight: tenant %s is given twice", t)
-		}
-		out[t] = w
+	w, err := strconv.Atoi(strings.TrimSpace(n))
+	if err != nil || w < 1 || w > maxTenantWeight {
+		return uuid.Nil, 0, false
 	}
-	return out, nil
+	return t, w, true
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/declare"
@@ -34,9 +35,9 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 			"Retry, cancel, pause and resume are journaled with your OS user name (cli:<user>)\n" +
 			"and the time.",
 	}
-	cmd.PersistentFlags().DurationVar(&stuckAfter, "stuck-after", admin.DefaultStuckAfter,
+	cmd.PersistentFlags().Var(cliflag.PositiveDuration(&stuckAfter, admin.DefaultStuckAfter), "stuck-after",
 		"a RUNNING or COMPENSATING instance whose next attempt is overdue by more than this, with no runner holding it, is stuck (env RELAY_STUCK_AFTER)")
-	cmd.PersistentFlags().DurationVar(&holdAfter, "hold-after", admin.DefaultHoldAfter,
+	cmd.PersistentFlags().Var(cliflag.PositiveDuration(&holdAfter, admin.DefaultHoldAfter), "hold-after",
 		"a RUNNING or COMPENSATING instance whose step has failed this long with errors an operator must fix (a missing grant, table or column, a connection failure) is stuck as held (env RELAY_HOLD_AFTER)")
 
 	// withAdmin opens a small pool, runs f and closes the pool.
@@ -55,7 +56,6 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 
 	var (
 		f      admin.Filter
-		tenant string
 		status string
 		asJSON bool
 	)
@@ -65,13 +65,6 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.Status = saga.Status(status)
-			if tenant != "" {
-				id, err := uuid.Parse(tenant)
-				if err != nil {
-					return usageError("--tenant %q is not a UUID", tenant)
-				}
-				f.Tenant = uuid.NullUUID{UUID: id, Valid: true}
-			}
 			if err := f.Check(); err != nil {
 				return usageError("%s", strings.TrimPrefix(err.Error(), saga.ErrInvalid.Error()+": "))
 			}
@@ -105,11 +98,10 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	}
 	lf := list.Flags()
 	lf.BoolVar(&f.Stuck, "stuck", false, "only stuck instances (FAILED, held by an error an operator must fix, overdue with no runner, or an unregistered version)")
-	lf.StringVar(&status, "status", "", "only this status: RUNNING, COMPENSATING, FAILED, COMPLETED, COMPENSATED or TIMED_OUT")
+	lf.Var(cliflag.NewEnum(&status, "", "status", statusWords()...).Optional(), "status", "only this status: "+orList(statusWords()))
 	lf.StringVar(&f.Saga, "saga", "", "only this saga (name)")
-	lf.StringVar(&tenant, "tenant", "", "only this tenant (UUID)")
-	lf.IntVar(&f.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("how many to show (1 to %d)", admin.MaxLimit))
-	setFlagMax(lf, "limit", admin.MaxLimit)
+	lf.Var(cliflag.NewUUID(&f.Tenant), "tenant", "only this tenant")
+	lf.Var(cliflag.IntBetween(&f.Limit, admin.DefaultLimit, 1, admin.MaxLimit), "limit", fmt.Sprintf("how many to show (1 to %d)", admin.MaxLimit))
 	lf.StringVar(&f.Cursor, "cursor", "", "continue after the previous page (printed at its end)")
 	lf.BoolVar(&asJSON, "json", false, `print {"items": [...], "next_cursor": ...} as the API does`)
 
@@ -239,11 +231,24 @@ func newSagasCmd(opts *rootOptions) *cobra.Command {
 	cancel.Flags().StringVar(&cancelReason, "reason", "", "why (journaled; default "+fmt.Sprintf("%q", admin.DefaultCancelReason)+"; required with --filter)")
 	bulkCancel.register(cancel, "cancel")
 
-	cmd.AddCommand(list, show, retry, cancel)
-	cmd.AddCommand(newSagasPauseCmds(withAdmin)...)
-	cmd.AddCommand(newSagasReplayCmd(withAdmin), newSagasUpgradeCmd(withAdmin))
+	viaAdmin := append([]*cobra.Command{list, show, retry, cancel}, newSagasPauseCmds(withAdmin)...)
+	viaAdmin = append(viaAdmin, newSagasReplayCmd(withAdmin), newSagasUpgradeCmd(withAdmin))
+	for _, c := range viaAdmin {
+		// withAdmin connects to --database-url.
+		opts.bindTo(c.Flags(), "database-url")
+	}
+	cmd.AddCommand(viaAdmin...)
 	cmd.AddCommand(newSagasStartCmd(opts), newSagasValidateCmd(opts), newSagasTestCmd())
 	return cmd
+}
+
+// statusWords are saga.Statuses as --status takes them.
+func statusWords() []string {
+	words := make([]string, len(saga.Statuses))
+	for i, st := range saga.Statuses {
+		words[i] = string(st)
+	}
+	return words
 }
 
 // newSagaAdmin builds the admin the way `relay run` does, with this binary's

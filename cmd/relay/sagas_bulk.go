@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
@@ -28,8 +29,7 @@ func (b *bulkFlags) register(cmd *cobra.Command, action string) {
 	f.StringArrayVar(&b.filters, "filter", nil, "act on every instance matching KEY=VALUE (repeatable; keys saga, version, status, step, stuck, error_contains, created_after, created_before, tenant)")
 	f.BoolVar(&b.yes, "yes", false, "really "+action+" (without it, --filter only counts and shows the first 20 ids)")
 	f.BoolVar(&b.dryRun, "dry-run", false, "with --filter: only count and show the first 20 ids, change nothing (what --filter does without --yes)")
-	f.IntVar(&b.limit, "limit", admin.DefaultBulkLimit, fmt.Sprintf("with --filter --yes: act on at most this many instances (at most %d)", admin.MaxBulkLimit))
-	setFlagMax(f, "limit", admin.MaxBulkLimit)
+	f.Var(cliflag.IntBetween(&b.limit, admin.DefaultBulkLimit, 1, admin.MaxBulkLimit), "limit", fmt.Sprintf("with --filter --yes: act on at most this many instances (at most %d)", admin.MaxBulkLimit))
 	f.BoolVar(&b.asJSON, "json", false, `with --filter: print the answer as the API does ({"dry_run", "matched", "sample" or "outcomes"})`)
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/saga/declare"
@@ -71,9 +72,8 @@ func newSagasReplayCmd(withAdmin func(*cobra.Command, func(*admin.Admin) error) 
 		},
 	}
 	c.Flags().StringVar(&req.Saga, "saga", "", "replay only the instances of this saga")
-	c.Flags().IntVar(&req.Version, "version", 0, "replay only the instances that ran under this version (default: every version)")
-	c.Flags().IntVar(&req.Limit, "limit", admin.DefaultReplayLimit, fmt.Sprintf("replay at most this many instances, newest first (at most %d)", admin.MaxBulkLimit))
-	setFlagMax(c.Flags(), "limit", admin.MaxBulkLimit)
+	c.Flags().Var(cliflag.IntAtLeast(&req.Version, 0, 0), "version", "replay only the instances that ran under this version (default: every version)")
+	c.Flags().Var(cliflag.IntBetween(&req.Limit, admin.DefaultReplayLimit, 1, admin.MaxBulkLimit), "limit", fmt.Sprintf("replay at most this many instances, newest first (at most %d)", admin.MaxBulkLimit))
 	c.Flags().BoolVar(&asJSON, "json", false, `print {"instances": [...], "replayed", "diverged"}`)
 	return c
 }
@@ -167,12 +167,11 @@ func newSagasUpgradeCmd(withAdmin func(*cobra.Command, func(*admin.Admin) error)
 			})
 		},
 	}
-	c.Flags().IntVar(&req.From, "from-version", 0, "the version the instances run now (required)")
-	c.Flags().IntVar(&req.To, "to-version", 0, "the version to move them to (required; registered)")
+	c.Flags().Var(cliflag.IntAtLeast(&req.From, 0, 1), "from-version", "the version the instances run now (required)")
+	c.Flags().Var(cliflag.IntAtLeast(&req.To, 0, 1), "to-version", "the version to move them to (required; registered)")
 	c.Flags().BoolVar(&req.DryRun, "dry-run", false, "change nothing: print what would move and what would not, and why")
 	c.Flags().StringVar(&req.Reason, "reason", "", "why (journaled; default names the versions)")
-	c.Flags().IntVar(&req.Limit, "limit", admin.DefaultBulkLimit, fmt.Sprintf("move at most this many instances per run (at most %d)", admin.MaxBulkLimit))
-	setFlagMax(c.Flags(), "limit", admin.MaxBulkLimit)
+	c.Flags().Var(cliflag.IntBetween(&req.Limit, admin.DefaultBulkLimit, 1, admin.MaxBulkLimit), "limit", fmt.Sprintf("move at most this many instances per run (at most %d)", admin.MaxBulkLimit))
 	c.Flags().BoolVar(&asJSON, "json", false, "print the answer as the API does")
 	return c
 }

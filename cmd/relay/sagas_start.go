@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/saga/admin"
 )
 
@@ -17,8 +18,9 @@ import (
 // POST /v1/sagas, through the same admin.Start.
 func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 	var (
-		payloadFile, aggregateID, key, tenant string
-		asJSON                                bool
+		payloadFile, aggregateID, key string
+		tenant                        uuid.NullUUID
+		asJSON                        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "start NAME [--payload FILE] [--aggregate-id ID] [--idempotency-key KEY]",
@@ -33,12 +35,8 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := admin.StartRequest{Saga: args[0], AggregateID: aggregateID, IdempotencyKey: key}
-			if tenant != "" {
-				id, err := uuid.Parse(tenant)
-				if err != nil {
-					return exitError{code: 2, msg: fmt.Sprintf("--tenant %q is not a UUID", tenant)}
-				}
-				req.TenantID = id
+			if tenant.Valid {
+				req.TenantID = tenant.UUID
 			}
 			if payloadFile != "" {
 				var b []byte
@@ -87,11 +85,12 @@ func newSagasStartCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "outbox-table")
 	f := cmd.Flags()
 	f.StringVar(&payloadFile, "payload", "", "a file holding the trigger event's payload, a JSON object (\"-\": standard input; none: {})")
 	f.StringVar(&aggregateID, "aggregate-id", "", "the trigger event's aggregate id")
 	f.StringVar(&key, "idempotency-key", "", "the same key never starts the saga twice (per saga and tenant, within the relay's --dedupe-window)")
-	f.StringVar(&tenant, "tenant", "", "the trigger event's tenant (UUID)")
+	f.Var(cliflag.NewUUID(&tenant), "tenant", "the trigger event's tenant")
 	f.BoolVar(&asJSON, "json", false, "print the result as POST /v1/sagas answers it")
 	return cmd
 }

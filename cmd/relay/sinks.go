@@ -86,6 +86,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			return tw.Flush()
 		},
 	}
+	opts.bindTo(list.Flags(), "database-url")
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	retry := &cobra.Command{
 		Use:   "retry NAME",
@@ -108,6 +109,7 @@ func newSinksCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(retry.Flags(), "database-url")
 	cmd.AddCommand(validate, list, retry, newSinksParkedCmd(opts), newSinksSkipCmd(opts), newSinksReplayCmd(opts))
 	cmd.AddCommand(newSinksTestCmd(opts))
 	return cmd
@@ -198,6 +200,7 @@ func newSinksReplayCmd(opts *rootOptions) *cobra.Command {
 			return err
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "outbox-table", "outbox-columns")
 	f := cmd.Flags()
 	f.StringVar(&since, "since", "", "start of the window (created_at, inclusive; required): RFC 3339 or a date (UTC)")
 	f.StringVar(&until, "until", "", "end of the window (created_at, exclusive; default now)")

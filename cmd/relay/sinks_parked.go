@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/compensa/compensa/internal/cliflag"
 	"github.com/compensa/compensa/sink"
 )
 
@@ -29,9 +30,6 @@ func newSinksParkedCmd(opts *rootOptions) *cobra.Command {
 			"destination will never accept can be given up with `relay sinks skip`.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if limit < 1 || limit > sink.MaxParkedLimit {
-				return usageError("--limit %d: give a number between 1 and %d", limit, sink.MaxParkedLimit)
-			}
 			pool, err := openPool(cmd.Context(), opts, 2)
 			if err != nil {
 				return err
@@ -76,9 +74,9 @@ func newSinksParkedCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, as GET /v1/sinks/{name}/parked answers")
-	cmd.Flags().IntVar(&limit, "limit", sink.DefaultParkedLimit, fmt.Sprintf("how many to show (1 to %d)", sink.MaxParkedLimit))
-	setFlagMax(cmd.Flags(), "limit", sink.MaxParkedLimit)
+	cmd.Flags().Var(cliflag.IntBetween(&limit, sink.DefaultParkedLimit, 1, sink.MaxParkedLimit), "limit", fmt.Sprintf("how many to show (1 to %d)", sink.MaxParkedLimit))
 	return cmd
 }
 
@@ -121,6 +119,7 @@ func newSinksSkipCmd(opts *rootOptions) *cobra.Command {
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url")
 	cmd.Flags().StringVar(&id, "id", "", "the parked event's id (required; see relay sinks parked)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why it can never be delivered (required; kept with the event)")
 	cmd.Flags().StringVar(&actor, "actor", "", "who skips it, as kept in relay_sink_skipped with the database role (default cli:<OS user>)")

@@ -87,6 +87,7 @@ CloudEvents source names the database of --database-url (never contacted) and
 			return nil
 		},
 	}
+	opts.bindTo(cmd.Flags(), "database-url", "outbox-table")
 	cmd.Flags().StringVar(&eventJSON, "event", "", "the event as JSON, or @FILE (required)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/compensa/compensa/internal/cliflag"
 )
 
 var errRan = errors.New("the command ran")
@@ -83,46 +86,48 @@ func allCommands() []cliCommand {
 	return out
 }
 
-// badValues are values each flag must refuse, by type and by the check its
-// name selects.
+// badValues are values each flag must refuse, by the value type it is
+// declared with and the rule the declaration gives it.
 func badValues(f *pflag.Flag) []string {
-	switch f.Value.Type() {
-	case "int", "int32", "int64":
-		v := []string{"abc", "-1", "1.5"}
-		if def, _ := strconv.Atoi(f.DefValue); def > 0 && !zeroAllowed[f.Name] {
-			v = append(v, "0")
+	switch v := f.Value.(type) {
+	case *cliflag.Int:
+		least, most := v.Range()
+		bad := []string{"abc", "1.5", strconv.Itoa(least - 1)}
+		if most < math.MaxInt {
+			bad = append(bad, strconv.Itoa(most+1))
 		}
-		if most, ok := flagMax(f); ok {
-			v = append(v, strconv.Itoa(most+1))
+		return bad
+	case *cliflag.Duration:
+		bad := []string{"abc", "-1s", "10"}
+		if !v.ZeroOK() {
+			bad = append(bad, "0s")
 		}
-		return v
-	case "duration":
-		v := []string{"abc", "-1s", "10"}
-		if def, _ := time.ParseDuration(f.DefValue); def > 0 && !zeroAllowed[f.Name] {
-			v = append(v, "0s")
-		}
-		return v
-	case "bool":
-		return []string{"maybe"}
-	case "string":
-		if _, ok := enumFlags[f.Name]; ok {
-			return []string{"bogus-word"}
-		}
-		if uuidFlags[f.Name] {
-			return []string{"not-a-uuid"}
-		}
+		return bad
+	case *cliflag.Enum:
+		return []string{"bogus-word"}
+	case *cliflag.UUID:
+		return []string{"not-a-uuid"}
+	case *cliflag.Pairs[uuid.UUID, int]:
+		return []string{"no-equals-sign", "not-a-uuid=2", "00000000-0000-0000-0000-000000000001=0"}
+	case *cliflag.Pairs[string, string]:
+		return []string{"no-equals-sign", "=JSON"}
+	case *cliflag.Text:
 		switch f.Name {
 		case "outbox-table":
 			return []string{"a.b.c", ""}
 		case "outbox-columns":
 			return []string{"nosuchfield=x", "id"}
 		case "http-addr":
+			return []string{"8080", "localhost:http-ish", ""}
+		case "probe-addr", "metrics-addr":
 			return []string{"8080", "localhost:http-ish"}
 		case "slot":
 			return []string{"Has-Dash", ""}
-		case "only":
-			return []string{"bogus-word", "stream,bogus-word"}
 		}
+		panic("badValues: name values that --" + f.Name + " must refuse")
+	}
+	if f.Value.Type() == "bool" {
+		return []string{"maybe"}
 	}
 	return nil
 }
@@ -208,6 +213,12 @@ func TestCommonMistakesExitTwo(t *testing.T) {
 		{[]string{"demo", "--database-url", "postgres://x"}, []string{`unknown flag --database-url for "relay demo"`}},
 		{[]string{"lag", "--intervl", "1s"}, []string{`did you mean "--interval"?`}},
 		{[]string{"help", "sagas", "lsit"}, []string{`did you mean "list"?`}},
+		{[]string{"sagas", "re"}, []string{`unknown command "re" for "relay sagas"; did you mean "replay", "resume" or "retry"?`}},
+		{[]string{"sagas", ""}, []string{`unknown command "" for "relay sagas"; choose one of: cancel, list,`}},
+		{[]string{"sagas", "list", "--status", "RUNNNING"}, []string{`invalid value "RUNNNING" for --status`, "PAUSED", `did you mean "RUNNING"?`}},
+		{[]string{"run", "--claim-order", "olde"}, []string{`invalid value "olde" for --claim-order of "relay run": want one of fair, oldest; did you mean "oldest"?`}},
+		{[]string{"run", "--tenant-weight", "00000000-0000-0000-0000-000000000001=1001"}, []string{"--tenant-weight", "N from 1 to 1000"}},
+		{[]string{"run", "--workers"}, []string{`flag --workers of "relay run" needs a value (want a whole number of at least 1)`}},
 		{[]string{"sagas", "list", "--limit", "9999"}, []string{`invalid value "9999" for --limit`, "from 1 to 500"}},
 		{[]string{"sagas", "retry", "--filter", "saga=x", "--limit", "10001"}, []string{"from 1 to 10000"}},
 		{[]string{"deadletters", "list", "--limit", "1001"}, []string{"from 1 to 1000"}},
@@ -221,6 +232,11 @@ func TestCommonMistakesExitTwo(t *testing.T) {
 	t.Setenv("RELAY_WORKERS", "0")
 	code, stderr := cli(t, "run")
 	oneLineNaming(t, "RELAY_WORKERS=0 relay run", code, stderr, "RELAY_WORKERS", "at least 1")
+	t.Setenv("RELAY_WORKERS", "")
+	os.Unsetenv("RELAY_WORKERS")
+	t.Setenv("RELAY_CLAIM_ORDER", "random")
+	code, stderr = cli(t, "run")
+	oneLineNaming(t, "RELAY_CLAIM_ORDER=random relay run", code, stderr, `RELAY_CLAIM_ORDER="random": want one of fair, oldest`)
 }
 
 // Values only the command itself can judge (a --filter's status, a

@@ -13,6 +13,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 	"golang.org/x/text/language"
 	"golang.org/x/text/message"
+
+	"github.com/compensa/compensa/internal/suggest"
 )
 
 // Schema is the JSON Schema of a saga definition file. The loader validates
@@ -236,35 +238,17 @@ func allowedKeys(schemaURL string) []string {
 }
 
 // closest returns the allowed key within edit distance 2 of k, if one is.
+// A key longer than any allowed one by far is no typo of it, and is not
+// measured: a file may hold anything.
 func closest(k string, allowed []string) string {
+	if len(k) > 64 {
+		return ""
+	}
 	best, bestD := "", 3
 	for _, a := range allowed {
-		if d := editDistance(k, a); d < bestD {
+		if d := suggest.Distance(k, a); d < bestD {
 			best, bestD = a, d
 		}
 	}
 	return best
-}
-
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 99
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			c := 1
-			if a[i-1] == b[j-1] {
-				c = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+c)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
