@@ -22,8 +22,9 @@ test-short: postgres ## the quick tier: go test -short ./... (under 3 minutes)
 VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
+# -tags grpcnotrace: gRPC leaves out x/net/trace, whose html/template use stops the linker dropping unused methods.
 build: ## the release build of the relay: bin/relay (stripped, no cgo)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
+	CGO_ENABLED=0 $(GO) build -tags grpcnotrace -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/relay ./cmd/relay
 
 # `make install` copies bin/relay to $(PREFIX)/bin (default /usr/local/bin;
 # DESTDIR for packaging), so that `relay` is on PATH; without it, `export
@@ -140,9 +141,16 @@ example-orders: postgres build ## run examples/orders: declared sagas and a Pyth
 # TestDocsAreGenerated in write mode: without COMPENSA_WRITE_DOCS that test
 # fails when a committed page differs ("run make docs"). The relay binary
 # links neither internal/docgen nor cobra/doc.
-.PHONY: docs
-docs: ## regenerate docs/cli, docs/api.md and docs/reference from the code and schemas
+# It first runs `make generate`: the monitor page's Go code from its templ
+# components (internal/httpapi/*.templ to *_templ.go, committed), with the
+# templ version go.mod's tool directive pins; internal/httpapi's
+# TestTemplGenerated fails when a committed file differs ("run make docs").
+.PHONY: docs generate
+docs: generate ## regenerate docs/cli, docs/api.md, docs/reference and the page's templ code
 	COMPENSA_WRITE_DOCS=1 $(GO) test -count=1 -run '^TestDocsAreGenerated$$' ./cmd/relay
+
+generate: ## regenerate the monitor page's *_templ.go from its .templ files
+	$(GO) tool templ generate -path internal/httpapi
 
 # `make deploy-check` validates deploy/prometheus/alerts.yml with Prometheus's
 # own rule parser (model/rulefmt, as promtool does), and lints and renders the

@@ -8,9 +8,10 @@ import (
 // The definitions page draws each loaded saga as a picture: its steps in
 // order left to right, each step's compensation under it, and the
 // compensations chained right to left, the order in which they run when a
-// later step fails. The layout is computed here and drawn by the template as
-// inline SVG, so the page needs no script and the CSP stays as it is; every
-// name is text in the template, escaped there (names come from files).
+// later step fails. The layout is computed here and drawn by definitionArticle
+// (page_definitions.templ) as inline SVG, so the page needs no script and the
+// CSP stays as it is; every name is text in the component, escaped there
+// (names come from files, or from Go code).
 
 // Sizes of the picture, in SVG user units.
 const (
@@ -148,5 +149,5 @@ func (s *Server) definitionsPage(w http.ResponseWriter, r *http.Request) {
 	for i, def := range s.loadedDefinitions() {
 		d.Pictures = append(d.Pictures, newDefinitionPicture(i, def))
 	}
-	s.render(w, r, s.page.definitions, http.StatusOK, d)
+	s.render(w, r, definitionsView(d), http.StatusOK)
 }

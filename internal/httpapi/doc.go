@@ -20,6 +20,9 @@
 //     409. Errors without a kind are logged and answered with a generic 500,
 //     so database details never reach a caller.
 //   - Neither the token nor the DSN is ever logged or rendered.
+//   - The page writes every value it shows (saga names, errors, outputs)
+//     as escaped text or quoted attributes, and has no inline script or
+//     style: its Content-Security-Policy refuses them.
 //   - Without a token, only requests whose Host is an IP literal,
 //     localhost or a Config.AllowedHosts name are answered (403 otherwise),
 //     so that DNS rebinding cannot read through an operator's browser;

@@ -2,24 +2,30 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"html/template"
 	"io/fs"
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/a-h/templ"
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 	"github.com/compensa/compensa/sink"
 )
 
-// The web page is rendered on the server from html/template; its stylesheet
-// and its one small script are embedded, so there is no build step and
-// nothing to fetch from elsewhere.
+// The web page is rendered on the server by templ components (the
+// page_*.templ files; `make docs` regenerates their *_templ.go files, and
+// TestTemplGenerated fails when a committed one is stale). Its stylesheet and
+// its one small script are embedded, so there is nothing to fetch from
+// elsewhere. The page executes no html/template: a template's method
+// lookups by name would make the linker keep every exported method of every
+// type the relay links (TestRelayBinaryKeepsDeadCodeElimination in
+// cmd/relay).
 //
 // Authentication: with a token configured, the page asks for it once
 // (/login), checks it in constant time and sets an HttpOnly, SameSite=Strict
@@ -29,72 +35,8 @@ import (
 // cannot send. Without a token the page is open and its retry and cancel
 // buttons are disabled, as the API's mutations are.
 
-//go:embed web/templates/*.html
-var templateFS embed.FS
-
 //go:embed web/assets
 var assetFS embed.FS
-
-type pageRenderer struct {
-	index, detail, login, search, definitions, deadLetters *template.Template
-}
-
-func newPageRenderer() (*pageRenderer, error) {
-	funcs := template.FuncMap{
-		"time":        fmtTime,
-		"timep":       fmtTimePtr,
-		"bytes":       humanBytes,
-		"short":       shortID,
-		"clip":        func(s string) string { return clipText(s, listReasonWidth) },
-		"attempt":     listAttempt,
-		"timems":      fmtTimeMs,
-		"gap":         journalGap,
-		"next":        listNextAttempt,
-		"lower":       lower,
-		"reasonClass": reasonClass,
-		"canRetry":    canRetry,
-		"canCancel":   func(st saga.Status) bool { return st == saga.StatusRunning },
-		"canPause":    func(st saga.Status) bool { return st == saga.StatusRunning || st == saga.StatusCompensating },
-		"canResume":   func(st saga.Status) bool { return st == saga.StatusPaused },
-		"statuses":    func() []saga.Status { return allStatuses },
-		"count":       func(m map[string]int64, st saga.Status) int64 { return m[string(st)] },
-		"json":        prettyJSON,
-		"eventNotes":  eventNotes,
-		"stepNo":      func(i *int) string { return stepNo(i) },
-		"seconds":     func(f float64) string { return fmt.Sprintf("%.1f s", f) },
-		"age":         fmtAge,
-		"secondsp": func(f *float64) string {
-			if f == nil {
-				return "seconds unknown (no checkpoint yet)"
-			}
-			return fmt.Sprintf("%.1f s", *f)
-		},
-	}
-	parse := func(name string) (*template.Template, error) {
-		return template.New(name).Funcs(funcs).ParseFS(templateFS, "web/templates/layout.html", "web/templates/"+name)
-	}
-	var p pageRenderer
-	var err error
-	if p.index, err = parse("index.html"); err != nil {
-		return nil, err
-	}
-	if p.detail, err = parse("saga.html"); err != nil {
-		return nil, err
-	}
-	if p.login, err = parse("login.html"); err != nil {
-		return nil, err
-	}
-	if p.search, err = parse("search.html"); err != nil {
-		return nil, err
-	}
-	if p.definitions, err = parse("definitions.html"); err != nil {
-		return nil, err
-	}
-	if p.deadLetters, err = parse("deadletters.html"); err != nil {
-		return nil, err
-	}
-	return &p, nil
-}
 
 func (s *Server) pageRoutes(m *http.ServeMux) {
 	assets, _ := fs.Sub(assetFS, "web/assets")
@@ -146,9 +88,12 @@ func (s *Server) layout(r *http.Request, title string) layoutData {
 	return d
 }
 
-func (s *Server) render(w http.ResponseWriter, r *http.Request, t *template.Template, status int, data any) {
+func (s *Server) render(w http.ResponseWriter, r *http.Request, page templ.Component, status int) {
 	var buf bytes.Buffer
-	if err := t.ExecuteTemplate(&buf, "layout", data); err != nil {
+	// The page is rendered whole before anything is sent, so that a failure
+	// is a 500 rather than half a page. A visitor who leaves meanwhile must
+	// not make it fail: the queries are done, and the rendering is quick.
+	if err := page.Render(context.WithoutCancel(r.Context()), &buf); err != nil {
 		s.log.Error("render page", "path", r.URL.Path, "err", err)
 		http.Error(w, "cannot render the page; see the relay's log", http.StatusInternalServerError)
 		return
@@ -290,7 +235,7 @@ func (s *Server) indexPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Ready = s.pageReadiness(ctx)
 	s.throttle.Recovered("page", "page: the database answers the page again")
-	s.render(w, r, s.page.index, http.StatusOK, d)
+	s.render(w, r, indexView(d), http.StatusOK)
 }
 
 type sagaData struct {
@@ -310,7 +255,7 @@ func (s *Server) sagaPage(w http.ResponseWriter, r *http.Request) {
 		s.pageError(w, r, err)
 		return
 	}
-	s.render(w, r, s.page.detail, http.StatusOK, sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+shortID(id)), D: d, Timeline: newTimeline(d)})
+	s.render(w, r, sagaView(sagaData{layoutData: s.layout(r, "Saga "+d.Instance.SagaName+" "+shortID(id)), D: d, Timeline: newTimeline(d)}), http.StatusOK)
 }
 
 // searchData is the page of a search.
@@ -333,7 +278,7 @@ func (s *Server) searchPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Hits = hits
-	s.render(w, r, s.page.search, http.StatusOK, d)
+	s.render(w, r, searchView(d), http.StatusOK)
 }
 
 // bulkFilterJSON writes a list filter as the bulk API's filter object.
@@ -385,7 +330,7 @@ func (s *Server) pageError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("page request failed", "path", r.URL.Path, "err", err)
 	}
 	d := indexData{layoutData: s.layout(r, "Compensa monitor"), Error: msg, ErrorOnly: true}
-	s.render(w, r, s.page.index, status, d)
+	s.render(w, r, indexView(d), status)
 }
 
 // outage is what the page shows while the database is unreachable.
@@ -413,6 +358,6 @@ func (s *Server) outagePage(w http.ResponseWriter, r *http.Request, err error) b
 	if s.cfg.Replication != nil {
 		d.Chart = newChart(s.lag.samples())
 	}
-	s.render(w, r, s.page.index, http.StatusServiceUnavailable, d)
+	s.render(w, r, indexView(d), http.StatusServiceUnavailable)
 	return true
 }

@@ -36,7 +36,8 @@ func newPlotArea(rightAxis bool) plotArea {
 func (p plotArea) PlotWidth() float64  { return p.Right - p.Left }
 func (p plotArea) PlotHeight() float64 { return p.Base - p.Top }
 
-// Positions of the axes' marks and labels, for the templates.
+// Positions of the axes' marks and labels, for the charts' components
+// (page_charts.templ).
 func (p plotArea) TickIn() float64     { return p.Left - 4 }
 func (p plotArea) LabelLeft() float64  { return p.Left - 7 }
 func (p plotArea) TickOut() float64    { return p.Right + 4 }

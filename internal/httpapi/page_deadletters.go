@@ -109,7 +109,7 @@ func (s *Server) deadLettersPage(w http.ResponseWriter, r *http.Request) {
 			d.Sinks = append(d.Sinks, parkedSink{Name: st.Name, Kind: st.Kind, Events: evs})
 		}
 	}
-	s.render(w, r, s.page.deadLetters, http.StatusOK, d)
+	s.render(w, r, deadLettersView(d), http.StatusOK)
 }
 
 // fmtAge writes a number of seconds as a short age: 42s, 3m05s, 2h07m, 3d04h.

@@ -4,14 +4,21 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/a-h/templ"
+	"github.com/google/uuid"
 
 	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/admin"
 )
 
-// The functions the page's templates call.
+// The functions the page's templ components call. They return text, which
+// the components escape; the URLs are built here from ids and query
+// escaping, never from a value taken as it is.
 
 // shortID is the part of an instance id that tells instances apart: its
 // last 12 hex characters (a UUIDv7 begins with its creation time, the same
@@ -24,6 +31,9 @@ func shortID(id fmt.Stringer) string {
 // listReasonWidth is how much of a reason a list row shows; the detail page
 // has it whole. `relay sagas list` cuts at the same width.
 const listReasonWidth = 60
+
+// clip is a reason as a list row shows it.
+func clip(s string) string { return clipText(s, listReasonWidth) }
 
 // clipText folds whitespace and cuts s to n characters, ending in "…".
 func clipText(s string, n int) string {
@@ -81,6 +91,89 @@ func humanBytes(n int64) string {
 
 func lower(s string) string { return strings.ToLower(s) }
 
+// statusClass is the class of a status badge: its colour comes from
+// app.css (s-running, s-failed, …).
+func statusClass[S ~string](st S) string { return "status s-" + lower(string(st)) }
+
+// instanceURL is an instance's detail page.
+func instanceURL(id uuid.UUID) templ.SafeURL { return templ.SafeURL("/sagas/" + id.String()) }
+
+// statusListURL is the list of a saga version's instances in one status,
+// the overview's links.
+func statusListURL(sagaName string, version int, st saga.Status) templ.SafeURL {
+	return templ.SafeURL("/?saga=" + url.QueryEscape(sagaName) + "&version=" + strconv.Itoa(version) + "&status=" + url.QueryEscape(string(st)))
+}
+
+// atLeast writes a count that may have been cut at its cap: "100+".
+func atLeast(n int64, more bool) string {
+	s := strconv.FormatInt(n, 10)
+	if more {
+		s += "+"
+	}
+	return s
+}
+
+// textIf is s when cond holds, else nothing: text that joins its
+// neighbours without the space a templ if block would put around it.
+func textIf(cond bool, s string) string {
+	if cond {
+		return s
+	}
+	return ""
+}
+
+// versionValue fills the filter form's version field: empty for any.
+func versionValue(v int) string {
+	if v == 0 {
+		return ""
+	}
+	return strconv.Itoa(v)
+}
+
+func fmtSeconds(f float64) string { return fmt.Sprintf("%.1f s", f) }
+
+func fmtSecondsPtr(f *float64) string {
+	if f == nil {
+		return "seconds unknown (no checkpoint yet)"
+	}
+	return fmtSeconds(*f)
+}
+
+// bulkSummary says how many instances a filter matches and how many of
+// them a retry or a cancel can act on.
+func bulkSummary(d indexData) string {
+	var b strings.Builder
+	if d.MatchedMore {
+		b.WriteString("More than ")
+	}
+	b.WriteString(strconv.FormatInt(d.Matched, 10))
+	b.WriteString(" instances match")
+	if d.Matched != 0 {
+		fmt.Fprintf(&b, ": %s a retry can act on, %s a cancel can", atLeast(d.Retryable, d.RetryableMore), atLeast(d.Cancellable, d.CancellableMore))
+	}
+	b.WriteString(".")
+	return b.String()
+}
+
+// stepClass is a step's class in the detail page's list of steps; the
+// step the instance stands at is current.
+func stepClass(st admin.Step, current int) string {
+	c := "step st-" + lower(string(st.Status))
+	if st.Sequence == current {
+		c += " current"
+	}
+	return c
+}
+
+// stepTimes are a recorded step's times, for the detail page's list of
+// steps.
+func stepTimes(st admin.Step) string {
+	if !st.Recorded {
+		return ""
+	}
+	return " · started " + fmtTimePtr(st.StartedAt) + " · completed " + fmtTimePtr(st.CompletedAt) + " · compensated " + fmtTimePtr(st.CompensatedAt)
+}
+
 // canRetry mirrors admin.Retry's refusals, so that the page offers the
 // button only where it can work (the API still decides).
 func canRetry(it admin.Item) bool {
@@ -90,6 +183,14 @@ func canRetry(it admin.Item) bool {
 	}
 	return it.StuckReason != admin.StuckUnregistered
 }
+
+func canCancel(st saga.Status) bool { return st == saga.StatusRunning }
+
+func canPause(st saga.Status) bool {
+	return st == saga.StatusRunning || st == saga.StatusCompensating
+}
+
+func canResume(st saga.Status) bool { return st == saga.StatusPaused }
 
 func prettyJSON(raw json.RawMessage) string {
 	if len(raw) == 0 {

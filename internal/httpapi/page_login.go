@@ -20,7 +20,7 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
-	s.render(w, r, s.page.login, http.StatusOK, loginData{layoutData: s.layout(r, "Sign in"), Next: safeNext(r.URL.Query().Get("next"))})
+	s.render(w, r, loginView(loginData{layoutData: s.layout(r, "Sign in"), Next: safeNext(r.URL.Query().Get("next"))}), http.StatusOK)
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +54,7 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	tok, ok := s.tokens.Match(r.PostForm.Get("token"))
 	if !ok {
 		s.authFailed(r, "login form")
-		s.render(w, r, s.page.login, http.StatusUnauthorized, loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not one of the relay's API tokens."})
+		s.render(w, r, loginView(loginData{layoutData: s.layout(r, "Sign in"), Next: next, Error: "That token is not one of the relay's API tokens."}), http.StatusUnauthorized)
 		return
 	}
 	s.startSession(w, r, tok)

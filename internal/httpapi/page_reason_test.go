@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 
@@ -16,16 +17,12 @@ import (
 // red (class err).
 func TestCompensatedReasonIsNotAnError(t *testing.T) {
 	t.Parallel()
-	p, err := newPageRenderer()
-	if err != nil {
-		t.Fatal(err)
-	}
 	data := indexData{Recent: []admin.Item{
 		{ID: uuid.New(), SagaName: "order", SagaVersion: 1, Status: saga.StatusCompensated, Reason: "card declined"},
 		{ID: uuid.New(), SagaName: "order", SagaVersion: 1, Status: saga.StatusFailed, Reason: "refund refused"},
 	}}
 	var buf bytes.Buffer
-	if err := p.index.ExecuteTemplate(&buf, "layout", data); err != nil {
+	if err := indexView(data).Render(context.Background(), &buf); err != nil {
 		t.Fatal(err)
 	}
 	html := buf.String()

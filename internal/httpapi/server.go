@@ -118,7 +118,6 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	lag     *lagRing
-	page    *pageRenderer
 
 	allowedHosts map[string]bool
 	sessions     *sessionStore
@@ -181,10 +180,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	// Samples taken by page views are kept at most twice per interval.
 	s.lag = newLagRing(cfg.LagSamples, cfg.LagSampleInterval/2)
-	var err error
-	if s.page, err = newPageRenderer(); err != nil {
-		return nil, err
-	}
 	s.routes()
 	return s, nil
 }

@@ -21,7 +21,7 @@ import (
 // so a bar is never shorter than the attempt; a gap before a claim shows in
 // it.
 
-// timeline is what the template draws.
+// timeline is what sagaTimeAxis (page_saga.templ) draws.
 type timeline struct {
 	Width, Height int
 	LabelWidth    int
