@@ -32,7 +32,7 @@ func (k EventKind) Valid() bool {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventReplyReceived,
 		EventStepSkipped, EventStepWaiting, EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
 		EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventUpgraded, EventRestarted,
-		EventCompleted, EventCompensated, EventFailed, EventTimedOut:
+		EventStepInterrupted, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		return true
 	}
 	return false
@@ -46,7 +46,8 @@ func (k EventKind) Valid() bool {
 func (k EventKind) Appendable() bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting,
-		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
+		EventCompensationStarted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed,
+		EventStepInterrupted:
 		return true
 	}
 	return false
@@ -96,6 +97,33 @@ func Claimable(inst *Instance, now time.Time) bool {
 	return !inst.LeaseID.Valid || inst.LeaseExpiresAt == nil || inst.LeaseExpiresAt.Before(now)
 }
 
+// ClaimOpenStep is what a claim does to inst's OpenStep, the same in every
+// journal (pgjournal's claim statement says it in SQL): interrupted is the
+// step the previous holder left open (the claim reports it as
+// InterruptedStep), open the OpenStep the claim stores. A step left open is
+// kept until step_interrupted records it, so that a claimer that crashes
+// first leaves it to the next claim. Otherwise the claim opens the current
+// step of a RUNNING instance that neither waits nor holds a reply: its
+// holder may run an attempt of it. A waiting instance's step already acted
+// (step_awaiting) or does nothing but end its wait.
+func ClaimOpenStep(inst Instance) (interrupted, open *int) {
+	if inst.OpenStep != nil {
+		return inst.OpenStep, inst.OpenStep
+	}
+	return nil, opening(inst)
+}
+
+// opening is the OpenStep of inst when its holder goes on to its current
+// step: that step while inst is RUNNING and neither waits nor holds a
+// reply (an attempt of it may run), else none.
+func opening(inst Instance) *int {
+	if inst.Status != StatusRunning || inst.AwaitingCorrelationID.Valid || inst.AwaitingUntil != nil || len(inst.Reply) > 0 {
+		return nil
+	}
+	step := inst.CurrentStep
+	return &step
+}
+
 // Timestamp is t as the journals store it: UTC, truncated to the microsecond
 // that PostgreSQL's timestamptz keeps, so that the memory journal and the
 // PostgreSQL journal compute the same instants.
@@ -120,10 +148,10 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     With a Class that holds (ClassOperator, ClassTransient) Attempt is
 //     left as it is and held_since is set (kept when already set); every
 //     other event clears held_since.
-//   - step_skipped (RUNNING, Step = CurrentStep, a step that has not run):
-//     the step becomes SKIPPED; CurrentStep = Step+1, Attempt = 0,
-//     next_attempt_at = now, last_error cleared. A skipped step is never
-//     compensated.
+//   - step_skipped (RUNNING, Step = CurrentStep, a step that has not run,
+//     or only in an attempt that was interrupted): the step becomes
+//     SKIPPED; CurrentStep = Step+1, Attempt = 0, next_attempt_at = now,
+//     last_error cleared. A skipped step is never compensated.
 //   - step_waiting (RUNNING, Step = CurrentStep): the step is RUNNING;
 //     awaiting_until = Until, next_attempt_at = Until (now when Until has
 //     passed); Attempt is left as it is: a wait is not an attempt.
@@ -167,6 +195,21 @@ func Timestamp(t time.Time) time.Time { return t.Truncate(time.Microsecond).UTC(
 //     CheckTransition allows; compensated and timed_out only once every step
 //     is compensated or skipped, CurrentStep < 0), completed_at = now, lease
 //     released.
+//   - step_interrupted (RUNNING or COMPENSATING, Step = OpenStep): the
+//     record that step Step may have acted. The step becomes RUNNING (an
+//     attempt began) unless its record cannot (COMPLETED, SKIPPED);
+//     Attempt, the step's attempts and held_since are kept. The holder
+//     that writes it goes on: OpenStep is its current step again while
+//     RUNNING (as a claim would open it), none while COMPENSATING.
+//
+// OpenStep, the step the holder may be running: step_completed and
+// step_skipped open the next one (the holder goes on to it); step_failed,
+// step_waiting, step_awaiting, compensation_started, the compensation
+// events, restarted and the terminal kinds close it (the holder runs no
+// attempt after them); reply_received, retry_requested, cancel_requested,
+// paused and resumed keep it: they revoke the lease, and an attempt they
+// cut short may have acted. InterruptedStep, a claim's report, is cleared
+// by every event.
 //
 // Every event that ends a wait (step_completed, step_failed, step_awaiting,
 // compensation_started, cancel_requested, the terminal kinds) clears
@@ -229,6 +272,8 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 	// A failure that holds the instance is not an attempt: it starts (or
 	// continues) the hold instead. Every other event ends a hold.
 	next.HeldSince = nil
+	// A claim's report, not part of the projection.
+	next.InterruptedStep = nil
 	countAttempt := func() {
 		if ev.Class.holds() {
 			next.HeldSince = cmp.Or(inst.HeldSince, at(now))
@@ -246,6 +291,11 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		}
 	case EventStepCompleted, EventStepFailed, EventStepAwaiting, EventStepSkipped, EventStepWaiting:
 		to = StatusRunning
+	case EventStepInterrupted:
+		if inst.Status != StatusRunning && inst.Status != StatusCompensating {
+			return Transition{}, Errorf(ErrInvalid, "instance %s: step_interrupted needs a RUNNING or COMPENSATING instance, it is %s", inst.ID, inst.Status)
+		}
+		to = inst.Status
 	case EventRestarted:
 		if inst.Status != StatusFailed && inst.Status != StatusCompensated {
 			return Transition{}, Errorf(ErrInvalid, "instance %s: only a FAILED or COMPENSATED instance can be restarted from a step, it is %s", inst.ID, inst.Status)
@@ -339,6 +389,12 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		endWait()
 
 	case EventStepSkipped:
+		if inst.AwaitingCorrelationID.Valid || inst.AwaitingUntil != nil || len(inst.Reply) > 0 {
+			// Its record is RUNNING, as after an interrupted attempt, but
+			// it sent a command or waits for a timer: not a step that can
+			// still decide not to act.
+			return Transition{}, Errorf(ErrInvalid, "instance %s step %d waits for a reply or a timer: it cannot be skipped", inst.ID, ev.Step)
+		}
 		s, err := loadStep()
 		if err != nil {
 			return Transition{}, err
@@ -491,6 +547,27 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		next.HeldSince = inst.HeldSince
 		revokeLease()
 
+	case EventStepInterrupted:
+		// A record, not an outcome: a hold goes on, no attempt is counted.
+		// The step record says that an attempt began (RUNNING), so that
+		// its compensation can be recorded; a record that cannot move
+		// there (COMPLETED, SKIPPED) is left as it is, since the event is
+		// recorded whatever the record says.
+		next.HeldSince = inst.HeldSince
+		if ev.Step == inst.CurrentStep {
+			s, err := loadStep()
+			if err != nil {
+				return Transition{}, err
+			}
+			if CheckStepTransition(s.Status, StepRunning) == nil {
+				s.Status = StepRunning
+				if s.StartedAt == nil {
+					s.StartedAt = at(now)
+				}
+				step = s
+			}
+		}
+
 	case EventCancelRequested:
 		next.CompensationReason = ev.Reason
 		if next.CompensationReason == "" {
@@ -510,6 +587,15 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 		revokeLease()
 	}
 
+	switch ev.Kind {
+	case EventStepCompleted, EventStepSkipped, EventStepInterrupted:
+		// The holder goes on to the (new) current step, if it runs one.
+		next.OpenStep = opening(next)
+	case EventReplyReceived, EventRetryRequested, EventCancelRequested, EventPaused, EventResumed:
+		// They revoke the lease: an attempt they cut short may have acted.
+	default:
+		next.OpenStep = nil
+	}
 	if len(ev.State) > 0 {
 		next.Context = ev.State
 	}
@@ -524,8 +610,9 @@ func Advance(inst Instance, cur *StepRecord, ev Event, now time.Time) (Transitio
 
 // CheckNew validates an instance given to Journal.Enqueue: it needs an id, a
 // saga name and a positive version, valid JSON context, and no progress (an
-// instance starts RUNNING at step 0 with no attempt, lease, wait, reply or
-// event). CreatedAt and UpdatedAt are ignored: the journal stamps them.
+// instance starts RUNNING at step 0 with no attempt, lease, open step, wait,
+// reply or event). CreatedAt and UpdatedAt are ignored: the journal stamps
+// them.
 func CheckNew(inst Instance) error {
 	switch {
 	case inst.ID == uuid.Nil:
@@ -540,6 +627,8 @@ func CheckNew(inst Instance) error {
 		return Errorf(ErrInvalid, "enqueue %s: an instance starts at step 0, attempt 0, version 0", inst.ID)
 	case inst.LeaseID.Valid || inst.LeaseExpiresAt != nil:
 		return Errorf(ErrInvalid, "enqueue %s: an instance starts without a lease (ClaimPending grants one)", inst.ID)
+	case inst.OpenStep != nil || inst.InterruptedStep != nil:
+		return Errorf(ErrInvalid, "enqueue %s: an instance starts with no step open (OpenStep and InterruptedStep are the claims')", inst.ID)
 	case inst.AwaitingCorrelationID.Valid || inst.AwaitingUntil != nil || inst.Reply != nil:
 		return Errorf(ErrInvalid, "enqueue %s: an instance starts without a wait or a reply", inst.ID)
 	case inst.LastError != "" || inst.CompensationReason != "" || inst.CompletedAt != nil:
@@ -555,8 +644,9 @@ func CheckNew(inst Instance) error {
 }
 
 // checkEventStep checks ev.Step against the instance: step events concern
-// the current step, compensation_started a step at or below it, the others
-// name no step (-1) or the current one.
+// the current step, compensation_started a step at or below it,
+// step_interrupted the open step, the others name no step (-1) or the
+// current one.
 func checkEventStep(inst Instance, ev Event) error {
 	switch ev.Kind {
 	case EventCompensationStarted:
@@ -566,6 +656,16 @@ func checkEventStep(inst Instance, ev Event) error {
 	case EventRestarted:
 		if ev.Step < 0 {
 			return Errorf(ErrInvalid, "instance %s: restarted needs the step to start from, got %d", inst.ID, ev.Step)
+		}
+	case EventStepInterrupted:
+		// Only what a claim reported: the step the previous holder left
+		// open. (Mostly the current step; not always after relays of an
+		// earlier release, which do not keep open_step, ran the instance.)
+		if inst.OpenStep == nil {
+			return Errorf(ErrInvalid, "instance %s: step_interrupted for step %d, but no step is open (it records what ClaimPending reported in InterruptedStep)", inst.ID, ev.Step)
+		}
+		if ev.Step != *inst.OpenStep {
+			return Errorf(ErrInvalid, "instance %s: step_interrupted for step %d, the open step is %d", inst.ID, ev.Step, *inst.OpenStep)
 		}
 	case EventRetryRequested, EventCancelRequested, EventPaused, EventResumed, EventCompleted, EventCompensated, EventFailed, EventTimedOut:
 		if ev.Step != -1 && ev.Step != inst.CurrentStep {

@@ -3,6 +3,7 @@ package saga_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -279,4 +280,124 @@ func TestTerminalKind(t *testing.T) {
 	}
 	_, err := saga.TerminalKind(saga.StatusRunning)
 	wantKind(t, err, saga.ErrInvalid)
+}
+
+func optStep(p *int) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(*p)
+}
+
+// TestAdvanceOpenStep: what each event does to the step the holder may be
+// running (OpenStep), and what a claim does (ClaimOpenStep).
+func TestAdvanceOpenStep(t *testing.T) {
+	open := func(inst saga.Instance, step int) saga.Instance {
+		inst.OpenStep = &step
+		inst.CurrentStep = step
+		return inst
+	}
+	compensating := open(running(), 1)
+	compensating.Status = saga.StatusCompensating
+	rec := &saga.StepRecord{Sequence: 1, Name: "b", Status: saga.StepCompleted}
+	cases := []struct {
+		name string
+		inst saga.Instance
+		cur  *saga.StepRecord
+		ev   saga.Event
+		want *int
+	}{
+		{"step_completed opens the next", open(running(), 1), nil, saga.Event{Kind: saga.EventStepCompleted, Step: 1}, ptr(2)},
+		{"step_skipped opens the next", open(running(), 1), nil, saga.Event{Kind: saga.EventStepSkipped, Step: 1}, ptr(2)},
+		{"step_failed closes", open(running(), 1), nil, saga.Event{Kind: saga.EventStepFailed, Step: 1, Error: "x"}, nil},
+		{"a held step_failed closes", open(running(), 1), nil, saga.Event{Kind: saga.EventStepFailed, Step: 1, Error: "x", Class: saga.ClassOperator}, nil},
+		{"step_awaiting closes", open(running(), 1), nil, saga.Event{Kind: saga.EventStepAwaiting, Step: 1, CorrelationID: uuid.New(), AwaitFor: time.Second}, nil},
+		{"step_waiting closes", open(running(), 1), nil, saga.Event{Kind: saga.EventStepWaiting, Step: 1, Until: t0.Add(time.Hour)}, nil},
+		{"compensation_started closes", open(running(), 1), nil, saga.Event{Kind: saga.EventCompensationStarted, Step: 0}, nil},
+		{"retry_requested keeps", open(running(), 1), nil, saga.Event{Kind: saga.EventRetryRequested, Step: -1}, ptr(1)},
+		{"cancel_requested keeps", open(running(), 1), nil, saga.Event{Kind: saga.EventCancelRequested, Step: -1}, ptr(1)},
+		{"paused keeps", open(running(), 1), nil, saga.Event{Kind: saga.EventPaused, Step: -1}, ptr(1)},
+		{"step_interrupted keeps a RUNNING holder in its step", open(running(), 1), nil, saga.Event{Kind: saga.EventStepInterrupted, Step: 1}, ptr(1)},
+		{"step_interrupted closes a COMPENSATING one", compensating, rec, saga.Event{Kind: saga.EventStepInterrupted, Step: 1}, nil},
+		{"step_compensated closes", compensating, rec, saga.Event{Kind: saga.EventStepCompensated, Step: 1}, nil},
+		{"compensation_skipped closes", compensating, nil, saga.Event{Kind: saga.EventCompensationSkipped, Step: 1}, nil},
+		{"completed closes", open(running(), 1), nil, saga.Event{Kind: saga.EventCompleted, Step: -1}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.inst.InterruptedStep = ptr(7)
+			tr := mustAdvance(t, c.inst, c.cur, c.ev, t0)
+			if optStep(tr.Instance.OpenStep) != optStep(c.want) {
+				t.Fatalf("open step %s, want %s", optStep(tr.Instance.OpenStep), optStep(c.want))
+			}
+			if tr.Instance.InterruptedStep != nil {
+				t.Fatal("InterruptedStep, a claim's report, outlived an event")
+			}
+		})
+	}
+
+	// step_interrupted: only the open step, a record that an attempt
+	// began, nothing counted.
+	inst := open(running(), 1)
+	inst.Attempt = 2
+	inst.HeldSince = ptr(t0.Add(-time.Minute))
+	tr := mustAdvance(t, inst, nil, saga.Event{Kind: saga.EventStepInterrupted, Step: 1, StepName: "b", Reason: saga.ReasonInterrupted}, t0)
+	if got := tr.Instance; got.Status != saga.StatusRunning || got.CurrentStep != 1 || got.Attempt != 2 || got.HeldSince == nil || !got.LeaseID.Valid {
+		t.Fatalf("step_interrupted changed more than the record: %+v", got)
+	}
+	if s := tr.Step; s == nil || s.Status != saga.StepRunning || s.Attempts != 0 || s.Name != "b" || !s.StartedAt.Equal(t0) {
+		t.Fatalf("step record: %+v", tr.Step)
+	}
+	done := &saga.StepRecord{Sequence: 1, Name: "b", Status: saga.StepCompleted}
+	if tr := mustAdvance(t, inst, done, saga.Event{Kind: saga.EventStepInterrupted, Step: 1}, t0); tr.Step != nil {
+		t.Fatalf("a COMPLETED record moved: %+v", tr.Step)
+	}
+	for name, ev := range map[string]saga.Event{
+		"another step":   {Kind: saga.EventStepInterrupted, Step: 0},
+		"no step open":   {Kind: saga.EventStepInterrupted, Step: 1},
+		"paused":         {Kind: saga.EventStepInterrupted, Step: 1},
+		"skip of a wait": {Kind: saga.EventStepSkipped, Step: 1},
+	} {
+		in := inst
+		switch name {
+		case "no step open":
+			in.OpenStep = nil
+		case "paused":
+			in.Status = saga.StatusPaused
+		case "skip of a wait":
+			in.AwaitingUntil = ptr(t0.Add(time.Hour))
+		}
+		if _, err := saga.Advance(in, nil, ev, t0); !errors.Is(err, saga.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if !saga.EventStepInterrupted.Appendable() || !saga.EventStepInterrupted.Valid() {
+		t.Fatal("step_interrupted is appended by the lease holder")
+	}
+
+	// The claim: opens the current step of a RUNNING instance that does
+	// not wait, keeps (and reports) a step left open.
+	claims := []struct {
+		name              string
+		inst              saga.Instance
+		interrupted, open *int
+	}{
+		{"running", running(), nil, ptr(0)},
+		{"left open", open(running(), 2), ptr(2), ptr(2)},
+		{"compensating", compensating, ptr(1), ptr(1)},
+		{"compensating, nothing open", func() saga.Instance { i := compensating; i.OpenStep = nil; return i }(), nil, nil},
+		{"awaiting a reply", func() saga.Instance {
+			i := running()
+			i.AwaitingCorrelationID = uuid.NullUUID{UUID: uuid.New(), Valid: true}
+			return i
+		}(), nil, nil},
+		{"waiting", func() saga.Instance { i := running(); i.AwaitingUntil = ptr(t0); return i }(), nil, nil},
+		{"holding a reply", func() saga.Instance { i := running(); i.Reply = json.RawMessage(`{}`); return i }(), nil, nil},
+	}
+	for _, c := range claims {
+		interrupted, open := saga.ClaimOpenStep(c.inst)
+		if optStep(interrupted) != optStep(c.interrupted) || optStep(open) != optStep(c.open) {
+			t.Errorf("claim of %s: interrupted %s open %s, want %s and %s", c.name, optStep(interrupted), optStep(open), optStep(c.interrupted), optStep(c.open))
+		}
+	}
 }

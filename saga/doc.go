@@ -70,15 +70,20 @@
 // down to step 0, one compensation per transaction, each with its own retry.
 // A step "may have acted" when it was not seen to commit but something of it
 // may exist: an attempt that ran out of its Timeout (it may have called out
-// before it was stopped), and a step that sent a command and waited for a
-// reply (the command was committed). A step whose Do returned an error did
-// not act, since its transaction was rolled back: it is not compensated.
+// before it was stopped), a step that sent a command and waited for a
+// reply (the command was committed), and an attempt whose lease was lost
+// while it may have been running (step_interrupted: the runner that claims
+// the instance next finds the step its holder left open, and records it
+// before anything else). A step whose Do returned an error did not act,
+// since its transaction was rolled back: it is not compensated, unless an
+// earlier attempt of it may have acted.
 // Steps therefore keep effects outside the database behind the outbox, or
 // make them idempotent and give them a Compensate that tolerates finding
 // nothing to undo. Whether a step acted is read from the journal (its
-// step_completed, step_awaiting and reply events, and step_failed events
-// whose Reason is FailureTimeout, FailureReplyTimeout or FailureReplyError),
-// so every runner decides alike.
+// step_completed, step_awaiting, reply and step_interrupted events, and
+// step_failed events whose Reason is FailureTimeout, FailureReplyTimeout,
+// FailureReplyError or FailureMayHaveActed; a step_skipped after them says
+// it did not), so every runner decides alike.
 //
 // A step without Compensate, or that did not act, gets compensation_skipped
 // (its step record keeps its status: nothing is marked compensated that did

@@ -51,6 +51,25 @@ type Instance struct {
 	// PausedFrom is the status a PAUSED instance was paused in, to which
 	// RequestResume returns it; empty when it is not paused.
 	PausedFrom Status
+	// OpenStep is the step the lease holder may be running an attempt of
+	// (saga_instances.open_step), nil when none. An attempt can act outside
+	// the database (a call out) and then lose its lease before its
+	// step_failed commits, and nothing may be written without the lease:
+	// this is what remembers it, at no cost to a step's run. The claim
+	// opens the current step of a RUNNING instance that neither waits nor
+	// holds a reply, step_completed and step_skipped open the next one
+	// (the holder goes on without a claim), and the events after which the
+	// holder runs no attempt, and Release, close it. Events that revoke the
+	// lease (a person's, a reply) keep it: the attempt they cut short may
+	// have acted. A claim that finds it set keeps it, and reports it in
+	// InterruptedStep.
+	OpenStep *int
+	// InterruptedStep is set only on the instances ClaimPending returns:
+	// the step the previous lease holder left open (OpenStep as the claim
+	// found it), whose attempt may have acted without a record; nil when
+	// none. The claimer appends step_interrupted for it before anything
+	// else: until then every claim reports it again.
+	InterruptedStep *int
 }
 
 // StepRecord is one saga_steps row: how a step of an instance went.
@@ -122,6 +141,13 @@ const (
 	// COMPENSATED instance from step Step (Reason, Actor): RUNNING again at
 	// that step, the earlier steps' records and outputs kept.
 	EventRestarted EventKind = "restarted"
+	// EventStepInterrupted: the previous lease holder left step Step open
+	// (Instance.InterruptedStep): its lease expired or was revoked while an
+	// attempt of the step may have been running, so the step may have
+	// acted, and it is compensated as one that did. Written by the next
+	// holder, fenced by its lease, before anything else; it changes no
+	// status.
+	EventStepInterrupted EventKind = "step_interrupted"
 	// Terminal events, appended by MarkTerminal.
 	EventCompleted   EventKind = "completed"
 	EventCompensated EventKind = "compensated"
@@ -178,7 +204,9 @@ type Journal interface {
 	Enqueue(ctx context.Context, inst Instance) error
 	// ClaimPending leases up to batchSize due instances (RUNNING or
 	// COMPENSATING, next_attempt_at <= now, no live lease), each under a
-	// fresh lease id returned in Instance.LeaseID.
+	// fresh lease id returned in Instance.LeaseID, with its open step as
+	// ClaimOpenStep says: a step the previous holder left open is kept and
+	// reported in Instance.InterruptedStep.
 	ClaimPending(ctx context.Context, batchSize int, leaseDuration time.Duration) ([]Instance, error)
 	// Append validates ev against the projection (Advance), applies it and
 	// stores it; it returns the new version. Fenced by the lease.

@@ -39,8 +39,8 @@ func (d *Divergence) Error() string {
 // the first Divergence:
 //
 //   - a step the history ran (started, completed, failed, skipped, waited,
-//     compensated) that def does not have at that index, or that def names
-//     differently;
+//     interrupted, compensated) that def does not have at that index, or
+//     that def names differently;
 //   - a step that waited for a reply (step_awaiting, reply_received) where
 //     def's step emits no command (ReplyTimeout is zero), or a step def
 //     declares as a command whose reply the history never waited for
@@ -103,7 +103,7 @@ func ReplayVersion(ranUnder *Definition, def Definition, history []RecordedEvent
 func stepEvent(k EventKind) bool {
 	switch k {
 	case EventStepCompleted, EventStepFailed, EventStepSkipped, EventStepWaiting, EventStepAwaiting, EventReplyReceived,
-		EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
+		EventStepInterrupted, EventStepCompensated, EventCompensationSkipped, EventCompensationFailed:
 		return true
 	}
 	return false

@@ -156,8 +156,9 @@ func (r *Runner) Start(ctx context.Context) error {
 // instances this runner holds are released (or, with a journal that cannot
 // release, expire). When ctx ends first, forward steps are cancelled (their
 // transactions roll back, nothing is lost: the step runs again under the
-// next claim) while a compensation in flight still finishes its transaction,
-// bounded by its own timeout. Stop returns once every worker has returned;
+// next claim, which records it as interrupted first, since a cancelled
+// attempt may have called out) while a compensation in flight still
+// finishes its transaction, bounded by its own timeout. Stop returns once every worker has returned;
 // the error is ctx's when it had to cancel. Calling it again waits again.
 func (r *Runner) Stop(ctx context.Context) error {
 	r.mu.Lock()

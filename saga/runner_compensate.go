@@ -83,8 +83,11 @@ func (w *work) compensationStart(ctx context.Context, failed *Event) (int, error
 }
 
 // acted reports, from the instance's history, whether step i completed or
-// may have acted: it committed, it committed a command (step_awaiting), or
-// an attempt of it ran out of time or got a reply. command is the id of the
+// may have acted: it committed, it committed a command (step_awaiting), an
+// attempt of it ran out of time or got a reply, or an attempt of it lost
+// its lease (step_interrupted), unless it then skipped: a step that decides
+// not to act (step_skipped) decided so in the attempt that was interrupted
+// too, and is never compensated. command is the id of the
 // last command the step sent, if any, for its compensation to cancel. Only
 // the attempt since the last restart at or before step i counts: what an
 // earlier attempt did there was compensated then.
@@ -104,8 +107,10 @@ func (w *work) acted(ctx context.Context, i int) (acted bool, command uuid.UUID,
 		switch e.Kind {
 		case EventStepAwaiting:
 			acted, command = true, e.CorrelationID
-		case EventStepCompleted, EventReplyReceived:
+		case EventStepCompleted, EventReplyReceived, EventStepInterrupted:
 			acted = true
+		case EventStepSkipped:
+			acted, command = false, uuid.Nil
 		case EventStepFailed:
 			if mayHaveActed(e.Reason) {
 				acted = true

@@ -206,9 +206,11 @@ func (w *work) afterFailedAttempt(ctx context.Context, step Step, attempt int, e
 		w.hook(step, false, attempt, OutcomeLeaseLost, false, took, err)
 		return nextDrop
 	case errors.Is(cause, errHardStop) && !timedOut:
-		// Not an attempt: the runner, not the step, gave up.
+		// Not an attempt: the runner, not the step, gave up. But it may
+		// have acted before it was stopped: the step is left open for the
+		// next claim to record.
 		w.hook(step, false, attempt, OutcomeAborted, false, took, err)
-		return nextYield
+		return nextAbandon
 	}
 	if ev, ok := w.skipOrWait(step, err); ok && !timedOut && reason == "" {
 		return w.commitNoAct(ctx, step, attempt, ev, time.Now().Add(-took))

@@ -92,7 +92,16 @@ func (r *Runner) processGroup(cs []claim) {
 			m.lose(nil)
 		}
 	}()
-	active := ms
+	// What a claim found open is recorded first, member by member (a
+	// claim rarely finds one).
+	var active []*member
+	for _, m := range ms {
+		if !m.w.recordInterruption(m.ctx) {
+			m.lose(nil)
+			continue
+		}
+		active = append(active, m)
+	}
 	for len(active) > 1 && !r.isStopping() {
 		var round, alone []*member
 		for _, m := range active {
@@ -309,6 +318,8 @@ func (r *Runner) groupRound(round []*member) []*member {
 			continue
 		case nextYield:
 			w.release(m.ctx)
+		case nextAbandon:
+			w.releaseOpen(m.ctx)
 		}
 		m.lose(nil) // done with it: the group's heartbeat skips it
 	}

@@ -21,6 +21,10 @@ const (
 	reasonStepFailedPrefix = "step "
 )
 
+// ReasonInterrupted is the Reason of the step_interrupted the runner
+// appends for the step a claim found open (Instance.InterruptedStep).
+const ReasonInterrupted = "the lease was lost while an attempt of the step may have been running: it may have acted"
+
 // Values of Event.Reason on step_failed: the failed attempt may have acted
 // (it ran out of time, or it had sent a command), so the step is compensated
 // even though it never completed. A step whose Do returned an error did not
@@ -66,6 +70,10 @@ const (
 	// nextLeave: nothing can be done now (stuck, or woken early): keep the
 	// lease until it expires, so the instance is not claimed in a hot loop.
 	nextLeave
+	// nextAbandon: a hard stop cut an attempt short, and it may have acted
+	// (a call out): give the lease back with the step left open, so that
+	// the next claim records it (step_interrupted).
+	nextAbandon
 )
 
 type stuckKey struct {
@@ -141,6 +149,9 @@ func (r *Runner) newWork(c claim) *work {
 // ends, or the runner stops.
 func (w *work) loop(leaseCtx context.Context) {
 	r := w.r
+	if !w.recordInterruption(leaseCtx) {
+		return
+	}
 	for {
 		if r.isStopping() {
 			w.release(leaseCtx)
@@ -164,9 +175,51 @@ func (w *work) loop(leaseCtx context.Context) {
 			continue
 		case nextYield:
 			w.release(leaseCtx)
+		case nextAbandon:
+			w.releaseOpen(leaseCtx)
 		}
 		return
 	}
+}
+
+// recordInterruption appends step_interrupted for the step the claim found
+// open (InterruptedStep), before anything else is done with the instance:
+// the previous holder's attempt of it may have acted, and the open step is
+// the only trace of that. It reports false when the worker must leave the
+// instance (the lease lost, or the write's outcome unknown): the step stays
+// open, and the next claim reports it again.
+func (w *work) recordInterruption(ctx context.Context) bool {
+	k := w.inst.InterruptedStep
+	if k == nil {
+		return true
+	}
+	w.inst.InterruptedStep = nil
+	if *k < 0 || *k >= len(w.def.Steps) {
+		// No step of this definition: nothing to compensate there. The
+		// worker reports what it finds (forward, compensate); writing here
+		// would add an event at every claim of an instance that is stuck.
+		return true
+	}
+	ev := Event{Kind: EventStepInterrupted, Step: *k, StepName: w.def.Steps[*k].Name, Reason: ReasonInterrupted}
+	_, err := w.r.journal.Append(ctx, w.inst.ID, w.lease, ev)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrInvalid):
+		// The journal refused what its own claim reported (while this
+		// worker holds the lease, nothing else changes the open step): a
+		// bug to report, not a reason to hold the instance, which would
+		// not write the record either.
+		w.log.Error("saga: the step the claim found open could not be recorded as interrupted", "step", ev.StepName, "err", err)
+		return true
+	case errors.Is(err, ErrLeaseLost):
+		w.log.Warn("saga lease lost: could not record the interrupted step", "step", ev.StepName)
+		return false
+	default:
+		w.log.Error("saga journal write failed: could not record the interrupted step; left to the next claim", "step", ev.StepName, "err", err)
+		return false
+	}
+	w.log.Info("saga step interrupted: the lease of its previous holder was lost while an attempt of it may have been running; the step counts as one that may have acted", "step", ev.StepName)
+	return w.advanced(ctx, ev) == nextContinue
 }
 
 // stuck reports an instance the runner cannot advance, once per reason per

@@ -71,28 +71,46 @@ func (w *work) beat(ctx context.Context, lose context.CancelCauseFunc, last *tim
 }
 
 // release gives the lease back so that the instance's next attempt, or
-// another runner, need not wait for it to expire. A journal with a Release
-// method is asked to release; any other gets a heartbeat of one microsecond,
-// which shortens the lease to "now" on its own clock within the Heartbeat
-// contract (a journal that only ever extends leaves it to expire).
+// another runner, need not wait for it to expire; no attempt is under way.
+// A journal with a Release method is asked to release, which also closes
+// the open step (Instance.OpenStep); any other gets releaseOpen's heartbeat,
+// and its next claim then takes the step for interrupted.
 func (w *work) release(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	rel, ok := w.r.journal.(leaseReleaser)
+	if !ok {
+		w.releaseOpen(ctx)
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.r.cfg.LeaseDuration/3)
+	defer cancel()
+	if _, err := rel.Release(rctx, w.inst.ID, w.lease); err != nil {
+		w.log.Warn("saga lease release failed: it will expire", "err", err)
+	}
+}
+
+// releaseOpen gives the lease back leaving the open step open, after an
+// attempt that was cut short and may have acted: the next claim reports it
+// and the next holder records it (step_interrupted). It is a heartbeat of
+// one microsecond, which shortens the lease to "now" on the journal's own
+// clock within the Heartbeat contract (a journal that only ever extends
+// leaves it to expire).
+func (w *work) releaseOpen(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.r.cfg.LeaseDuration/3)
 	defer cancel()
-	var err error
-	if rel, ok := w.r.journal.(leaseReleaser); ok {
-		_, err = rel.Release(rctx, w.inst.ID, w.lease)
-	} else {
-		_, err = w.r.journal.Heartbeat(rctx, w.inst.ID, w.lease, time.Microsecond)
-	}
-	if err != nil {
+	if _, err := w.r.journal.Heartbeat(rctx, w.inst.ID, w.lease, time.Microsecond); err != nil {
 		w.log.Warn("saga lease release failed: it will expire", "err", err)
 	}
 }
 
-// leaseReleaser is implemented by journals that can give a lease back.
+// leaseReleaser is implemented by journals that can give a lease back:
+// Release clears the lease and the open step of an instance whose lease
+// leaseID is held, and reports false (nothing changed) when it is not.
 type leaseReleaser interface {
 	Release(ctx context.Context, instanceID, leaseID uuid.UUID) (bool, error)
 }

@@ -84,8 +84,11 @@ func CheckTransition(from, to Status) error {
 
 var stepTransitions = map[StepStatus][]StepStatus{
 	StepPending: {StepRunning, StepCompleted, StepFailed, StepSkipped},
-	// RUNNING -> RUNNING is a retry or a step waiting for its reply.
-	StepRunning: {StepRunning, StepCompleted, StepFailed, StepCompensated},
+	// RUNNING -> RUNNING is a retry or a step waiting for its reply. A
+	// step RUNNING since an attempt of it was interrupted (step_interrupted)
+	// may still decide on its next attempt not to act (step_skipped); one
+	// that waits may not (Advance checks the wait).
+	StepRunning: {StepRunning, StepCompleted, StepFailed, StepCompensated, StepSkipped},
 	// A failed step may have acted (a timeout): it is compensated too. A
 	// manual retry re-runs it.
 	StepFailed:    {StepRunning, StepCompleted, StepFailed, StepCompensated},

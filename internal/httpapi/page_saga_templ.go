@@ -1450,14 +1450,14 @@ func sagaTimeAxis(tl timeline) templ.Component {
 				return templ_7745c5c3_Err
 			}
 		}
-		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 129, "</svg><figcaption><span class=\"k-attempt-ok\">attempt</span>, <span class=\"k-attempt-failed\">failed attempt</span>, <span class=\"k-backoff\">backoff</span>, <span class=\"k-waiting\">waiting for a reply</span>")
+		templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 129, "</svg><figcaption><span class=\"k-attempt-ok\">attempt</span>, <span class=\"k-attempt-failed\">failed attempt</span>, <span class=\"k-attempt-interrupted\">interrupted attempt</span> (its lease was lost: it may have acted), <span class=\"k-backoff\">backoff</span>, <span class=\"k-waiting\">waiting for a reply</span>")
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}
 		var templ_7745c5c3_Var85 string
 		templ_7745c5c3_Var85, templ_7745c5c3_Err = templ.JoinStringErrs(textIf(tl.Waiting, " (still waiting: the axis ends now)"))
 		if templ_7745c5c3_Err != nil {
-			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page_saga.templ`, Line: 179, Col: 261}
+			return templ.Error{Err: templ_7745c5c3_Err, FileName: `page_saga.templ`, Line: 179, Col: 365}
 		}
 		_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var85))
 		if templ_7745c5c3_Err != nil {

@@ -45,8 +45,8 @@ type timelineLane struct {
 
 type timelineBar struct {
 	X, Y, W, H float64
-	// Class: attempt-ok, attempt-failed, backoff, waiting, comp-ok,
-	// comp-failed.
+	// Class: attempt-ok, attempt-failed, attempt-interrupted, backoff,
+	// waiting, comp-ok, comp-failed.
 	Class string
 	// Title is the bar's tooltip: what it is and how long it took.
 	Title string
@@ -185,6 +185,12 @@ func layoutTimeline(d admin.Detail, now time.Time) timeline {
 		case saga.EventStepFailed:
 			add(false, "attempt-failed", "attempt", ev.Error)
 			backoff(false)
+		case saga.EventStepInterrupted:
+			// Its end is not known: the bar runs until the next holder
+			// found the step open.
+			add(false, "attempt-interrupted", "attempt", "")
+			spans[len(spans)-1].title += " — interrupted: its relay's lease was lost while it may have been running; it counts as one that may have acted"
+			due = time.Time{}
 		case saga.EventStepAwaiting:
 			add(false, "attempt-ok", "attempt", "")
 			waitFrom, waitStep = at, step

@@ -103,7 +103,8 @@ const (
 // says: how many steps they recorded, the recorded name of the step they
 // stand at, and the step (index and recorded name) the forward run ended at before their newest compensation started:
 // that of the newest step event before it (the failed attempt, the step a
-// deadline or a cancel found), -1 when there is none. Each lookup walks one
+// deadline or a cancel found, an attempt whose lease was lost), -1 when
+// there is none. Each lookup walks one
 // instance's journal backwards by its primary key.
 const sqlItemEnds = `
 SELECT i.id, n.steps, coalesce(l.step, -1), coalesce(st.step_name, ''), coalesce(cur.step_name, '')
@@ -114,7 +115,7 @@ CROSS JOIN LATERAL (SELECT count(*)::int AS steps FROM saga_steps WHERE saga_ins
 LEFT JOIN LATERAL (SELECT e.version FROM saga_events e WHERE e.instance_id = i.id AND e.kind = 'compensation_started'
                    ORDER BY e.version DESC LIMIT 1) c ON true
 LEFT JOIN LATERAL (SELECT f.step FROM saga_events f WHERE f.instance_id = i.id AND f.version < c.version
-                     AND f.kind IN ('step_failed', 'step_awaiting', 'step_completed', 'reply_received')
+                     AND f.kind IN ('step_failed', 'step_awaiting', 'step_completed', 'reply_received', 'step_interrupted')
                    ORDER BY f.version DESC LIMIT 1) l ON true
 LEFT JOIN saga_steps st ON st.saga_instance_id = i.id AND st.sequence = l.step`
 

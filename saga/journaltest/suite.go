@@ -71,6 +71,14 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Append/SkipAndWait", testSkipAndWait},
 		{"RateTurn/ReservedTurnsGiveInstancesBack", testRateTurns},
 
+		{"OpenStep/ClaimOpensTheCurrentStep", testClaimOpensTheCurrentStep},
+		{"OpenStep/LeftOpenIsReportedUntilRecorded", testLeftOpenIsReportedUntilRecorded},
+		{"OpenStep/ReleaseClosesHeartbeatKeeps", testReleaseClosesHeartbeatKeeps},
+		{"OpenStep/LeaseRevokingRequestsKeepIt", testLeaseRevokingRequestsKeepIt},
+		{"OpenStep/SkipAfterInterruption", testSkipAfterInterruption},
+		{"OpenStep/WaitsOpenNothing", testWaitsOpenNothing},
+		{"OpenStep/RateGiveBackCloses", testRateGiveBackCloses},
+
 		{"Load/UnknownAndEmpty", testLoadEdges},
 		{"LoadSince/ArgumentsAndEmptyJournal", testLoadSinceArgs},
 		{"LoadSince/PagesInOrderAndCatchesUp", testLoadSincePages},

@@ -130,6 +130,8 @@ func (j *Journal) TakeRateTurn(_ context.Context, id, leaseID uuid.UUID, key str
 	e.inst.NextAttemptAt = turn
 	e.inst.LeaseID = uuid.NullUUID{}
 	e.inst.LeaseExpiresAt = nil
+	// Given back before its attempt began.
+	e.inst.OpenStep = nil
 	return turn.Sub(now), nil
 }
 
@@ -158,7 +160,8 @@ func (j *Journal) NextDue(context.Context) (time.Duration, bool, error) {
 }
 
 // ClaimPending implements saga.Journal: due instances in next_attempt_at
-// order (then id), each under a fresh random lease until now+d.
+// order (then id), each under a fresh random lease until now+d, their open
+// step as saga.ClaimOpenStep says.
 func (j *Journal) ClaimPending(_ context.Context, batchSize int, d time.Duration) ([]saga.Instance, error) {
 	if batchSize <= 0 {
 		return nil, saga.Errorf(saga.ErrInvalid, "claim: batch size must be positive, got %d", batchSize)
@@ -197,7 +200,11 @@ func (j *Journal) ClaimPending(_ context.Context, batchSize int, d time.Duration
 	for _, e := range due {
 		e.inst.LeaseID = uuid.NullUUID{UUID: uuid.New(), Valid: true}
 		e.inst.LeaseExpiresAt = ptr(expires)
-		out = append(out, cloneInstance(e.inst))
+		var interrupted *int
+		interrupted, e.inst.OpenStep = saga.ClaimOpenStep(e.inst)
+		c := cloneInstance(e.inst)
+		c.InterruptedStep = clonePtr(interrupted)
+		out = append(out, c)
 	}
 	return out, nil
 }
@@ -273,6 +280,22 @@ func (j *Journal) Heartbeat(_ context.Context, id, leaseID uuid.UUID, d time.Dur
 		return false, saga.Errorf(saga.ErrInvalid, "heartbeat: lease duration must be at least 1µs, got %s", d)
 	}
 	e.inst.LeaseExpiresAt = ptr(now.Add(d.Truncate(time.Microsecond)))
+	return true, nil
+}
+
+// Release gives back the lease leaseID of instance id, which runs no
+// attempt now: the lease and the open step are cleared, and the instance
+// is claimable at once. (false, nil) when the lease is not held.
+func (j *Journal) Release(_ context.Context, id, leaseID uuid.UUID) (bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e, ok := j.instances[id]
+	if !ok || !saga.HoldsLease(e.inst, leaseID, j.clock()) {
+		return false, nil
+	}
+	e.inst.LeaseID = uuid.NullUUID{}
+	e.inst.LeaseExpiresAt = nil
+	e.inst.OpenStep = nil
 	return true, nil
 }
 
@@ -469,7 +492,7 @@ func (j *Journal) apply(e *entry, tr saga.Transition) {
 
 func ptr[T any](v T) *T { return &v }
 
-func clonePtr(t *time.Time) *time.Time {
+func clonePtr[T any](t *T) *T {
 	if t == nil {
 		return nil
 	}
@@ -492,6 +515,9 @@ func cloneInstance(i saga.Instance) saga.Instance {
 	i.LeaseExpiresAt = clonePtr(i.LeaseExpiresAt)
 	i.AwaitingUntil = clonePtr(i.AwaitingUntil)
 	i.CompletedAt = clonePtr(i.CompletedAt)
+	i.HeldSince = clonePtr(i.HeldSince)
+	i.OpenStep = clonePtr(i.OpenStep)
+	i.InterruptedStep = clonePtr(i.InterruptedStep)
 	return i
 }
 

@@ -182,7 +182,7 @@ func (m *model) Append(t *rapid.T) {
 func (m *model) event(t *rapid.T, id uuid.UUID) saga.Event {
 	kinds := []saga.EventKind{saga.EventStepCompleted, saga.EventStepCompleted, saga.EventStepFailed, saga.EventStepAwaiting,
 		saga.EventCompensationStarted, saga.EventStepCompensated, saga.EventStepCompensated, saga.EventCompensationSkipped,
-		saga.EventCompensationFailed, saga.EventCompleted, saga.EventRetryRequested, "bogus"}
+		saga.EventCompensationFailed, saga.EventCompleted, saga.EventRetryRequested, saga.EventStepInterrupted, "bogus"}
 	step := rapid.IntRange(-1, 3).Draw(t, "step")
 	if inst, err := m.mem.Get(ctx, id); err == nil && rapid.IntRange(0, 4).Draw(t, "at current step") > 0 {
 		step = inst.CurrentStep
@@ -238,6 +238,27 @@ func (m *model) MarkTerminal(t *rapid.T) {
 	}
 }
 
+func (m *model) Release(t *rapid.T) {
+	id := m.id(t)
+	lm, lp := m.lease(t, id)
+	om, em := m.mem.Release(ctx, id, lm)
+	op, ep := m.pg.Release(ctx, id, lp)
+	sameErr(t, "release", em, ep)
+	if om != op {
+		t.Fatalf("release: memory %t, PostgreSQL %t", om, op)
+	}
+}
+
+func (m *model) Pause(t *rapid.T) {
+	id := m.id(t)
+	sameErr(t, "pause", m.mem.RequestPause(ctx, id, "hold", "ops"), m.pg.RequestPause(ctx, id, "hold", "ops"))
+}
+
+func (m *model) Resume(t *rapid.T) {
+	id := m.id(t)
+	sameErr(t, "resume", m.mem.RequestResume(ctx, id, "go", "ops"), m.pg.RequestResume(ctx, id, "go", "ops"))
+}
+
 func (m *model) Retry(t *rapid.T) {
 	id := m.id(t)
 	reason := pick(t, "reason", []string{"", "ops"}, []string{"\xff"})
@@ -283,6 +304,10 @@ func (m *model) Step(t *rapid.T) {
 	default:
 		t.Skip("terminal")
 	}
+	if inst.OpenStep != nil {
+		// What a runner writes first when its claim reports the step.
+		kinds = append(kinds, saga.EventStepInterrupted)
+	}
 	ev := saga.Event{
 		Kind: rapid.SampledFrom(kinds).Draw(t, "kind"), Step: inst.CurrentStep,
 		StepName: fmt.Sprintf("s%d", inst.CurrentStep), Error: "e",
@@ -290,6 +315,9 @@ func (m *model) Step(t *rapid.T) {
 		RetryIn:       rapid.SampledFrom([]time.Duration{0, 1500 * time.Nanosecond, time.Second}).Draw(t, "retry in"),
 		CorrelationID: rapid.SampledFrom(m.corrs).Draw(t, "correlation"),
 		AwaitFor:      time.Second, Reason: "r",
+	}
+	if ev.Kind == saga.EventStepInterrupted {
+		ev.Step = *inst.OpenStep
 	}
 	lp := m.memToPG[inst.LeaseID.UUID]
 	vm, em := m.mem.Append(ctx, id, inst.LeaseID.UUID, ev)

@@ -177,10 +177,13 @@ func (j *Journal) ClaimPending(ctx context.Context, batchSize int, d time.Durati
 		rows, _ = br.Query()
 	}
 	var ir instanceRow
-	dest := ir.dest(nil)
+	var interrupted *int
+	dest := append(ir.dest(nil), &interrupted)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (saga.Instance, error) {
 		err := r.Scan(dest...)
-		return ir.instance(), err
+		inst := ir.instance()
+		inst.InterruptedStep = interrupted
+		return inst, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgjournal: claim: %w", err)
@@ -281,6 +284,18 @@ func (j *Journal) Heartbeat(ctx context.Context, id, leaseID uuid.UUID, d time.D
 	tag, err := j.q(ctx).Exec(ctx, sqlHeartbeat, id, leaseID, d.Microseconds(), j.clock())
 	if err != nil {
 		return false, fmt.Errorf("pgjournal: heartbeat %s: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Release gives back the lease leaseID of instance id, whose holder runs no
+// attempt now: the lease and the open step are cleared, and the instance is
+// claimable at once. (false, nil) when the lease is not held. One
+// statement, as the heartbeat it replaces.
+func (j *Journal) Release(ctx context.Context, id, leaseID uuid.UUID) (bool, error) {
+	tag, err := j.q(ctx).Exec(ctx, sqlRelease, id, leaseID, j.clock())
+	if err != nil {
+		return false, fmt.Errorf("pgjournal: release %s: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -714,30 +729,31 @@ func readWrite(br pgx.BatchResults, trs []saga.Transition) error {
 
 // writeArgs are sqlWrite's parameters for a transition.
 func writeArgs(tr saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 33), tr, tr.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 34), tr, tr.Instance.Version-1)
 	return eventArgs(stepArgs(args, tr), tr)
 }
 
 // pairArgs are sqlWritePair's parameters: the projection after second, the
 // version before first, first's step record, both events.
 func pairArgs(first, second saga.Transition) []any {
-	args := projectionArgs(make([]any, 0, 36), second, first.Instance.Version-1)
+	args := projectionArgs(make([]any, 0, 37), second, first.Instance.Version-1)
 	return eventArgs(eventArgs(stepArgs(args, first), first), second)
 }
 
-// projectionArgs appends parameters $1-$19: the projection after tr, the
-// version the write expects to find (read), held_since and paused_from.
+// projectionArgs appends parameters $1-$20: the projection after tr, the
+// version the write expects to find (read), held_since, paused_from and
+// open_step.
 func projectionArgs(args []any, tr saga.Transition, read int64) []any {
 	in := tr.Instance
 	return append(args,
 		[16]byte(in.ID), string(in.Status), in.CurrentStep, jsonArg(in.Context), in.Attempt, in.NextAttemptAt,
 		in.LastError, uuidArg(in.LeaseID), in.LeaseExpiresAt, in.Version, uuidArg(in.AwaitingCorrelationID),
 		in.AwaitingUntil, jsonArg(in.Reply), in.CompensationReason, in.UpdatedAt, in.CompletedAt,
-		read, in.HeldSince, string(in.PausedFrom),
+		read, in.HeldSince, string(in.PausedFrom), in.OpenStep,
 	)
 }
 
-// stepArgs appends parameters $20-$30: tr's step record, if any.
+// stepArgs appends parameters $21-$31: tr's step record, if any.
 func stepArgs(args []any, tr saga.Transition) []any {
 	if s := tr.Step; s != nil {
 		return append(args, s.Sequence, true, s.Name, string(s.Status), s.Attempts, s.CompensationAttempts,

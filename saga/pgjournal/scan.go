@@ -31,6 +31,7 @@ func (r *instanceRow) dest(d []any) []any {
 		&i.TimeoutAt, &i.LastError, &r.lease, &i.LeaseExpiresAt, &i.Version,
 		&r.awaiting, &i.AwaitingUntil, (*[]byte)(&i.Reply), &i.CompensationReason,
 		&i.CreatedAt, &i.UpdatedAt, &i.CompletedAt, &i.TraceParent, &i.HeldSince, &r.pausedFrom,
+		&i.OpenStep,
 	)
 }
 

@@ -13,7 +13,7 @@ const instanceCols = `i.id, i.tenant_id, i.workspace_id, i.saga_name, i.saga_ver
 	i.timeout_at, COALESCE(i.last_error, ''), i.lease_id, i.lease_expires_at, i.current_version,
 	i.awaiting_correlation_id, i.awaiting_until, i.reply, COALESCE(i.compensation_reason, ''),
 	i.created_at, i.updated_at, i.completed_at, COALESCE(i.traceparent, ''), i.held_since,
-	COALESCE(i.paused_from::text, '')`
+	COALESCE(i.paused_from::text, ''), i.open_step`
 
 // stepCols are the saga_steps columns in scanStep's order (NULL throughout
 // when a LEFT JOIN found no step).
@@ -47,7 +47,7 @@ const sqlEnqueueConflict = `SELECT EXISTS (SELECT 1 FROM saga_instances WHERE id
 const sqlClaim = `
 WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 due AS (
-	SELECT i.id FROM saga_instances i, clock c
+	SELECT i.id, i.open_step FROM saga_instances i, clock c
 	WHERE ` + sqlClaimable + `
 	ORDER BY i.next_attempt_at, i.id
 	LIMIT $2
@@ -69,16 +69,22 @@ const sqlClaimable = `i.status IN ('RUNNING', 'COMPENSATING')
 			  AND (o.concurrency_lsn, o.concurrency_ord) < (i.concurrency_lsn, i.concurrency_ord)
 			LIMIT i.concurrency_limit) older) < i.concurrency_limit)`
 
-// sqlClaimed leases the due rows (the CTE due) and returns them, oldest
-// first.
+// sqlClaimed leases the due rows (the CTE due, which read each one's
+// open_step under its row lock) and returns them, oldest first, each with
+// the open_step it had: a step its previous holder left open, which the
+// claim keeps until the new holder records it (step_interrupted). Else the
+// claim opens the current step of a RUNNING instance that neither waits
+// nor holds a reply. saga.ClaimOpenStep says the same in Go.
 const sqlClaimed = `claimed AS (
 	UPDATE saga_instances i
-	SET lease_id = gen_random_uuid(), lease_expires_at = c.now + $3 * interval '1 microsecond'
+	SET lease_id = gen_random_uuid(), lease_expires_at = c.now + $3 * interval '1 microsecond',
+		open_step = COALESCE(i.open_step, CASE WHEN i.status = 'RUNNING' AND i.awaiting_correlation_id IS NULL
+			AND i.awaiting_until IS NULL AND i.reply IS NULL THEN i.current_step END)
 	FROM due, clock c
 	WHERE i.id = due.id
-	RETURNING i.*
+	RETURNING i.*, due.open_step AS interrupted_step
 )
-SELECT ` + instanceCols + ` FROM claimed i ORDER BY i.next_attempt_at, i.id`
+SELECT ` + instanceCols + `, i.interrupted_step FROM claimed i ORDER BY i.next_attempt_at, i.id`
 
 // sqlDueTenants lists up to $4 tenants that have due work, in tenant id
 // order from $2 on: a skip scan of saga_tenant_due_idx (one index descent
@@ -114,8 +120,8 @@ const sqlClaimTenants = `
 WITH clock AS MATERIALIZED (SELECT COALESCE($1::timestamptz, clock_timestamp()) AS now),
 want AS (SELECT * FROM unnest($4::uuid[], $5::int[]) AS w (tenant_id, quota)),
 due AS (
-	SELECT d.id FROM want w CROSS JOIN LATERAL (
-		SELECT i.id, i.next_attempt_at FROM saga_instances i, clock c
+	SELECT d.id, d.open_step FROM want w CROSS JOIN LATERAL (
+		SELECT i.id, i.next_attempt_at, i.open_step FROM saga_instances i, clock c
 		WHERE i.tenant_id = w.tenant_id AND ` + sqlClaimable + `
 		ORDER BY i.next_attempt_at, i.id
 		LIMIT w.quota
@@ -171,6 +177,14 @@ SELECT w.id, EXISTS (SELECT 1 FROM ext WHERE ext.id = w.id),
 	EXISTS (SELECT 1 FROM saga_instances i, clock c
 		WHERE i.id = w.id AND i.lease_id = w.lease_id AND i.lease_expires_at >= c.now)
 FROM want w`
+
+// sqlRelease gives a lease back: the holder runs no attempt, so the open
+// step is cleared with it.
+const sqlRelease = `
+WITH clock AS MATERIALIZED (SELECT COALESCE($3::timestamptz, clock_timestamp()) AS now)
+UPDATE saga_instances i SET lease_id = NULL, lease_expires_at = NULL, open_step = NULL
+FROM clock c
+WHERE i.id = $1 AND i.lease_id = $2 AND i.lease_expires_at >= c.now`
 
 const sqlHoldsLease = `
 SELECT EXISTS (SELECT 1 FROM saga_instances i
@@ -231,8 +245,8 @@ FOR UPDATE OF i`
 
 // sqlWriteProjection is the part sqlWrite and sqlWritePair share: the
 // projection update fenced by the version read ($17), held_since ($18),
-// paused_from ($19), and the step record (when $21 is true); each statement
-// then inserts its event(s) from u.
+// paused_from ($19), open_step ($20), and the step record (when $22 is
+// true); each statement then inserts its event(s) from u.
 const sqlWriteProjection = `
 WITH u AS (
 	UPDATE saga_instances SET status = $2::text::saga_status, current_step = $3, context = $4,
@@ -240,15 +254,15 @@ WITH u AS (
 		lease_expires_at = $9, current_version = $10, awaiting_correlation_id = $11,
 		awaiting_until = $12, reply = $13, compensation_reason = NULLIF($14, ''),
 		updated_at = $15, completed_at = $16, held_since = $18,
-		paused_from = NULLIF($19, '')::saga_status
+		paused_from = NULLIF($19, '')::saga_status, open_step = $20
 	WHERE id = $1 AND current_version = $17
 	RETURNING id
 ),
 st AS (
 	INSERT INTO saga_steps AS s (saga_instance_id, sequence, step_name, status, attempts,
 		compensation_attempts, output, last_error, started_at, completed_at, compensated_at)
-	SELECT u.id, $20, $22, $23::text::saga_step_status, $24, $25, $26, NULLIF($27, ''), $28, $29, $30
-	FROM u WHERE $21::boolean
+	SELECT u.id, $21, $23, $24::text::saga_step_status, $25, $26, $27, NULLIF($28, ''), $29, $30, $31
+	FROM u WHERE $22::boolean
 	ON CONFLICT (saga_instance_id, sequence) DO UPDATE SET
 		step_name = EXCLUDED.step_name, status = EXCLUDED.status, attempts = EXCLUDED.attempts,
 		compensation_attempts = EXCLUDED.compensation_attempts, output = EXCLUDED.output,
@@ -267,13 +281,13 @@ const sqlEventXid = `GREATEST(pg_current_xact_id(),
 	(SELECT p.xid FROM saga_events p WHERE p.instance_id = $1 AND p.version = $17))`
 
 // sqlWrite stores a saga.Transition in one statement: the projection, the
-// step record (when $21 is true) and the event, whose global_seq it returns.
+// step record (when $22 is true) and the event, whose global_seq it returns.
 // The step and event rows are written only if the projection row still has
 // the version that was read ($17): under the row lock it always has, and if
 // it ever did not, nothing at all would be written.
 const sqlWrite = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
-SELECT u.id, $10, $31, $32, $33, $15, ` + sqlEventXid + ` FROM u
+SELECT u.id, $10, $32, $33, $34, $15, ` + sqlEventXid + ` FROM u
 RETURNING global_seq`
 
 // sqlWritePair is sqlWrite for two events applied one after the other (a
@@ -286,7 +300,7 @@ RETURNING global_seq`
 const sqlWritePair = sqlWriteProjection + `
 INSERT INTO saga_events (instance_id, version, kind, step, payload, created_at, xid)
 SELECT u.id, v.version, v.kind, v.step, v.payload, $15, ` + sqlEventXid + `
-FROM u, (VALUES ($10::bigint - 1, $31::text, $32::integer, $33::jsonb), ($10::bigint, $34::text, $35::integer, $36::jsonb))
+FROM u, (VALUES ($10::bigint - 1, $32::text, $33::integer, $34::jsonb), ($10::bigint, $35::text, $36::integer, $37::jsonb))
 	AS v (version, kind, step, payload)
 ORDER BY v.version
 RETURNING global_seq`
@@ -388,10 +402,11 @@ const sqlRateTurnKeyUpdate = `UPDATE saga_step_rates SET next_at = $2, last_at =
 const sqlRateTurnUsed = `UPDATE saga_instances SET rate_turn_at = NULL WHERE id = $1`
 
 // sqlRateTurnGiveBack gives the instance back, due at its turn $2, which it
-// keeps; its lease is released so that nobody holds it meanwhile.
+// keeps; its lease is released so that nobody holds it meanwhile, and the
+// step it was given back before is not open.
 const sqlRateTurnGiveBack = `
 UPDATE saga_instances
-SET rate_turn_at = $2, next_attempt_at = $2, lease_id = NULL, lease_expires_at = NULL
+SET rate_turn_at = $2, next_attempt_at = $2, lease_id = NULL, lease_expires_at = NULL, open_step = NULL
 WHERE id = $1`
 
 // The retention janitor's statements (retention.go). Durations are

@@ -17,9 +17,10 @@
 //
 //   - the journal: saga/memjournal, the reference implementation, built
 //     with the simulated clock (memjournal.New(clock)). Its lease fence
-//     (saga.DecideAppend, saga.HoldsLease), its claim (saga.Claimable), its
-//     idempotent start (one instance per trigger per saga) and every event's
-//     effect (saga.Advance) are the code the relay runs.
+//     (saga.DecideAppend, saga.HoldsLease), its claim (saga.Claimable, and
+//     saga.ClaimOpenStep for the step a claim hands over or reports left
+//     open), its idempotent start (one instance per trigger per saga) and
+//     every event's effect (saga.Advance) are the code the relay runs.
 //   - the decisions around a step that live in package saga and are
 //     exported: saga.Advance for the relay's local projection,
 //     saga.Classify for a failed attempt's error, saga.ParseReply,
@@ -30,15 +31,18 @@
 //
 //   - the runner. saga.Runner needs PostgreSQL transactions, so simRelay
 //     (relay.go) mirrors its protocol as saga/runner_*.go implements it:
-//     claim a batch under a lease; per instance one unit of work (forward:
-//     reply, reply timeout, one attempt of Do; compensating: the current
-//     step's compensation, or its skip when the history shows it never
-//     acted); step_completed or step_awaiting with the step's effect;
+//     claim a batch under a lease; step_interrupted first for a step the
+//     claim reports left open (in a transaction of its own); per instance
+//     one unit of work (forward: reply, reply timeout, one attempt of Do;
+//     compensating: the current step's compensation, or its skip when the
+//     history shows it never acted); step_completed or step_awaiting with
+//     the step's effect;
 //     step_failed with a retry delay, or, for a permanent error or the last
 //     attempt, step_failed + compensation_started in one transaction,
 //     starting at the newest step that completed or may have acted;
 //     step_compensated in reverse order; AppendTerminal for the write that
-//     ends the saga; release by a heartbeat of a microsecond. Choices made
+//     ends the saga; Release of the lease when an instance yields (which
+//     closes its open step). Choices made
 //     here, not in the runner: a unit is split in two scheduler turns (run
 //     the step, then commit), so that a crash or a pause can fall between
 //     them; a relay advances the instances of its claim one after the

@@ -137,12 +137,23 @@ func (w *world) checkRepliesOnce() {
 
 // checkCompensation: compensations run in reverse order, at most once per
 // step, only for steps that completed or may have acted (a committed
-// effect, or a step_failed whose reason says it may have acted), and an
-// instance that ends COMPENSATED skipped none of those.
+// effect, a step_failed whose reason says it may have acted, or a
+// step_interrupted: an attempt whose lease was lost), and an instance that
+// ends COMPENSATED skipped none of those. Every attempt that acted outside
+// its transaction is on record as one that may have acted, its step_failed
+// committed or not.
 func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 	comps := map[uuid.UUID][]int{}
 	acted := map[uuid.UUID]map[int]bool{}
+	// happened: anything of the step reached its participant.
+	happened := map[uuid.UUID]map[int]bool{}
 	for _, e := range w.ledger {
+		if e.kind != "comp" {
+			if happened[e.inst] == nil {
+				happened[e.inst] = map[int]bool{}
+			}
+			happened[e.inst][e.step] = true
+		}
 		switch e.kind {
 		case "comp":
 			comps[e.inst] = append(comps[e.inst], e.step)
@@ -160,9 +171,14 @@ func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 		for i := range acted[id] {
 			may[i] = true
 		}
+		// recorded: the journal says an attempt of the step may have
+		// acted (what a completed attempt says is not about the others).
+		recorded := map[int]bool{}
 		for _, e := range hist[id] {
-			if e.Kind == saga.EventStepFailed && mayHaveActed(e.Reason) {
+			switch {
+			case e.Kind == saga.EventStepFailed && mayHaveActed(e.Reason), e.Kind == saga.EventStepInterrupted:
 				may[e.Step] = true
+				recorded[e.Step] = true
 			}
 		}
 		for _, e := range hist[id] {
@@ -179,22 +195,29 @@ func (w *world) checkCompensation(hist map[uuid.UUID][]saga.RecordedEvent) {
 				w.violate("%s: step %d compensated twice", w.name(id), step)
 			}
 			done[step] = true
+			if !happened[id][step] {
+				w.stats.NeedlessCompensations++
+			}
 			if !may[step] {
 				w.violate("%s: step %d (%s) compensated, but it never completed nor may have acted", w.name(id), step, def.steps[step].name)
 			}
 		}
 		for _, e := range w.ledger {
-			if e.inst == id && e.kind == "acted" && !may[e.step] {
-				// Not a violation of what the journal can promise: the
-				// attempt lost its lease (or its relay) before it could
-				// record that it may have acted, and nothing may be
-				// written without the lease. Counted, for the docs.
+			if e.inst == id && e.kind == "acted" && !recorded[e.step] {
+				// An attempt that acted and lost its lease (or its relay)
+				// before its step_failed could commit: the step it left
+				// open must have been recorded as interrupted, whether or
+				// not a later attempt completed.
 				w.stats.UnrecordedActs++
 				uncompensated := inst.Status == saga.StatusCompensated && def.steps[e.step].compensates && !done[e.step]
 				if uncompensated {
 					w.stats.UncompensatedActs++
 				}
-				w.logf("note: %s step %d attempt %d may have acted, but its step_failed never committed (ended %s, compensated: %v)", w.name(id), e.step, e.attempt, inst.Status, !uncompensated)
+				end := "the instance ended " + string(inst.Status)
+				if uncompensated {
+					end += " without compensating it"
+				}
+				w.violate("%s step %d attempt %d acted, and the journal has no record that the step may have acted (%s)", w.name(id), e.step, e.attempt, end)
 			}
 		}
 		if inst.Status != saga.StatusCompensated {

@@ -41,20 +41,27 @@ const (
 	// missing grant counts as the step's failure and, once the attempts
 	// are spent, compensates the saga.
 	MutantNoErrorClasses Mutant = "no-error-classes"
+	// MutantForgetInterrupted: the relay ignores the step its claim found
+	// left open and records nothing (no step_interrupted): an attempt that
+	// acted and lost its lease before its step_failed committed is
+	// compensated as one that never acted, as before open steps existed.
+	MutantForgetInterrupted Mutant = "forget-interrupted"
 )
 
 // Mutants lists every planted bug.
 var Mutants = []Mutant{
 	MutantAckBeforeCommit, MutantNoLeaseFencing, MutantForwardCompensation,
 	MutantLostJournalWrite, MutantReplyTwice, MutantCompensateNeverRan,
-	MutantNoErrorClasses,
+	MutantNoErrorClasses, MutantForgetInterrupted,
 }
 
-// simJournal is what the relays need of a journal: the Journal and the one
-// fenced mutation that ends an instance.
+// simJournal is what the relays need of a journal: the Journal, the one
+// fenced mutation that ends an instance, and the release of a lease (which
+// the runner uses when the journal has it, as memjournal does).
 type simJournal interface {
 	saga.Journal
 	saga.TerminalAppender
+	Release(ctx context.Context, instanceID, leaseID uuid.UUID) (bool, error)
 }
 
 func wrapJournal(j *memjournal.Journal, m Mutant) simJournal {

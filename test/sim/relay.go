@@ -133,7 +133,11 @@ func (w *world) claim(r *relay) {
 			}
 		}
 		d := w.def(inst.SagaName)
-		w.logf("relay %d claimed %s (%s step %d) lease %s", r.id, w.name(inst.ID), inst.Status, inst.CurrentStep, w.leaseName(inst.LeaseID.UUID))
+		left := ""
+		if inst.InterruptedStep != nil {
+			left = fmt.Sprintf(", step %d left open", *inst.InterruptedStep)
+		}
+		w.logf("relay %d claimed %s (%s step %d%s) lease %s", r.id, w.name(inst.ID), inst.Status, inst.CurrentStep, left, w.leaseName(inst.LeaseID.UUID))
 		r.works = append(r.works, &work{inst: inst, lease: inst.LeaseID.UUID, def: d})
 	}
 }
@@ -216,18 +220,22 @@ func (w *world) settle(r *relay, wk *work, n next) {
 	case nextContinue:
 		return
 	case nextYield:
-		// Released by a heartbeat of a microsecond, as the runner does
-		// with a journal that cannot release.
-		if _, err := w.j.Heartbeat(ctx, wk.inst.ID, wk.lease, time.Microsecond); err != nil {
+		// Released as the runner releases with a journal that can (its
+		// open step closed with the lease).
+		if _, err := w.j.Release(ctx, wk.inst.ID, wk.lease); err != nil {
 			w.logf("relay %d release %s: %v", r.id, w.name(wk.inst.ID), err)
 		}
 	}
 	r.works = r.works[1:]
 }
 
-// prepare is one unit of the runner's loop: forward for a RUNNING
+// prepare is one unit of the runner's loop: first the record of a step
+// the claim found open (recordInterruption), then forward for a RUNNING
 // instance, compensate for a COMPENSATING one.
 func (w *world) prepare(r *relay, wk *work) (*pendingTx, next) {
+	if tx := w.recordInterruption(wk); tx != nil {
+		return tx, nextContinue
+	}
 	switch wk.inst.Status {
 	case saga.StatusRunning:
 		return w.forward(r, wk)
@@ -235,6 +243,39 @@ func (w *world) prepare(r *relay, wk *work) (*pendingTx, next) {
 		return w.compensate(r, wk)
 	}
 	return nil, nextLeave
+}
+
+// recordInterruption mirrors work.recordInterruption: step_interrupted for
+// the step the claim found open, in a transaction of its own before
+// anything else. Nil when there is nothing to record.
+func (w *world) recordInterruption(wk *work) *pendingTx {
+	k := wk.inst.InterruptedStep
+	if k == nil {
+		return nil
+	}
+	if *k < 0 || *k >= len(wk.def.steps) || w.cfg.Mutant == MutantForgetInterrupted {
+		wk.inst.InterruptedStep = nil
+		return nil
+	}
+	ev := saga.Event{Kind: saga.EventStepInterrupted, Step: *k, StepName: wk.def.steps[*k].name, Reason: saga.ReasonInterrupted}
+	tx := &pendingTx{what: fmt.Sprintf("step_interrupted at %d", *k)}
+	tx.writes = func() error {
+		_, err := w.j.Append(ctx, wk.inst.ID, wk.lease, ev)
+		return err
+	}
+	tx.after = func(err error) (next, *pendingTx) {
+		switch {
+		case err == nil:
+			return w.advanced(wk, ev), nil
+		case errors.Is(err, saga.ErrInvalid):
+			// The runner logs it and goes on; here it is a bug.
+			w.violate("%s: the step the claim found open (%d) could not be recorded: %v", w.name(wk.inst.ID), *k, err)
+			wk.inst.InterruptedStep = nil
+			return nextContinue, nil
+		}
+		return nextDrop, nil
+	}
+	return tx
 }
 
 // forward mirrors work.forward: a reply, a reply timeout, or one attempt.
@@ -464,8 +505,10 @@ func (w *world) acted(wk *work, i int) (bool, uuid.UUID) {
 		switch e.Kind {
 		case saga.EventStepAwaiting:
 			acted, cmd = true, e.CorrelationID
-		case saga.EventStepCompleted, saga.EventReplyReceived:
+		case saga.EventStepCompleted, saga.EventReplyReceived, saga.EventStepInterrupted:
 			acted = true
+		case saga.EventStepSkipped:
+			acted, cmd = false, uuid.Nil
 		case saga.EventStepFailed:
 			if mayHaveActed(e.Reason) {
 				acted = true

@@ -92,13 +92,24 @@ type Stats struct {
 	// Held counts the failed attempts held for an operator (a missing
 	// grant): never counted as attempts, never compensated.
 	Held int
-	// UnrecordedActs counts timed-out attempts that may have acted but
-	// whose step_failed was never committed (the lease was lost first):
-	// the journal cannot know that the step may have acted.
+	// UnrecordedActs counts timed-out attempts that acted and of whose
+	// step the journal holds no record that an attempt may have acted
+	// (their step_failed never committed, and the step they left open was
+	// not recorded as interrupted): each is a violation.
 	UnrecordedActs int
 	// UncompensatedActs counts those of them in an instance that ended
 	// COMPENSATED without compensating the step.
 	UncompensatedActs int
+	// Interrupted counts the step_interrupted events: steps a claim found
+	// left open by a holder whose lease was lost (it may have been in an
+	// attempt, or between two).
+	Interrupted int
+	// NeedlessCompensations counts the compensations of steps of which
+	// nothing ever happened (no effect, no act, no reply): a timed-out
+	// attempt that had not called out yet, or a step recorded as
+	// interrupted whose attempt had not begun. The price of counting
+	// "may have acted" without knowing.
+	NeedlessCompensations int
 }
 
 // Failed reports whether an invariant broke.
@@ -412,6 +423,9 @@ func (w *world) recordJournal() {
 	for _, e := range evs {
 		if e.Kind == saga.EventStepFailed && e.Class != "" {
 			w.stats.Held++
+		}
+		if e.Kind == saga.EventStepInterrupted {
+			w.stats.Interrupted++
 		}
 		var b strings.Builder
 		fmt.Fprintf(&b, "event %d %s v%d %s step=%d", e.GlobalSeq, w.name(e.InstanceID), e.Version, e.Kind, e.Step)

@@ -45,5 +45,7 @@ func addStats(a, b Stats) Stats {
 	a.Held += b.Held
 	a.UnrecordedActs += b.UnrecordedActs
 	a.UncompensatedActs += b.UncompensatedActs
+	a.Interrupted += b.Interrupted
+	a.NeedlessCompensations += b.NeedlessCompensations
 	return a
 }

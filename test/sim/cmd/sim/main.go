@@ -71,9 +71,10 @@ func run() int {
 			}
 			fmt.Printf("FAIL seed=%d: %s (and %d more)\n", r.Config.Seed, r.Violations[0], len(r.Violations)-1)
 		}
-		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused, %d attempts held; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated)\n",
+		fmt.Printf("sweep: %d seeds, %d failed (%s); %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused, %d duplicate starts refused, %d attempts held; replies: %d late or repeated, %d duplicate, %d foreign refused; %d timed-out attempts acted unrecorded (%d of them never compensated); %d steps recorded interrupted; %d compensations of steps of which nothing happened\n",
 			*seeds, len(failed), time.Since(began).Round(time.Millisecond), t.Instances, t.Completed, t.Compensated, t.Failed,
-			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.Held, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign, t.UnrecordedActs, t.UncompensatedActs)
+			t.Events, t.Effects, t.StaleRefused, t.DuplicateStarts, t.Held, t.RepliesLate, t.RepliesDuplicate, t.RepliesForeign, t.UnrecordedActs, t.UncompensatedActs,
+			t.Interrupted, t.NeedlessCompensations)
 		if len(failed) > 0 {
 			return 1
 		}
@@ -88,8 +89,8 @@ func run() int {
 		}
 		fmt.Println(r.DigestLine())
 		t := r.Stats
-		fmt.Printf("%d faults, %d ticks; %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused; %d timed-out attempts acted unrecorded (%d never compensated)\n",
-			r.Faults, t.Ticks, t.Instances, t.Completed, t.Compensated, t.Failed, t.Events, t.Effects, t.StaleRefused, t.UnrecordedActs, t.UncompensatedActs)
+		fmt.Printf("%d faults, %d ticks; %d instances: %d completed, %d compensated, %d failed; %d events, %d effects; %d stale writes refused; %d timed-out attempts acted unrecorded (%d never compensated); %d steps recorded interrupted\n",
+			r.Faults, t.Ticks, t.Instances, t.Completed, t.Compensated, t.Failed, t.Events, t.Effects, t.StaleRefused, t.UnrecordedActs, t.UncompensatedActs, t.Interrupted)
 		if r.Failed() {
 			fmt.Print(sim.Report(r, sim.Shrink(r)))
 			return 1

@@ -1,0 +1,17 @@
+-- 0023: the step a lease holder may be running an attempt of. Forward-only:
+-- never edit after release.
+--
+-- An attempt can act outside the database (a call out) and lose its lease
+-- before its step_failed commits; nothing may be written without the lease,
+-- so the journal would not know that the step may have acted, and a
+-- compensation from below it would skip it. The claim writes the step it
+-- hands over here (it writes the row anyway), step_completed and
+-- step_skipped move it to the next step, and the writes after which the
+-- holder runs no attempt clear it: a step's run costs no extra write. A
+-- claim that finds it set reports it, and the new holder records the step
+-- as interrupted (a step_interrupted event), which counts as may have acted.
+--
+-- Nullable without a default: adding it rewrites no row and is instant, and
+-- it is in no index, so a step's write that sets it stays a HOT update.
+-- Relays of an earlier release neither read nor write it.
+ALTER TABLE saga_instances ADD COLUMN IF NOT EXISTS open_step integer;
