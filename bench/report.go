@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -663,6 +664,22 @@ type soakKeys struct {
 	ratio, growth, growthTenth, tableMB **float64
 	p99                                 *[]*float64
 	rss, load                           **float64
+}
+
+// WriteFile writes the whole report, with its summary, as indented JSON to
+// path: every pass behind the medians, for a reference run's record.
+func (r *Report) WriteFile(path string) error {
+	b, err := json.MarshalIndent(struct {
+		Summary Summary `json:"summary"`
+		*Report
+	}{r.Summary(), r}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("bench: write the report: %w", err)
+	}
+	return nil
 }
 
 // WriteJSON writes the summary as one line.

@@ -50,6 +50,7 @@ func newRootCmd() *cobra.Command {
 	var (
 		databaseURL      string
 		quick, asJSON    bool
+		reportFile       string
 		only, cpuprofile string
 		peers            string
 		soak             struct {
@@ -96,6 +97,11 @@ func newRootCmd() *cobra.Command {
 				return exitError{code: 1, msg: err.Error()}
 			}
 			report.WriteTable(cmd.OutOrStdout())
+			if reportFile != "" {
+				if err := report.WriteFile(reportFile); err != nil {
+					return exitError{code: 1, msg: err.Error()}
+				}
+			}
 			if asJSON {
 				if err := report.WriteJSON(cmd.OutOrStdout()); err != nil {
 					return exitError{code: 1, msg: err.Error()}
@@ -118,6 +124,7 @@ func newRootCmd() *cobra.Command {
 	f.DurationVar(&soak.retention, "soak-retention", 0, "the soak's --saga-retention (default 2m; 10s with --quick); the outbox keeps half of it")
 	f.StringVar(&soak.plot, "soak-plot", "soak.svg", "where the soak scenarios write their plot (SVG); their series go beside it (.json)")
 	f.StringVar(&peers, "peers", "", "the bench/peers binary (make bench-peers builds bin/peers): run DBOS Transact and River between the step runs")
+	f.StringVar(&reportFile, "report", "", "also write the whole report (every pass with its load average, the anchors, the summary) as JSON to this file, e.g. bench/results/DATE.json")
 	f.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of the run to this file (child relays write FILE.consume-N)")
 	cmd.AddCommand(newConsumeCmd())
 	return cmd
