@@ -70,7 +70,7 @@ var (
 		{Key: "exchange", Type: "string", Required: true, Doc: "exchange to publish to; the operator declares it (durable) and binds the queues, the relay never does", Example: "outbox", Pattern: `^[A-Za-z0-9_.:-]+$`},
 		{Key: "routing_key", Type: "string", Doc: "routing key template (default outbox.{aggregate_type}.{event_type}); each {placeholder} fills one word (its dots, '*', '#' and spaces become _), {raw(placeholder)} keeps its dots as word separators", Example: "outbox.{aggregate_type}.{event_type}"},
 		{Key: "timeout", Type: "duration", Doc: "wait for the broker's confirms (default 10s)", Example: "10s"},
-		{Key: "max_message_bytes", Type: "integer", Doc: "the broker's max_message_size (default 134217728, RabbitMQ's); a larger message is parked, never sent", Example: "134217728"},
+		{Key: "max_message_bytes", Type: "integer", Doc: "the broker's max_message_size (default 134217728, RabbitMQ 3's; RabbitMQ 4.0's is 16777216); a larger message is parked, never sent", Example: "134217728"},
 	}}
 	redisSpec = &fieldSpec{Key: "redis", Type: "object", Doc: "a Redis stream (XADD, idempotent on replay within dedupe_window)", Fields: []*fieldSpec{
 		{Key: "url", Type: "string", Required: true, Doc: "redis:// or rediss:// (TLS) URL, with a user but no password", Example: "redis://127.0.0.1:6379/0"},

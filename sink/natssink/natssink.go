@@ -199,6 +199,13 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 			refused[ev.AggregateKey()] = true
 			continue
 		}
+		// With the two headers publishing adds: Nats-Msg-Id and
+		// Nats-Expected-Stream.
+		if n := headerSize(msg.Header) + len(jetstream.MsgIDHeader) + len(ev.ID) + 4 + len(jetstream.ExpectedStreamHeader) + len(s.cfg.Stream) + 4; n > MaxHeaderBytes {
+			errs[i] = sink.EventError(fmt.Errorf("headers of %d bytes are larger than the %d bytes JetStream stores with a message; keep large values in the payload", n, MaxHeaderBytes))
+			refused[ev.AggregateKey()] = true
+			continue
+		}
 		f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID), jetstream.WithExpectStream(s.cfg.Stream))
 		if err != nil {
 			errs[i] = classify(err)
@@ -238,6 +245,8 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 	return errs
 }
 
+// headerSize is the length of h on the wire: "NATS/1.0\r\n", a line per
+// value, and an empty line.
 func headerSize(h nats.Header) int {
 	n := 12
 	for k, vs := range h {
@@ -248,6 +257,16 @@ func headerSize(h nats.Header) int {
 	return n
 }
 
+// MaxHeaderBytes is the largest header block JetStream stores with a
+// message: it keeps the length in 16 bits, and refuses a larger block
+// (err_code 10097) whatever max_payload allows. Refused before publishing,
+// not taken for an outage.
+const MaxHeaderBytes = 65535
+
+// errHeaderTooLarge is JetStream's error code for a header block larger
+// than MaxHeaderBytes.
+const errHeaderTooLarge jetstream.ErrorCode = 10097
+
 // MaxSubjectBytes bounds the subject an event is published on: the server
 // refuses a protocol line longer than its max_control_line (4096 bytes by
 // default), which holds the subject, a reply subject and two lengths.
@@ -255,7 +274,8 @@ const MaxSubjectBytes = 3584
 
 func classify(err error) error {
 	var apiErr *jetstream.APIError
-	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || (errors.As(err, &apiErr) && apiErr.Code == 413) {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) ||
+		(errors.As(err, &apiErr) && (apiErr.Code == 413 || apiErr.ErrorCode == errHeaderTooLarge)) {
 		return sink.EventError(err)
 	}
 	return err

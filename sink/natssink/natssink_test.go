@@ -112,6 +112,50 @@ func TestTooLargeIsAnEventError(t *testing.T) {
 	}
 }
 
+// JetStream keeps a message's header block with a 16-bit length and
+// refuses a larger one, whatever max_payload allows: a block of exactly
+// natssink.MaxHeaderBytes is stored, one byte more is refused for its
+// event before publishing (not an outage that would repeat for ever), and
+// the other aggregate's event is delivered.
+func TestHeadersLargerThanJetStreamStoresAreAnEventError(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := natssink.Config{URL: srv.URL(), Stream: "HDR", Subject: sink.MustTemplate("hdr.{aggregate_type}"), Timeout: 2 * time.Second}
+	s, err := natssink.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// withHeaders is an event whose header block, with the two headers
+	// publishing adds, is n bytes long.
+	withHeaders := func(n int) *sink.Event {
+		ev := sinktest.Events(1, 1)[0]
+		ev.Headers = []byte(`{"big":""}`)
+		msg, err := natssink.Message(cfg, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := len("NATS/1.0\r\n\r\n")
+		for k, vs := range msg.Header {
+			size += len(k) + len(vs[0]) + 4
+		}
+		size += len(jetstream.MsgIDHeader) + len(ev.ID) + 4 + len(jetstream.ExpectedStreamHeader) + len(cfg.Stream) + 4
+		ev.Headers = []byte(`{"big":"` + strings.Repeat("h", n-size) + `"}`)
+		return ev
+	}
+	evs := []*sink.Event{withHeaders(natssink.MaxHeaderBytes), withHeaders(natssink.MaxHeaderBytes + 1), sinktest.Events(1, 1)[0]}
+	evs[2].AggregateID = "other"
+	errs := s.Deliver(t.Context(), evs)
+	if errs[0] != nil {
+		t.Fatalf("a header block of exactly %d bytes: %v", natssink.MaxHeaderBytes, errs[0])
+	}
+	if sink.Classify(errs[1]) != "event" || !strings.Contains(errs[1].Error(), "JetStream stores") {
+		t.Fatalf("one byte more: %v, want an event error", errs[1])
+	}
+	if errs[2] != nil {
+		t.Fatalf("the other aggregate's event: %v", errs[2])
+	}
+}
+
 // A subject longer than a protocol line takes (an event type of 5,000
 // characters) is refused for that event; the connection and the other
 // aggregates' events are not affected.

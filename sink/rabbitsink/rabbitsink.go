@@ -30,6 +30,15 @@
 //     alarm) fails the events not confirmed (the fan-out parks them and the
 //     drainer resends them); every write and the wait for confirms are
 //     bounded by the timeout, and the next Deliver dials again.
+//   - What the broker cannot take is refused, not an outage. A body larger
+//     than rabbitmq.max_message_bytes, or than the max_message_size the
+//     broker refused a message for (RabbitMQ 4.0 lowered its default to
+//     16 MiB, below this sink's default: the sink learns the broker's
+//     limit from the channel error and checks later messages against it),
+//     and properties and headers that do not fit in one frame (AMQP sends
+//     them as a single frame of at most the negotiated frame_max, and a
+//     broker closes the connection on a larger one) refuse their event
+//     only (sink.EventError).
 //   - No credentials in errors. The password comes from the environment
 //     (Config.Password) and is cut out of every error the sink returns.
 package rabbitsink
@@ -39,6 +48,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,6 +98,14 @@ type Sink struct {
 	returns chan amqp.Return
 	raw     net.Conn // the socket under conn
 	closed  bool
+	// closes receives the error the channel was closed with.
+	closes chan *amqp.Error
+	// frameMax is the connection's negotiated frame_max (0: no limit).
+	frameMax int
+	// brokerMax is the max_message_size the broker refused a message for
+	// (0: none seen); it holds across connections, as the broker's
+	// setting does, until the sink is opened again (a relay restart).
+	brokerMax int
 	// blocked is the reason the broker gave for blocking this connection's
 	// publishers (a memory or disk alarm), "" when it does not.
 	blocked atomic.Pointer[string]
@@ -136,8 +155,68 @@ func cleanWord(v string) string {
 // message_id property.
 const maxShortString = 255
 
+// frameOverhead is what a frame adds to its payload: type, channel, size
+// and the end octet. frame_max counts them (AMQP 0-9-1, 4.2.3), so the
+// payload may be frame_max less this. RabbitMQ tolerates these 8 bytes
+// more (clients commonly get it wrong) and closes the connection beyond
+// them, with frame_too_large; the sink keeps to the specification, which
+// every broker takes.
+const frameOverhead = 8
+
+// maxSizeRefusal is RabbitMQ's reason for closing a channel on a message
+// larger than its max_message_size (406 PRECONDITION_FAILED).
+var maxSizeRefusal = regexp.MustCompile(`message size (\d+) is larger than configured max size (\d+)`)
+
+// HeaderFrameSize is the payload size of the content header frame that
+// carries msg's properties (AMQP 0-9-1, 4.2.6.1), for the properties this
+// sink sets and headers whose values are strings: the frame cannot be
+// split, so it must fit in frame_max less the frame's overhead.
+func HeaderFrameSize(msg amqp.Publishing) int {
+	short := func(v string) int {
+		if v == "" {
+			return 0
+		}
+		return 1 + len(v)
+	}
+	n := 2 + 2 + 8 + 2 // class, weight, body size, property flags
+	n += short(msg.ContentType) + short(msg.CorrelationId) + short(msg.MessageId) + short(msg.Type) + short(msg.AppId)
+	if msg.DeliveryMode > 0 {
+		n++
+	}
+	if !msg.Timestamp.IsZero() {
+		n += 8
+	}
+	if len(msg.Headers) > 0 {
+		n += 4 // the table's length
+		for k, v := range msg.Headers {
+			s, _ := v.(string)
+			n += 1 + len(k) + 1 + 4 + len(s) // short name, 'S', long string
+		}
+	}
+	return n
+}
+
+// maxBody is the largest body the broker takes, as far as the sink knows:
+// the configured limit, or the broker's when it refused a message for a
+// lower one. Called with s.mu held.
+func (s *Sink) maxBody() (limit int, learned bool) {
+	if s.brokerMax > 0 && s.brokerMax < s.cfg.MaxMessageBytes {
+		return s.brokerMax, true
+	}
+	return s.cfg.MaxMessageBytes, false
+}
+
+// tooLarge is the refusal of a body of n bytes. Called with s.mu held.
+func (s *Sink) tooLarge(n int) error {
+	limit, learned := s.maxBody()
+	if learned {
+		return fmt.Errorf("message of %d bytes is larger than the broker's max_message_size of %d bytes (learned when it refused a larger message); raise it on the broker, or set rabbitmq.max_message_bytes to it", n, limit)
+	}
+	return fmt.Errorf("message of %d bytes is larger than the %d bytes the broker takes (rabbitmq.max_message_bytes)", n, limit)
+}
+
 // message builds the publishing of ev and its routing key; an error is a
-// refusal of this event.
+// refusal of this event. Called with s.mu held.
 func (s *Sink) message(ev *sink.Event) (amqp.Publishing, string, error) {
 	key, err := s.cfg.RoutingKey.Render(ev, cleanWord)
 	if err != nil {
@@ -150,8 +229,8 @@ func (s *Sink) message(ev *sink.Event) (amqp.Publishing, string, error) {
 		return amqp.Publishing{}, "", fmt.Errorf("id of %d bytes is longer than the %d bytes an AMQP message_id takes", len(ev.ID), maxShortString)
 	}
 	body := ev.Envelope()
-	if len(body) > s.cfg.MaxMessageBytes {
-		return amqp.Publishing{}, "", fmt.Errorf("message of %d bytes is larger than the %d bytes the broker takes (rabbitmq.max_message_bytes)", len(body), s.cfg.MaxMessageBytes)
+	if limit, _ := s.maxBody(); len(body) > limit {
+		return amqp.Publishing{}, "", s.tooLarge(len(body))
 	}
 	headers := amqp.Table{}
 	for _, h := range ev.MessageHeaders() {
@@ -176,6 +255,9 @@ func (s *Sink) message(ev *sink.Event) (amqp.Publishing, string, error) {
 	}
 	if len(ev.CorrelationID) <= maxShortString {
 		msg.CorrelationId = ev.CorrelationID
+	}
+	if n := HeaderFrameSize(msg); s.frameMax > 0 && n > s.frameMax-frameOverhead {
+		return amqp.Publishing{}, "", fmt.Errorf("properties and headers of %d bytes do not fit in one AMQP frame (frame_max %d bytes, as negotiated with the broker), which is how AMQP sends them: the row's headers are too large for RabbitMQ; keep large values in the payload, or raise frame_max on the broker", n, s.frameMax)
 	}
 	return msg, key, nil
 }
@@ -244,6 +326,8 @@ func (s *Sink) channel() (*amqp.Channel, error) {
 		return nil, fmt.Errorf("put the channel in confirm mode: %w", err)
 	}
 	s.returns = ch.NotifyReturn(make(chan amqp.Return, chunk))
+	s.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
+	s.frameMax = conn.Config.FrameSize
 	s.conn, s.ch, s.raw = conn, ch, raw
 	return ch, nil
 }
@@ -267,7 +351,7 @@ func (s *Sink) drop() {
 			}
 		}
 	}
-	s.conn, s.ch, s.returns, s.raw = nil, nil, nil, nil
+	s.conn, s.ch, s.returns, s.closes, s.raw = nil, nil, nil, nil, nil
 }
 
 // writeDeadlineConn bounds every write: a broker that stopped reading (it
@@ -330,6 +414,7 @@ func (s *Sink) deliverChunk(ctx context.Context, evs []*sink.Event, errs []error
 		return
 	}
 	pending := make([]*amqp.DeferredConfirmation, len(evs))
+	sizes := make([]int, len(evs)) // body sizes of what was published
 	broken := false
 	for i, ev := range evs {
 		k := ev.AggregateKey()
@@ -356,7 +441,7 @@ func (s *Sink) deliverChunk(ctx context.Context, evs []*sink.Event, errs []error
 			failed[k] = true
 			continue
 		}
-		pending[i] = dc
+		pending[i], sizes[i] = dc, len(msg.Body)
 	}
 	timer := time.NewTimer(s.cfg.Timeout)
 	defer timer.Stop()
@@ -408,6 +493,9 @@ func (s *Sink) deliverChunk(ctx context.Context, evs []*sink.Event, errs []error
 			drained = true
 		}
 	}
+	if ch.IsClosed() {
+		s.refusedForSize(pending, sizes, errs)
+	}
 	for i, ev := range evs {
 		if pending[i] == nil || errs[i] != nil {
 			continue
@@ -425,6 +513,36 @@ func (s *Sink) deliverChunk(ctx context.Context, evs []*sink.Event, errs []error
 		// Unknown confirms or a closed channel: start again on a new
 		// connection.
 		s.drop()
+	}
+}
+
+// refusedForSize looks at why the broker closed the channel: when it
+// refused a message larger than its max_message_size, the sink keeps that
+// limit, and every unconfirmed message above it is refused for its event
+// (it would be refused again on every retry); the others were cut off with
+// the channel and are resent. Called with s.mu held.
+func (s *Sink) refusedForSize(pending []*amqp.DeferredConfirmation, sizes []int, errs []error) {
+	var cause *amqp.Error
+	select {
+	case cause = <-s.closes:
+	default:
+	}
+	if cause == nil || cause.Code != amqp.PreconditionFailed {
+		return
+	}
+	m := maxSizeRefusal.FindStringSubmatch(cause.Reason)
+	if m == nil {
+		return
+	}
+	limit, err := strconv.Atoi(m[2])
+	if err != nil || limit <= 0 {
+		return
+	}
+	s.brokerMax = limit
+	for i, dc := range pending {
+		if dc != nil && errs[i] != nil && sizes[i] > limit {
+			errs[i] = sink.EventError(s.tooLarge(sizes[i]))
+		}
 	}
 }
 

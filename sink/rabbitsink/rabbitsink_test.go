@@ -390,3 +390,107 @@ func TestBlockedBrokerIsAnOutage(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// AMQP sends a message's properties and headers as one frame of at most
+// the negotiated frame_max, and RabbitMQ closes the connection on a larger
+// one. A message whose header frame fills a frame exactly is delivered;
+// one byte more is refused for its event before publishing, rather than
+// failing the connection on every retry, and the other aggregate goes on.
+func TestHeadersLargerThanAFrameAreAnEventError(t *testing.T) {
+	srv := rabbittest.Shared(t)
+	topology(t, srv, "frame", "frame", "#")
+	s := newSink(t, srv, "frame", "f.{aggregate_type}")
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(1, 1)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	frameMax := s.FrameMax()
+	if frameMax <= 0 {
+		t.Fatalf("frame_max %d after connecting", frameMax)
+	}
+	// withHeader is an event whose one extra header's value is n bytes.
+	withHeader := func(n int) *sink.Event {
+		ev := sinktest.Events(1, 1)[0]
+		ev.Headers = json.RawMessage(`{"big":"` + strings.Repeat("h", n) + `"}`)
+		return ev
+	}
+	msg, err := s.Message(withHeader(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The frame's payload may be frame_max less 8 bytes (type, channel,
+	// size, end octet); the header's value makes up the rest.
+	fits := frameMax - 8 - rabbitsink.HeaderFrameSize(msg) + 1
+	evs := []*sink.Event{withHeader(fits), withHeader(fits + 1), sinktest.Events(1, 1)[0]}
+	evs[2].AggregateID = "other"
+	errs := s.Deliver(t.Context(), evs)
+	if errs[0] != nil {
+		t.Fatalf("a header frame of exactly frame_max: %v", errs[0])
+	}
+	if sink.Classify(errs[1]) != "event" || !strings.Contains(errs[1].Error(), "frame_max") {
+		t.Fatalf("a header frame one byte over frame_max: %v, want an event error naming frame_max", errs[1])
+	}
+	if errs[2] != nil {
+		t.Fatalf("another aggregate's event: %v", errs[2])
+	}
+	got := readQueue(srv, "frame")()
+	if len(got) != 3 || got[1].ID != evs[0].ID || got[2].ID != evs[2].ID {
+		t.Fatalf("queue holds %d messages, want the first event, then the one at the limit and the other aggregate's", len(got))
+	}
+}
+
+// A broker whose max_message_size is below rabbitmq.max_message_bytes (as
+// RabbitMQ 4's default of 16 MiB is below the sink's default) closes the
+// channel on a larger message. The sink refuses that event as an event
+// error, not an outage that would repeat on every retry, keeps the
+// broker's limit and checks later messages against it before publishing;
+// the events cut off with the channel are delivered on the next attempt.
+func TestBrokerMaxMessageSizeIsLearned(t *testing.T) {
+	srv := rabbittest.Shared(t)
+	// Read when a channel opens: the sink's channel, opened below, has it.
+	if out, err := srv.Ctl("eval", "application:set_env(rabbit, max_message_size, 65536)."); err != nil {
+		t.Fatalf("lower max_message_size: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { srv.Ctl("eval", "application:set_env(rabbit, max_message_size, 134217728).") })
+	topology(t, srv, "maxsize", "maxsize", "#")
+	s := newSink(t, srv, "maxsize", "m.{aggregate_type}")
+	evs := sinktest.Events(4, 2)
+	evs[1].Payload = json.RawMessage(`"` + strings.Repeat("x", 100<<10) + `"`)
+	errs := s.Deliver(t.Context(), evs)
+	if sink.Classify(errs[1]) != "event" || !strings.Contains(errs[1].Error(), "max_message_size") || !strings.Contains(errs[1].Error(), "65536") {
+		t.Fatalf("errors %v: want the large event refused, naming the broker's max_message_size", errs)
+	}
+	if errs[3] == nil {
+		t.Fatalf("the large event's aggregate went on past it")
+	}
+	// The next attempt: the large event is refused before publishing, the
+	// others are delivered, on one channel that stays open.
+	var retry []*sink.Event
+	for i, err := range errs {
+		if err != nil && i != 1 {
+			retry = append(retry, evs[i])
+		}
+	}
+	errs = s.Deliver(t.Context(), append([]*sink.Event{evs[1]}, retry...))
+	if sink.Classify(errs[0]) != "event" || !strings.Contains(errs[0].Error(), "max_message_size") {
+		t.Fatalf("the large event again: %v", errs[0])
+	}
+	for i, err := range errs[1:] {
+		if retry[i].AggregateID == evs[1].AggregateID {
+			if !errors.Is(err, sink.ErrHeldBack) {
+				t.Errorf("%s behind the refused event: %v, want held back", retry[i].ID, err)
+			}
+		} else if err != nil {
+			t.Errorf("%s: %v", retry[i].ID, err)
+		}
+	}
+	got := readQueue(srv, "maxsize")()
+	ids := map[string]bool{}
+	for _, r := range got {
+		ids[r.ID] = true
+	}
+	if !ids[evs[0].ID] || !ids[evs[2].ID] || ids[evs[1].ID] || ids[evs[3].ID] {
+		t.Fatalf("queue holds %v, want the other aggregate's events only", ids)
+	}
+}

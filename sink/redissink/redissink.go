@@ -28,6 +28,20 @@
 //   - Outages are errors. A connection that fails, a server loading its
 //     data or out of memory fails the events not added (the fan-out parks
 //     them); a stream key holding another type refuses its events only.
+//   - What the server cannot take is refused, not an outage. Redis reads
+//     no value longer than its proto-max-bulk-len (512 MB unless
+//     configured) and closes the connection on one, failing every command
+//     sent with it: an event with a larger field (the payload field, the
+//     envelope, is the largest) is refused before it is sent
+//     (sink.EventError). The sink reads the server's setting on every new
+//     connection (CONFIG GET; when that is not allowed, Redis's default
+//     stands).
+//   - One Redis, not a cluster. The script's two keys (the stream and the
+//     dedupe key) hash to different cluster slots, which Redis Cluster
+//     refuses in one script: a server in cluster mode (cluster_enabled:1
+//     in INFO, read on every new connection, or a MOVED, ASK, CROSSSLOT,
+//     CLUSTERDOWN or TRYAGAIN reply) is an outage whose reason says that
+//     Redis Cluster is not supported.
 //   - No credentials in errors. The password comes from the environment
 //     (Config.Password) and is cut out of every error the sink returns.
 //
@@ -43,6 +57,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 
@@ -87,10 +102,26 @@ redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
 return id
 `)
 
+// defaultMaxBulk is Redis's default proto-max-bulk-len: the longest value
+// (bulk string) it reads in a command.
+const defaultMaxBulk = 512 << 20
+
+// ErrCluster is the reason a sink pointed at a Redis Cluster node cannot
+// deliver.
+var ErrCluster = errors.New("Redis Cluster is not supported: this sink adds each entry and its dedupe key in one script, and their keys are in different cluster slots; point redis.url at a standalone Redis (or the primary of one with replicas)")
+
+// clusterReplies start the errors only a node of Redis Cluster answers.
+var clusterReplies = []string{"MOVED ", "ASK ", "CROSSSLOT ", "CLUSTERDOWN ", "TRYAGAIN "}
+
 // Sink is a Redis streams destination; safe for concurrent use.
 type Sink struct {
 	cfg Config
 	rdb *redis.Client
+	// maxBulk is the server's proto-max-bulk-len, as last read.
+	maxBulk atomic.Int64
+	// connected: a connection was made, so maxBulk is the server's (or
+	// the default, when the server would not say).
+	connected atomic.Bool
 }
 
 var _ sink.Sink = (*Sink)(nil)
@@ -120,7 +151,46 @@ func New(cfg Config) (*Sink, error) {
 	// would only hold the stream longer while Redis is down.
 	opt.MaxRetries = -1
 	opt.PoolSize = 4
-	return &Sink{cfg: cfg, rdb: redis.NewClient(opt)}, nil
+	s := &Sink{cfg: cfg}
+	s.maxBulk.Store(defaultMaxBulk)
+	opt.OnConnect = s.onConnect
+	s.rdb = redis.NewClient(opt)
+	return s, nil
+}
+
+// onConnect reads, in one round trip on each new connection, the longest
+// value the server takes and whether it is a cluster node. A server that
+// refuses CONFIG or INFO (an ACL, a managed service, a proxy) leaves the
+// defaults; a cluster node fails the connection with ErrCluster, so the
+// sink is down with that reason.
+func (s *Sink) onConnect(ctx context.Context, cn *redis.Conn) error {
+	var bulk *redis.MapStringStringCmd
+	var info *redis.StringCmd
+	cn.Pipelined(ctx, func(p redis.Pipeliner) error {
+		bulk = p.ConfigGet(ctx, "proto-max-bulk-len")
+		info = p.Info(ctx, "cluster")
+		return nil
+	})
+	for _, err := range []error{bulk.Err(), info.Err()} {
+		if err != nil && !isRedisError(err) {
+			return err // the connection failed, not the command
+		}
+	}
+	if strings.Contains(info.Val(), "cluster_enabled:1") {
+		return ErrCluster
+	}
+	if n, err := strconv.ParseInt(bulk.Val()["proto-max-bulk-len"], 10, 64); err == nil && n > 0 {
+		s.maxBulk.Store(n)
+	}
+	s.connected.Store(true)
+	return nil
+}
+
+// isRedisError reports whether err is a reply of the server (an error it
+// answered), not a failure of the connection.
+func isRedisError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // Stream is the stream key an event is added to.
@@ -186,25 +256,49 @@ func (s *Sink) Deliver(ctx context.Context, evs []*sink.Event) []error {
 
 func (s *Sink) deliver(ctx context.Context, evs []*sink.Event) (errs []error, noScript bool) {
 	errs = make([]error, len(evs))
+	if !s.connected.Load() {
+		// The values are checked against the server's limit as the pipeline
+		// is built, before it takes a connection: connect first.
+		if err := s.rdb.Ping(ctx).Err(); err != nil {
+			for i := range errs {
+				errs[i] = s.classify(err)
+			}
+			return errs, false
+		}
+	}
 	window := strconv.FormatInt(s.cfg.DedupeWindow.Milliseconds(), 10)
 	maxLen := strconv.Itoa(s.cfg.MaxLen)
 	cmds := make([]*redis.Cmd, len(evs))
 	pipe := s.rdb.Pipeline()
+	// refused holds the aggregates with an event refused before sending:
+	// their later events are not sent either, or they would enter the
+	// stream ahead of it (and a resend after it adds nothing).
+	refused := map[string]bool{}
 	for i, ev := range evs {
+		k := ev.AggregateKey()
+		if refused[k] {
+			errs[i] = sink.ErrHeldBack
+			continue
+		}
 		stream, err := s.cfg.Stream.Render(ev, cleanPart)
 		if err != nil {
 			// An expression of the stream's name failed: this event is
-			// refused; the others go on.
-			errs[i] = sink.EventError(err)
+			// refused; the other aggregates go on.
+			errs[i], refused[k] = sink.EventError(err), true
 			continue
 		}
-		args := append([]any{window, maxLen}, fields(ev)...)
-		cmds[i] = addScript.EvalSha(ctx, pipe, []string{stream, DedupeKey(stream, ev.ID)}, args...)
+		keys, fs := []string{stream, DedupeKey(stream, ev.ID)}, fields(ev)
+		if err := s.tooLarge(keys, fs); err != nil {
+			errs[i], refused[k] = sink.EventError(err), true
+			continue
+		}
+		args := append([]any{window, maxLen}, fs...)
+		cmds[i] = addScript.EvalSha(ctx, pipe, keys, args...)
 	}
 	_, execErr := pipe.Exec(ctx)
 	for i, c := range cmds {
 		if c == nil {
-			continue // refused before it was sent
+			continue // refused or held back before it was sent
 		}
 		// Delivered means Redis answered this script with the entry's id.
 		// A pipeline whose connection failed to start (a wrong password)
@@ -228,13 +322,50 @@ func (s *Sink) deliver(ctx context.Context, evs []*sink.Event) (errs []error, no
 	return errs, noScript
 }
 
-// classify makes a stream key holding another type a refusal of its event;
-// everything else (the network, a server loading or out of memory) is an
-// outage.
+// tooLarge refuses an entry with a key or a value (fields come as name,
+// value) longer than the server reads in one command.
+func (s *Sink) tooLarge(keys []string, fields []any) error {
+	limit := s.maxBulk.Load()
+	for _, k := range keys {
+		if int64(len(k)) > limit {
+			return fmt.Errorf("key of %d bytes (its id or stream name) is longer than the %d bytes Redis takes in one value (its proto-max-bulk-len)", len(k), limit)
+		}
+	}
+	for i := 1; i < len(fields); i += 2 {
+		var n int
+		switch v := fields[i].(type) {
+		case string:
+			n = len(v)
+		case []byte:
+			n = len(v)
+		}
+		if int64(n) > limit {
+			return fmt.Errorf("field %q of %d bytes is larger than the %d bytes Redis takes in one value (its proto-max-bulk-len)", fields[i-1], n, limit)
+		}
+	}
+	return nil
+}
+
+// classify makes a stream key holding another type, or a value longer
+// than the server reads (a proto-max-bulk-len lowered since the
+// connection read it), a refusal of its event; a cluster node's reply says
+// that Redis Cluster is not supported; everything else (the network, a
+// server loading or out of memory) is an outage.
 func (s *Sink) classify(err error) error {
 	err = redactErr(err, s.cfg.Password)
-	if strings.Contains(err.Error(), "WRONGTYPE") {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "WRONGTYPE"):
 		return sink.EventError(fmt.Errorf("the stream's key holds another type of value; rename the key or change redis.stream: %w", err))
+	case strings.Contains(msg, "Protocol error: invalid bulk length"):
+		return sink.EventError(fmt.Errorf("a value of the entry is larger than Redis takes (its proto-max-bulk-len): %w", err))
+	case errors.Is(err, ErrCluster):
+		return err
+	}
+	for _, p := range clusterReplies {
+		if strings.HasPrefix(msg, p) {
+			return fmt.Errorf("%w (the server answered: %s)", ErrCluster, msg)
+		}
 	}
 	return fmt.Errorf("redis: %w", err)
 }

@@ -242,3 +242,91 @@ func TestServerKilledAndBack(t *testing.T) {
 	}
 	sinktest.RequireOrder(t, append(append([]*sink.Event{}, before...), evs...), got)
 }
+
+// Redis reads no value longer than its proto-max-bulk-len and closes the
+// connection on one, failing every command sent with it, on every retry.
+// The sink reads the setting when it connects: an entry whose largest
+// value (the payload field) is exactly that long is added, one byte more
+// is refused for its event before it is sent, its aggregate's next event
+// is held back (not added ahead of it), and the other aggregate's event
+// is added.
+func TestValueLargerThanTheServerTakesIsAnEventError(t *testing.T) {
+	srv := redistest.Start(t)
+	const limit = 1 << 20 // the smallest proto-max-bulk-len Redis allows
+	if err := client(t, srv).ConfigSet(t.Context(), "proto-max-bulk-len", "1mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, srv, "bulk", 0)
+	// withPayload is an event whose envelope is n bytes long.
+	withPayload := func(n int) *sink.Event {
+		ev := sinktest.Events(1, 1)[0]
+		ev.Payload = json.RawMessage(`""`)
+		pad := n - len(ev.Envelope())
+		ev.Payload = json.RawMessage(`"` + strings.Repeat("x", pad) + `"`)
+		if len(ev.Envelope()) != n {
+			t.Fatalf("envelope of %d bytes, want %d", len(ev.Envelope()), n)
+		}
+		return ev
+	}
+	evs := []*sink.Event{withPayload(limit), withPayload(limit + 1), sinktest.Events(1, 1)[0]}
+	evs[2].AggregateID = "other"
+	evs = append(evs, sinktest.Events(1, 1)[0]) // the large one's aggregate
+	errs := s.Deliver(t.Context(), evs)
+	if errs[0] != nil {
+		t.Fatalf("a payload field of exactly proto-max-bulk-len: %v (%v)", errs[0], errs)
+	}
+	if sink.Classify(errs[1]) != "event" || !strings.Contains(errs[1].Error(), "proto-max-bulk-len") || !strings.Contains(errs[1].Error(), "1048576") {
+		t.Fatalf("one byte more: %v, want an event error naming proto-max-bulk-len and the limit", errs[1])
+	}
+	if errs[2] != nil || !errors.Is(errs[3], sink.ErrHeldBack) {
+		t.Fatalf("the other aggregate's event: %v; the large one's next: %v, want delivered and held back", errs[2], errs[3])
+	}
+	got := readStream(t, srv, "bulk")()
+	if len(got) != 2 || got[0].ID != evs[0].ID || got[1].ID != evs[2].ID {
+		t.Fatalf("%d entries, want the event at the limit and the other aggregate's", len(got))
+	}
+}
+
+// A server that refuses CONFIG (renamed away, as managed services and
+// ACLs do) leaves Redis's default limit, and the sink delivers.
+func TestConfigRefusedLeavesTheDefault(t *testing.T) {
+	srv := redistest.Start(t, "--rename-command", "CONFIG", "")
+	s := newSink(t, srv, "noconfig", 0)
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(3, 2)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A Redis Cluster node refuses the script (its two keys are in different
+// slots): the sink says that Redis Cluster is not supported, as an outage
+// of the whole sink rather than a refusal of each event.
+func TestClusterIsNotSupported(t *testing.T) {
+	srv := redistest.Start(t, "--cluster-enabled", "yes")
+	s := newSink(t, srv, "clustered", 0)
+	for _, err := range s.Deliver(t.Context(), sinktest.Events(2, 2)) {
+		if err == nil || sink.Classify(err) != "down" || !strings.Contains(err.Error(), "Redis Cluster is not supported") {
+			t.Fatalf("on a cluster node: %v, want an outage saying Redis Cluster is not supported", err)
+		}
+	}
+	// Replies only a cluster node gives say so too (a proxy may hide INFO).
+	for _, reply := range []string{"MOVED 3999 127.0.0.1:6381", "CROSSSLOT Keys in request don't hash to the same slot",
+		"CLUSTERDOWN Hash slot not served", "ASK 3999 127.0.0.1:6381", "TRYAGAIN Multiple keys request during rehashing of slot"} {
+		err := s.Classify(redisReply(reply))
+		if sink.Classify(err) != "down" || !strings.Contains(err.Error(), "Redis Cluster is not supported") || !strings.Contains(err.Error(), reply) {
+			t.Errorf("%q: %v", reply, err)
+		}
+	}
+	// A value longer than a server's lowered proto-max-bulk-len, when the
+	// reply comes back, refuses its event.
+	if err := s.Classify(redisReply("ERR Protocol error: invalid bulk length")); sink.Classify(err) != "event" {
+		t.Errorf("invalid bulk length: %v, want an event error", err)
+	}
+}
+
+// redisReply is an error as the server answers it.
+type redisReply string
+
+func (e redisReply) Error() string { return string(e) }
+func (redisReply) RedisError()     {}

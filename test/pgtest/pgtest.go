@@ -44,7 +44,13 @@ var (
 // no goroutine leaked. It returns the exit code instead of calling os.Exit so
 // that deferred cleanup in the caller still runs.
 func Main(m *testing.M, ignore ...goleak.Option) int {
-	code := m.Run()
+	return Finish(m.Run(), ignore...)
+}
+
+// Finish is Main after m.Run, for a TestMain that stops servers of its own
+// (shared brokers) between the tests and the leak check: it stops the
+// cluster and checks that no goroutine leaked, and returns the exit code.
+func Finish(code int, ignore ...goleak.Option) int {
 	for _, name := range exampleDBs {
 		Drop(cluster, name)
 	}

@@ -7,8 +7,9 @@
 //
 // Starting a node takes seconds: share one per test binary (Shared, and
 // StopShared in TestMain) and start one of its own only for a test that
-// kills it. Without rabbitmq-server a test skips, saying so, unless CI is
-// set: then it fails, since make test installs it (make brokers).
+// kills it or configures it (Launch returns while it boots). Without
+// rabbitmq-server a test skips, saying so, unless CI is set: then it
+// fails, since make test installs it (make brokers).
 package rabbittest
 
 import (
@@ -57,12 +58,18 @@ func lookup() (script, epmd string, err error) {
 	return script, epmd, nil
 }
 
+// Missing returns ErrMissing when rabbitmq-server or epmd is not
+// installed, else nil.
+func Missing() error {
+	_, _, err := lookup()
+	return err
+}
+
 // Require skips t in the quick tier (-short), and when RabbitMQ is missing
 // and CI is not set; it fails t when it is missing and CI is set.
 func Require(t testing.TB) {
 	t.Helper()
-	_, _, err := lookup()
-	testkit.RequireTool(t, "needs a real RabbitMQ server, installed with apt", err)
+	testkit.RequireTool(t, "needs a real RabbitMQ server, installed with apt", Missing())
 }
 
 // Server is a RabbitMQ node.
@@ -75,6 +82,8 @@ type Server struct {
 	mu                  sync.Mutex
 	cmd, epmd           *exec.Cmd
 	done, epmdDone      chan struct{}
+	ready               chan struct{} // closed when the first start ended
+	readyErr            error
 }
 
 // Start starts a node for t, stopped when t ends.
@@ -104,6 +113,22 @@ func StopShared() { shared.Stop() }
 
 // StartProcess starts a node with its files under dir.
 func StartProcess(dir string) (*Server, error) {
+	s, err := Launch(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Ready(); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Launch starts a node like StartProcess, with conf as more rabbitmq.conf
+// lines (max_message_size = 262144, say), and returns while it boots: its
+// URL and password are known, and Ready waits until it takes connections.
+// A node takes seconds to boot, which a test spends on its other setup.
+func Launch(dir string, conf ...string) (*Server, error) {
 	script, epmd, err := lookup()
 	if err != nil {
 		return nil, err
@@ -119,7 +144,7 @@ func StartProcess(dir string) (*Server, error) {
 			return nil, err
 		}
 	}
-	conf := fmt.Sprintf(`listeners.tcp.default = 127.0.0.1:%d
+	file := fmt.Sprintf(`listeners.tcp.default = 127.0.0.1:%d
 default_user = %s
 default_pass = %s
 default_permissions.configure = .*
@@ -131,7 +156,10 @@ vm_memory_high_watermark.absolute = 1GB
 log.console = false
 log.file.level = warning
 `, s.port, User, s.Password)
-	files := map[string]string{"rabbitmq.conf": conf, "enabled_plugins": "[].\n", "rabbitmq-env.conf": ""}
+	for _, line := range conf {
+		file += line + "\n"
+	}
+	files := map[string]string{"rabbitmq.conf": file, "enabled_plugins": "[].\n", "rabbitmq-env.conf": ""}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			return nil, err
@@ -140,11 +168,19 @@ log.file.level = warning
 	if err := s.startEPMD(); err != nil {
 		return nil, err
 	}
-	if err := s.start(); err != nil {
-		s.stopEPMD()
-		return nil, err
-	}
+	s.ready = make(chan struct{})
+	go func() {
+		defer close(s.ready)
+		s.readyErr = s.start()
+	}()
 	return s, nil
+}
+
+// Ready waits until the node Launch started takes connections, or returns
+// why it did not.
+func (s *Server) Ready() error {
+	<-s.ready
+	return s.readyErr
 }
 
 // Port is the AMQP port.
@@ -298,8 +334,10 @@ func (s *Server) Restart(t testing.TB) {
 	}
 }
 
-// Stop stops the node (SIGTERM, SIGKILL after 20 s) and its epmd.
+// Stop stops the node (SIGTERM, SIGKILL after 20 s) and its epmd; a node
+// still booting is stopped once its boot ended.
 func (s *Server) Stop() {
+	s.Ready()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd != nil {

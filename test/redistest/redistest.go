@@ -32,6 +32,7 @@ type Server struct {
 	// Password is what clients authenticate with (requirepass).
 	Password string
 	bin, dir string
+	args     []string // more redis-server arguments
 	port     int
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -41,22 +42,27 @@ type Server struct {
 // ErrMissing is returned by StartProcess when redis-server is not installed.
 var ErrMissing = errors.New("redis-server is not installed (apt-get install redis-server, or make brokers)")
 
+// Missing returns ErrMissing when redis-server is not installed, else nil.
+func Missing() error {
+	if _, err := exec.LookPath(Binary); err != nil {
+		return ErrMissing
+	}
+	return nil
+}
+
 // Require skips t in the quick tier (-short), and when redis-server is
 // missing and CI is not set; it fails t when it is missing and CI is set.
 func Require(t testing.TB) {
 	t.Helper()
-	var missing error
-	if _, err := exec.LookPath(Binary); err != nil {
-		missing = ErrMissing
-	}
-	testkit.RequireTool(t, "needs a real Redis server, installed with apt", missing)
+	testkit.RequireTool(t, "needs a real Redis server, installed with apt", Missing())
 }
 
-// Start starts a server for t, stopped when t ends.
-func Start(t testing.TB) *Server {
+// Start starts a server for t, stopped when t ends; args are more
+// redis-server arguments (--cluster-enabled yes, say).
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	Require(t)
-	s, err := StartProcess(t.TempDir())
+	s, err := StartProcess(t.TempDir(), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,14 +77,15 @@ var shared testkit.Shared[*Server]
 func Shared(t testing.TB) *Server {
 	t.Helper()
 	Require(t)
-	return shared.Get(t, "redistest", StartProcess)
+	return shared.Get(t, "redistest", func(dir string) (*Server, error) { return StartProcess(dir) })
 }
 
 // StopShared stops the server Shared started, if any, and removes its files.
 func StopShared() { shared.Stop() }
 
-// StartProcess starts a server with its data under dir.
-func StartProcess(dir string) (*Server, error) {
+// StartProcess starts a server with its data under dir; args are more
+// redis-server arguments.
+func StartProcess(dir string, args ...string) (*Server, error) {
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
 		return nil, ErrMissing
@@ -87,7 +94,7 @@ func StartProcess(dir string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Password: "redistest-" + fmt.Sprint(time.Now().UnixNano()), bin: bin, dir: dir, port: port}
+	s := &Server{Password: "redistest-" + fmt.Sprint(time.Now().UnixNano()), bin: bin, dir: dir, args: args, port: port}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -103,9 +110,10 @@ func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cmd := exec.Command(s.bin, "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+	args := append([]string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--requirepass", s.Password,
-		"--daemonize", "no", "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
+		"--daemonize", "no", "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)

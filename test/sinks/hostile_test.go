@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -30,13 +32,21 @@ import (
 	"github.com/compensa/compensa/sink/webhook"
 	"github.com/compensa/compensa/test/natstest"
 	"github.com/compensa/compensa/test/pgtest"
+	"github.com/compensa/compensa/test/rabbittest"
+	"github.com/compensa/compensa/test/redistest"
 	"github.com/compensa/compensa/test/testkit"
 )
 
-// brokerLimit is the NATS server's max_payload and the Kafka sink's
-// max_message_bytes in the hostile-row tests: a payload above it is larger
-// than the broker takes.
+// brokerLimit is the NATS server's max_payload, the Kafka sink's
+// max_message_bytes and RabbitMQ's max_message_size (the sink's
+// max_message_bytes too) in the hostile-row tests: a payload above it is
+// larger than the broker takes.
 const brokerLimit = 256 << 10
+
+// redisBulkLimit is the Redis server's proto-max-bulk-len in the
+// hostile-row tests, the smallest Redis allows: a payload above it is
+// larger than Redis reads in one value.
+const redisBulkLimit = 1 << 20
 
 // hostileTable is a producer's own outbox table, as loose as PostgreSQL
 // lets it be: every column may be NULL.
@@ -45,44 +55,119 @@ const hostileTable = `CREATE TABLE hostile_outbox (
 	event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())`
 
 // hostileRelay is a relay streaming hostile_outbox with a declared saga
-// (started by order.placed) and three sinks that select every event: a
-// webhook, NATS JetStream and Kafka.
+// (started by order.placed) and sinks that select every event: a webhook
+// ("hook"), NATS JetStream ("bus"), Kafka ("kafka"), and RabbitMQ
+// ("rabbit") and Redis Streams ("streams") when they are installed.
 type hostileRelay struct {
 	db    *pgtest.DB
 	ep    *endpoint
 	nats  string
 	kafka []string
+	*hostileBrokers
+	sinks []string // the sinks' names
 	logs  *logCounter
 }
 
-// logCounter keeps the relay's logs that say a batch or the stream failed
-// (a failed batch ends the replication session).
-type logCounter struct {
-	mu     sync.Mutex
-	failed []string
+// hostileBrokers are the RabbitMQ node and the Redis server of a
+// hostile-row test, each nil when it is not installed (outside CI), and
+// what was consumed from RabbitMQ so far.
+type hostileBrokers struct {
+	rabbit *rabbittest.Server
+	redis  *redistest.Server
+	// name is the test's own exchange, queue and stream prefix on the
+	// shared servers.
+	name      string
+	mu        sync.Mutex
+	rabbitGot delivered
 }
+
+// hostileRabbit is the RabbitMQ node of the hostile-row tests, shared by
+// them: its max_message_size is brokerLimit, like the other brokers'
+// limits. It boots while the first test that needs it sets up PostgreSQL
+// and the relay (a node takes seconds to boot).
+var hostileRabbit testkit.Shared[*rabbittest.Server]
+
+// launchHostileBrokers launches RabbitMQ and Redis, when installed, for a
+// hostile-row test (in CI a missing one fails the test, as everywhere).
+// Redis is the binary's shared server, its proto-max-bulk-len lowered to
+// redisBulkLimit: each test has streams of its own on it.
+func launchHostileBrokers(t *testing.T) *hostileBrokers {
+	t.Helper()
+	b := &hostileBrokers{rabbitGot: delivered{poison: map[string]string{}}}
+	if testkit.HaveTool(t, rabbittest.Missing()) {
+		b.rabbit = hostileRabbit.Get(t, "hostile-rabbit", func(dir string) (*rabbittest.Server, error) {
+			return rabbittest.Launch(dir, fmt.Sprintf("max_message_size = %d", brokerLimit))
+		})
+	}
+	if testkit.HaveTool(t, redistest.Missing()) {
+		b.redis = redistest.Shared(t)
+		c := redis.NewClient(&redis.Options{Addr: b.redis.Addr(), Password: b.redis.Password})
+		defer c.Close()
+		if err := c.ConfigSet(context.Background(), "proto-max-bulk-len", fmt.Sprint(redisBulkLimit)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// logCounter keeps the relay's logs that say a batch or the stream failed
+// (a failed batch ends the replication session), and those that say a
+// sink is down.
+type logCounter struct {
+	rec   *logRecords
+	attrs string // from WithAttrs (the sink's name among them)
+}
+
+type logRecords struct {
+	mu           sync.Mutex
+	failed, down []string
+}
+
+func newLogCounter() *logCounter { return &logCounter{rec: &logRecords{}} }
 
 func (l *logCounter) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
 	msg := r.Message
 	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
 	if r.Level >= slog.LevelWarn && (strings.Contains(msg, "replication session ended") || strings.Contains(msg, "stream cannot go on") ||
 		strings.Contains(msg, "encode parked") || strings.Contains(msg, "batch") && strings.Contains(msg, "fail")) {
-		l.mu.Lock()
-		l.failed = append(l.failed, msg)
-		l.mu.Unlock()
+		l.rec.failed = append(l.rec.failed, msg)
+	}
+	if strings.HasPrefix(r.Message, "sink is down") {
+		l.rec.down = append(l.rec.down, msg+l.attrs)
 	}
 	return nil
 }
-func (l *logCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logCounter) WithGroup(string) slog.Handler      { return l }
+func (l *logCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *l
+	for _, a := range as {
+		c.attrs += " " + a.String()
+	}
+	return &c
+}
+func (l *logCounter) WithGroup(string) slog.Handler { return l }
 func (l *logCounter) failures() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.failed...)
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	return append([]string(nil), l.rec.failed...)
 }
 
-func startHostileRelay(t *testing.T, db *pgtest.DB) *hostileRelay {
+// sinkDown returns the "sink is down" logs of the sink named name.
+func (l *logCounter) sinkDown(name string) []string {
+	l.rec.mu.Lock()
+	defer l.rec.mu.Unlock()
+	var out []string
+	for _, m := range l.rec.down {
+		if strings.Contains(m, " sink="+name) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func startHostileRelay(t *testing.T, db *pgtest.DB, brokers *hostileBrokers) *hostileRelay {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, hostileTable); err != nil {
@@ -94,7 +179,9 @@ func startHostileRelay(t *testing.T, db *pgtest.DB) *hostileRelay {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.URL(), kafka: kc.ListenAddrs(), logs: &logCounter{}}
+	h := &hostileRelay{db: db, ep: newEndpoint(t), nats: ns.URL(), kafka: kc.ListenAddrs(), hostileBrokers: brokers,
+		sinks: []string{"hook", "bus", "kafka"}, logs: newLogCounter()}
+	h.name = "hostile_" + db.Name
 
 	dir := t.TempDir()
 	sagas := filepath.Join(dir, "sagas")
@@ -109,14 +196,29 @@ steps:
       query: SELECT 1
 `), 0o600)
 	sinks := filepath.Join(dir, "sinks.yaml")
-	os.WriteFile(sinks, []byte(fmt.Sprintf(`sinks:
+	file := fmt.Sprintf(`sinks:
   - name: hook
     webhook: { url: "%s/events", secret_env: HOSTILE_WEBHOOK_SECRET, timeout: 5s }
   - name: bus
     nats: { url: "%s", stream: OUTBOX, subject: "outbox.{aggregate_type}.{event_type}", timeout: 5s }
   - name: kafka
     kafka: { brokers: ["%s"], topic: "outbox.event.{aggregate_type}", timeout: 5s, max_message_bytes: %d }
-`, h.ep.srv.URL, h.nats, h.kafka[0], brokerLimit)), 0o600)
+`, h.ep.srv.URL, h.nats, h.kafka[0], brokerLimit)
+	if h.rabbit != nil {
+		file += fmt.Sprintf(`  - name: rabbit
+    rabbitmq: { url: "%s", password_env: HOSTILE_RABBITMQ_PASSWORD, exchange: %s, routing_key: "outbox.{aggregate_type}.{event_type}", timeout: 10s, max_message_bytes: %d }
+`, h.rabbit.URL(), h.name, brokerLimit)
+		t.Setenv("HOSTILE_RABBITMQ_PASSWORD", h.rabbit.Password)
+		h.sinks = append(h.sinks, "rabbit")
+	}
+	if h.redis != nil {
+		file += fmt.Sprintf(`  - name: streams
+    redis: { url: "%s", password_env: HOSTILE_REDIS_PASSWORD, stream: "%s.{aggregate_type}", timeout: 10s }
+`, h.redis.URL(), h.name)
+		t.Setenv("HOSTILE_REDIS_PASSWORD", h.redis.Password)
+		h.sinks = append(h.sinks, "streams")
+	}
+	os.WriteFile(sinks, []byte(file), 0o600)
 	t.Setenv("HOSTILE_WEBHOOK_SECRET", secret)
 	r, err := relay.New(ctx, relay.Config{DatabaseURL: db.URL, Registry: saga.NewRegistry(), Slot: db.Slot, Publication: db.Publication,
 		OutboxTable: "hostile_outbox", Sagas: sagas, Sinks: sinks, Workers: 1, Logger: slog.New(h.logs),
@@ -137,7 +239,47 @@ steps:
 	testkit.WaitFor(t, 30*time.Second, "the first checkpoint", func() bool {
 		return count(t, db, `SELECT count(*) FROM relay_checkpoints WHERE slot_name = $1`, db.Slot) == 1
 	})
+	if h.rabbit != nil {
+		// The sink connects on its first delivery, after this: the node and
+		// the operator's exchange and queue must be there by then.
+		if err := h.rabbit.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		h.declareRabbit(t)
+	}
 	return h
+}
+
+// declareRabbit declares what the operator would: a durable topic exchange
+// and a durable queue bound to it for every routing key.
+func (h *hostileRelay) declareRabbit(t *testing.T) {
+	conn, err := h.rabbit.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(h.name, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(h.name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(h.name, "#", h.name, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if conn, err := h.rabbit.Dial(); err == nil {
+			if ch, err := conn.Channel(); err == nil {
+				ch.QueueDelete(h.name, false, false, false)
+				ch.ExchangeDelete(h.name, false, false)
+			}
+			conn.Close()
+		}
+	})
 }
 
 // insertRaw writes one row, its columns given as SQL, in a transaction of
@@ -262,6 +404,44 @@ func (h *hostileRelay) received(t *testing.T) map[string]delivered {
 		cl.Close()
 	}
 	out["kafka"] = kf
+	// RabbitMQ: queue order, consumed (and acknowledged) as it arrives; the
+	// "poison" header.
+	if h.rabbit != nil {
+		h.mu.Lock()
+		if conn, err := h.rabbit.Dial(); err == nil {
+			if ch, err := conn.Channel(); err == nil {
+				for {
+					d, ok, err := ch.Get(h.name, false)
+					if err != nil || !ok {
+						break
+					}
+					h.rabbitGot.order = append(h.rabbitGot.order, d.MessageId)
+					if p, _ := d.Headers["poison"].(string); p != "" {
+						h.rabbitGot.poison[d.MessageId] = p
+					}
+					d.Ack(false)
+				}
+			}
+			conn.Close()
+		}
+		out["rabbit"] = delivered{order: append([]string(nil), h.rabbitGot.order...), poison: maps.Clone(h.rabbitGot.poison)}
+		h.mu.Unlock()
+	}
+	// Redis: stream order; the "poison" field.
+	if h.redis != nil {
+		st := delivered{poison: map[string]string{}}
+		c := redis.NewClient(&redis.Options{Addr: h.redis.Addr(), Password: h.redis.Password})
+		xs, _ := c.XRange(context.Background(), h.name+".order", "-", "+").Result()
+		c.Close()
+		for _, x := range xs {
+			id, _ := x.Values["id"].(string)
+			st.order = append(st.order, id)
+			if p, _ := x.Values["poison"].(string); p != "" {
+				st.poison[id] = p
+			}
+		}
+		out["streams"] = st
+	}
 	return out
 }
 
@@ -403,7 +583,7 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 				got := h.received(t)
 				parked := parkedReasons(t, db)
 				where = map[string]string{}
-				for _, s := range []string{"hook", "bus", "kafka"} {
+				for _, s := range h.sinks {
 					if reason := r.parkedReason(parked[s]); reason != "" {
 						where[s] = "parked: " + reason
 						continue
@@ -421,7 +601,7 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 						where[s] = "delivered; poison: " + got[s].poison[id]
 					}
 				}
-				return len(where) == 3
+				return len(where) == len(h.sinks)
 			})
 			for s, w := range where {
 				t.Logf("%s: %.160s", s, w)
@@ -436,13 +616,47 @@ func checkHostile(t *testing.T, h *hostileRelay, conn *pgx.Conn, rows []hostileC
 				if want, ok := r.parked[s]; ok && want != "" && !strings.HasPrefix(w, "parked: ") {
 					t.Errorf("sink %s: %.200s, want it parked (%s)", s, w, want)
 				}
+				if strictSinks[s] && r.parked[s] == "" && strings.HasPrefix(w, "parked: ") {
+					t.Errorf("sink %s: %.200s, want it delivered", s, w)
+				}
 			}
 		})
 	}
 	if f := h.logs.failures(); len(f) > 0 {
 		t.Errorf("the relay logged %d failed batches, first: %.300s", len(f), f[0])
 	}
+	// What a broker cannot take is a refusal of its event, parked with the
+	// reason: never an outage, which would hold every event of the sink
+	// and retry for ever. Deliverable events arrive once each. (The
+	// webhook, down on purpose, shows that the logs are seen.)
+	if len(h.logs.sinkDown("hook")) == 0 {
+		t.Errorf(`no "sink is down" log of the webhook sink, whose endpoint answered 503`)
+	}
+	got = h.received(t)
+	for _, s := range h.sinks {
+		if !strictSinks[s] {
+			continue
+		}
+		if down := h.logs.sinkDown(s); len(down) > 0 {
+			t.Errorf("sink %s went down %d times, first: %.300s", s, len(down), down[0])
+		}
+		n := map[string]int{}
+		for _, id := range got[s].order {
+			n[id]++
+		}
+		for id, k := range n {
+			if k > 1 {
+				t.Errorf("sink %s: %.80q delivered %d times, want once", s, id, k)
+			}
+		}
+	}
 }
+
+// strictSinks are the hostile-row tests' sinks whose deliverable events
+// must each arrive exactly once, never parked and without the sink going
+// down: the brokers whose hostile rows this checks beyond "delivered or
+// parked" (the webhook is down on purpose meanwhile).
+var strictSinks = map[string]bool{"rabbit": true, "streams": true}
 
 // hostileCase is one hostile row: its columns as SQL and what must become
 // of it.
@@ -488,7 +702,8 @@ func (c *hostileCase) parkedReason(parked map[string]string) string {
 
 func hostileCases() []hostileCase {
 	deep := strings.Repeat("[", 12000) + strings.Repeat("]", 12000)
-	big := strings.Repeat("x", 3*brokerLimit)
+	// Larger than every broker takes, Redis's proto-max-bulk-len included.
+	big := strings.Repeat("x", redisBulkLimit+brokerLimit)
 	longID := strings.Repeat("i", 5000)
 	mk := func(name, agg, payload, headers string) hostileCase {
 		id := uuid.NewString()
@@ -509,17 +724,25 @@ func hostileCases() []hostileCase {
 	noID := mk("id_null", "nil-1", `'{"n":1}'`, "'{}'")
 	noID.id, noID.cols["id"] = "", "NULL"
 	noID.deadLetter, noID.poison = true, "id is null"
-	noID.parked = map[string]string{"hook": "held: the row has no id", "bus": "held: the row has no id", "kafka": "held: the row has no id"}
+	const held = "held: the row has no id"
+	noID.parked = map[string]string{"hook": held, "bus": held, "kafka": held, "rabbit": held, "streams": held}
 	tooBig := mk("payload_larger_than_the_brokers_take", "big-1", lit(`{"blob":"`+big+`"}`), "'{}'")
 	tooBig.cols["event_type"] = "'order.noted'"
-	tooBig.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes"}
+	tooBig.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes", "rabbit": "max_message_bytes", "streams": "proto-max-bulk-len"}
 	bigHeaders := mk("headers_larger_than_the_brokers_take", "big-2", `'{"n":1}'`, lit(`{"blob":"`+big+`"}`))
 	bigHeaders.cols["event_type"] = "'order.noted'"
-	bigHeaders.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes"}
+	bigHeaders.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes", "rabbit": "max_message_bytes", "streams": "proto-max-bulk-len"}
+	// Headers within every broker's limit but larger than an AMQP frame,
+	// which carries a message's properties and headers whole (frame_max
+	// 128 KiB by default).
+	frameHeaders := mk("headers_larger_than_an_amqp_frame", "frame-1", `'{"n":1}'`, lit(`{"blob":"`+strings.Repeat("f", 150<<10)+`"}`))
+	frameHeaders.cols["event_type"] = "'order.noted'"
+	frameHeaders.parked = map[string]string{"rabbit": "frame_max"}
 	long := mk("id_and_aggregate_longer_than_an_index_entry_and_too_large", "", lit(`{"blob":"`+big+`"}`), "'{}'")
 	long.id, long.agg = longID, strings.Repeat("a", 5000)
 	long.cols["id"], long.cols["aggregate_id"], long.cols["event_type"] = lit(longID), lit(long.agg), "'order.noted'"
-	long.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes"}
+	// RabbitMQ refuses the id first: an AMQP message_id is a short string.
+	long.parked = map[string]string{"bus": "max_payload", "kafka": "max_message_bytes", "rabbit": "message_id", "streams": "proto-max-bulk-len"}
 	// Usable, but deeper than the parked table keeps as JSON.
 	fairlyDeep := mk("payload_nested_5000_deep", "h-1", lit(`{"d":`+strings.Repeat("[", 5000)+strings.Repeat("]", 5000)+`}`)+"::jsonb", "'{}'")
 	fairlyDeep.starts = true
@@ -536,19 +759,22 @@ func hostileCases() []hostileCase {
 	lineBreak.id = "line\nbreak " + lineBreak.id
 	lineBreak.cols["id"] = lit(lineBreak.id)
 	lineBreak.starts = true
-	return []hostileCase{deepPayload, deepHeaders, deepObject, nullPayload, nullType, noID, tooBig, bigHeaders, long, fairlyDeep, longAgg, lineBreak}
+	return []hostileCase{deepPayload, deepHeaders, deepObject, nullPayload, nullType, noID, tooBig, bigHeaders, frameHeaders, long, fairlyDeep, longAgg, lineBreak}
 }
 
 // TestHostileRowsGoThrough: rows PostgreSQL accepts and the relay cannot
 // use as they are (JSON nested deeper than Go encodes, in payload or
 // headers; NULL where a value is expected; payloads and headers larger
-// than the brokers take; ids and aggregate ids longer than an index entry)
-// are written while a webhook, a NATS and a Kafka sink and a declared saga
-// run. None of them fails a batch.
+// than the brokers take, headers larger than an AMQP frame; ids and
+// aggregate ids longer than an index entry) are written while a webhook, a
+// NATS, a Kafka, a RabbitMQ and a Redis Streams sink and a declared saga
+// run. None of them fails a batch; what a broker cannot take is parked
+// with its reason and the rest goes on.
 func TestHostileRowsGoThrough(t *testing.T) {
-	// Not parallel: the webhook secret is passed through the environment.
+	// Not parallel: the sinks' secrets are passed through the environment.
+	brokers := launchHostileBrokers(t)
 	db := pgtest.NewDB(t)
-	h := startHostileRelay(t, db)
+	h := startHostileRelay(t, db, brokers)
 	conn, err := pgx.Connect(context.Background(), db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -562,7 +788,8 @@ func TestHostileRowsGoThrough(t *testing.T) {
 // aggregate id, payload or headers are not UTF-8 are dead letters, reach
 // every sink as poison, and the stream goes on.
 func TestTextThatIsNotUTF8GoesThrough(t *testing.T) {
-	// Not parallel: the webhook secret is passed through the environment.
+	// Not parallel: the sinks' secrets are passed through the environment.
+	brokers := launchHostileBrokers(t)
 	ctx := context.Background()
 	c := pgtest.Cluster(t)
 	admin, err := pgx.Connect(ctx, c.URL)
@@ -584,7 +811,7 @@ func TestTextThatIsNotUTF8GoesThrough(t *testing.T) {
 	if _, err := migrations.Apply(ctx, pool, migrations.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	h := startHostileRelay(t, db)
+	h := startHostileRelay(t, db, brokers)
 	// The producer's session says its bytes are SQL_ASCII: PostgreSQL
 	// then checks nothing.
 	conn, err := pgx.Connect(ctx, db.URL+"&client_encoding=SQL_ASCII")

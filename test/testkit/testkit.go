@@ -1,7 +1,7 @@
 // Package testkit holds what every test package of the repository shares and
 // nothing else: the switch between the test tiers, the one polling helper,
 // and what the helpers that start real servers share (RequireTool,
-// FreePort, Shared).
+// HaveTool, FreePort, Shared).
 //
 // The tiers:
 //
