@@ -61,7 +61,7 @@ func scenarioHygiene(t *testing.T, r *report) {
 }
 
 // leakChecked reports whether one of files declares a TestMain whose body
-// calls goleak or pgtest.Main.
+// calls goleak, pgtest.Main or pgtest.Finish (Main's leak check after m.Run).
 func leakChecked(files []string) bool {
 	fset := token.NewFileSet()
 	for _, f := range files {
@@ -79,7 +79,7 @@ func leakChecked(files []string) bool {
 				continue
 			}
 			body := string(src[fset.Position(fn.Body.Pos()).Offset:fset.Position(fn.Body.End()).Offset])
-			if strings.Contains(body, "goleak.") || strings.Contains(body, "pgtest.Main(") {
+			if strings.Contains(body, "goleak.") || strings.Contains(body, "pgtest.Main(") || strings.Contains(body, "pgtest.Finish(") {
 				return true
 			}
 		}
