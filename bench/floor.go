@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -38,7 +37,12 @@ func (r *run) floorLatency(ctx context.Context, perSec int, window time.Duration
 	}
 	defer prod.close()
 
-	conn, err := pgconn.Connect(ctx, replicationURL(e.url))
+	pc, err := pgconn.ParseConfig(e.url)
+	if err != nil {
+		return LatencySummary{}, fmt.Errorf("bench: floor reader: %w", err)
+	}
+	pc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return LatencySummary{}, fmt.Errorf("bench: floor reader: %w", err)
 	}
@@ -71,18 +75,6 @@ func (r *run) floorLatency(ctx context.Context, perSec int, window time.Duration
 		return LatencySummary{}, err
 	}
 	return lat.Summary(), nil
-}
-
-// replicationURL is url asking for a logical replication connection.
-func replicationURL(url string) string {
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	if strings.Contains(url, "://") {
-		return url + sep + "replication=database"
-	}
-	return url + " replication=database"
 }
 
 // readInserts receives want outbox inserts, closing warm at the first and

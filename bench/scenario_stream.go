@@ -407,17 +407,8 @@ func (e *env) copyStarts(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	var data [][]any
-	for rows.Next() {
-		v, err := rows.Values()
-		if err != nil {
-			rows.Close()
-			return 0, err
-		}
-		data = append(data, v)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	data, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+	if err != nil {
 		return 0, err
 	}
 	began := time.Now()
