@@ -166,7 +166,11 @@ func TestPageDuringDatabaseOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = admin.Exec(ctx, `CREATE ROLE pager LOGIN SUPERUSER PASSWORD '`+password+`'`)
+	// The cluster commits asynchronously and Halt stops it as a crash
+	// would: a commit still in the WAL buffers when the test halts it is
+	// lost, and the relay would come back to a database without its role.
+	// This commit waits for its WAL.
+	_, err = admin.Exec(ctx, `SET synchronous_commit = on; CREATE ROLE pager LOGIN SUPERUSER PASSWORD '`+password+`'`)
 	admin.Close(ctx)
 	if err != nil {
 		t.Fatal(err)
