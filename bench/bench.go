@@ -68,8 +68,11 @@ var OptInScenarios = []string{"soak", "soak-noretention"}
 
 // sizes are a mode's workload sizes.
 type sizes struct {
-	streamEvents int
-	streamShapes []int // rows per source transaction
+	// streamEvents is a stream pass's size at one row per transaction;
+	// batchedStreamEvents at many, which decode several times faster: a
+	// pass of either lasts about ten seconds.
+	streamEvents, batchedStreamEvents int
+	streamShapes                      []int // rows per source transaction
 	// repeats is how many times each stream consumer, and the step
 	// scenario's runner/pgbench pair, is measured, interleaved; figures are
 	// medians and ratios the median of the paired ratios, so that a load
@@ -97,32 +100,36 @@ type sizes struct {
 	capacityStep      time.Duration
 	capacityLevel     time.Duration
 	// claimSizes are the due backlogs the claim scenario measures at.
-	claimSizes     []int
-	stepSagas      int
-	curve          []int
-	curveRowsPerTx int
-	timeout        time.Duration // per measured phase
+	claimSizes []int
+	// stepSagas is the size of a steps pass: long enough (about 20 s
+	// here) that a pause of the machine moves its figure by little.
+	// peerSagas is the peers' (runs of a few thousand steps a second take
+	// as long with half as many).
+	stepSagas, peerSagas int
+	curve                []int
+	curveRowsPerTx       int
+	timeout              time.Duration // per measured phase
 }
 
 func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{
-			streamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
+			streamEvents: 5000, batchedStreamEvents: 5000, streamShapes: []int{1, 100}, repeats: 1,
 			latencyRates: []int{1000, 5000}, latencyDuration: time.Second, latencyLong: time.Second,
 			overloadDuration: 2 * time.Second, claimSizes: []int{1000, 20000},
 			capacityStart: 200, capacityGrowth: 2, capacityPrecision: 0.5, capacityMaxSteps: 5,
 			capacityStep: 1200 * time.Millisecond, capacityLevel: 2 * time.Second,
-			stepSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
+			stepSagas: 1000, peerSagas: 1000, curve: []int{10000}, curveRowsPerTx: curveRowsPerTx,
 			timeout: 90 * time.Second,
 		}
 	}
 	return sizes{
-		streamEvents: 200000, streamShapes: []int{1, 100}, repeats: 5,
+		streamEvents: 200000, batchedStreamEvents: 600000, streamShapes: []int{1, 100}, repeats: 5,
 		latencyRates: []int{1000, 5000}, latencyDuration: 30 * time.Second, latencyLong: 60 * time.Second,
 		overloadDuration: 30 * time.Second, claimSizes: []int{1000, 1000000},
 		capacityStart: 200, capacityGrowth: 1.5, capacityPrecision: 0.1, capacityMaxSteps: 16, capacityRetries: 1,
 		capacityStep: 5 * time.Second, capacityLevel: 60 * time.Second,
-		stepSagas: 20000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
+		stepSagas: 40000, peerSagas: 20000, curve: []int{10000, 100000, 1000000}, curveRowsPerTx: curveRowsPerTx,
 		timeout: 15 * time.Minute,
 	}
 }

@@ -17,15 +17,15 @@ type peerRun struct {
 }
 
 // runPeers runs the bench/peers binary (Config.Peers) on the bench's server
-// with as many processes as the step scenario has sagas, one round, and
+// on peerSagas processes of the step scenario's workload, one round, and
 // reads the JSON line it prints last. bench/peers is a module of its own, so
 // the relay never links the peers: it runs them as a program.
 func (r *run) runPeers(ctx context.Context, i int) (peerRun, error) {
 	var out peerRun
-	r.progress("steps: run %d/%d: the peers (DBOS Transact, River, River with a 1 ms fetch cooldown) on %d processes", i+1, r.sz.repeats, r.sz.stepSagas)
+	r.progress("steps: run %d/%d: the peers (DBOS Transact, River, River with a 1 ms fetch cooldown) on %d processes", i+1, r.sz.repeats, r.sz.peerSagas)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, r.cfg.Peers, "--database-url", r.env.adminURL, "--n", strconv.Itoa(r.sz.stepSagas),
+	cmd := exec.CommandContext(ctx, r.cfg.Peers, "--database-url", r.env.adminURL, "--n", strconv.Itoa(r.sz.peerSagas),
 		"--repeats", "1", "--systems", "dbos,river,river-fast", "--json")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -52,6 +52,9 @@ const (
 
 func (r *run) streamCase(ctx context.Context, perTx int, source string) (StreamCase, error) {
 	n := r.sz.streamEvents
+	if perTx > 1 {
+		n = r.sz.batchedStreamEvents
+	}
 	c := StreamCase{RowsPerTx: perTx, Events: n, Source: source}
 	e := r.env
 	if err := e.reset(ctx); err != nil {
