@@ -145,3 +145,63 @@ func explainClaim(t *testing.T, q interface {
 	}
 	return strings.Join(lines, "\n") + "\n"
 }
+
+// TestFairClaimReadsOnlyTheTenantsItPasses: one tenant's backlog of due
+// instances, older than the one due instance of another tenant. The claim
+// shared between them first looks for the tenants with due work; that look
+// must descend into each tenant's own entries, not read the backlog (a sort
+// of every unfinished instance, or a walk of saga_claim_idx past the older
+// tenant's whole backlog to reach the newer one).
+func TestFairClaimReadsOnlyTheTenantsItPasses(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	pool := oneConnPool(t, db.URL) // one backend: its statistics are flushed on demand below
+	const backlog = 20000
+	for _, q := range []string{
+		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
+		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
+		 SELECT '00000000-0000-0000-0000-00000000000a', 'plan', 1, gen_random_uuid(), now() - interval '1 hour' + g * interval '1 millisecond'
+		 FROM generate_series(1, 20000) g`,
+		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
+		 VALUES ('00000000-0000-0000-0000-00000000000b', 'plan', 1, gen_random_uuid(), now() - interval '1 second')`,
+		`VACUUM ANALYZE saga_instances`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	reads := func() (tuples int64) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+			FROM pg_stat_user_tables WHERE relname = 'saga_instances'`).Scan(&tuples); err != nil {
+			t.Fatal(err)
+		}
+		return tuples
+	}
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := reads()
+	got, err := j.ClaimPending(ctx, 10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := reads() - before
+	tenants := map[string]int{}
+	for _, inst := range got {
+		tenants[inst.TenantID.String()]++
+	}
+	if tenants["00000000-0000-0000-0000-00000000000a"] == 0 || tenants["00000000-0000-0000-0000-00000000000b"] != 1 {
+		t.Fatalf("claimed %d instances over tenants %v, want both tenants served", len(got), tenants)
+	}
+	if read > 200 {
+		t.Fatalf("the fair claim of 10 read %d rows of saga_instances with %d due: it read the backlog instead of the tenants' heads", read, backlog)
+	}
+}
