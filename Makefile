@@ -93,8 +93,8 @@ demo: postgres build ## the demo: a throwaway PostgreSQL, the relay and the exam
 	./bin/relay demo
 
 # `make bench` builds bin/relay-bench (bench/, a module of its own: the relay
-# links none of it) and runs the full benchmark of BENCHMARKS.md (about 50
-# minutes); `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
+# links none of it) and runs the full benchmark of BENCHMARKS.md (about an
+# hour); `make bench BENCH_FLAGS=--quick` is the smoke test CI runs.
 .PHONY: bench bench-build test-bench
 bench: postgres brokers bench-build ## the full benchmark of BENCHMARKS.md (BENCH_FLAGS=--quick for the smoke run)
 	./bin/relay-bench $(BENCH_FLAGS)
