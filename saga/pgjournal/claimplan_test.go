@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/compensa/compensa/saga"
 	"github.com/compensa/compensa/saga/pgjournal"
 	"github.com/compensa/compensa/test/pgtest"
 )
@@ -23,19 +24,11 @@ import (
 // after its batch: it reads a few index entries, not the backlog.
 func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	pool := oneConnPool(t, db.URL) // one backend: its statistics are flushed on demand below
 	const backlog = 20000
-	for _, q := range []string{
-		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
+	pool := backlogPool(t,
 		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
 		 SELECT gen_random_uuid(), 'plan', 1, gen_random_uuid(), now() - random() * interval '1 hour'
-		 FROM generate_series(1, 20000)`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		 FROM generate_series(1, 20000)`)
 
 	// Control: the planner's own choice reads the whole due set.
 	// One sort is the claimed batch's, at the top; a second is the due
@@ -44,31 +37,7 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 		t.Fatalf("the statistics did not mislead the planner (no sort of the due set), so this test shows nothing; plan:\n%s", plan)
 	}
 
-	indexReads := func() int64 {
-		t.Helper()
-		// The claim ran on this pool's one backend: flush its counters.
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'saga_claim_idx'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	j, err := pgjournal.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := indexReads()
-	got, err := j.ClaimPending(ctx, 10, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	read := indexReads() - before
+	got, read := claimCounting(t, pool, `SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'saga_claim_idx'`)
 	if len(got) != 10 {
 		t.Fatalf("claimed %d instances, want 10", len(got))
 	}
@@ -109,6 +78,54 @@ func TestClaimCostDoesNotGrowWithABacklogTheStatisticsMissed(t *testing.T) {
 	if strings.Count(plan, "Sort Key:") != 1 || strings.Contains(plan, "JIT") {
 		t.Fatalf("the claim's plan sorts the due set or is compiled:\n%s", plan)
 	}
+}
+
+// claimCounting claims 10 through a journal on pool (one backend) and
+// returns them with how much the statistics counter read by counter grew
+// meanwhile; the backend's counters are flushed before each reading.
+func claimCounting(t *testing.T, pool *pgxpool.Pool, counter string) ([]saga.Instance, int64) {
+	t.Helper()
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := readStat(t, pool, counter)
+	got, err := j.ClaimPending(ctx, 10, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got, readStat(t, pool, counter) - before
+}
+
+// readStat reads a statistics counter after flushing the counters of the
+// pool's one backend, on which the statements measured ran.
+func readStat(t *testing.T, pool *pgxpool.Pool, counter string) int64 {
+	t.Helper()
+	if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, counter).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// backlogPool is a one-connection pool (see oneConnPool) on a database of
+// its own, with autovacuum off on saga_instances and stmts run.
+func backlogPool(t *testing.T, stmts ...string) *pgxpool.Pool {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	pool := oneConnPool(t, db.URL)
+	for _, q := range append([]string{`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`}, stmts...) {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return pool
 }
 
 // oneConnPool is a pool of one connection to url, so that a test reads the
@@ -154,46 +171,16 @@ func explainClaim(t *testing.T, q interface {
 // tenant's whole backlog to reach the newer one).
 func TestFairClaimReadsOnlyTheTenantsItPasses(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	pool := oneConnPool(t, db.URL) // one backend: its statistics are flushed on demand below
 	const backlog = 20000
-	for _, q := range []string{
-		`ALTER TABLE saga_instances SET (autovacuum_enabled = off)`,
+	pool := backlogPool(t,
 		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
 		 SELECT '00000000-0000-0000-0000-00000000000a', 'plan', 1, gen_random_uuid(), now() - interval '1 hour' + g * interval '1 millisecond'
 		 FROM generate_series(1, 20000) g`,
 		`INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, next_attempt_at)
 		 VALUES ('00000000-0000-0000-0000-00000000000b', 'plan', 1, gen_random_uuid(), now() - interval '1 second')`,
-		`VACUUM ANALYZE saga_instances`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	reads := func() (tuples int64) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		if err := pool.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
-			FROM pg_stat_user_tables WHERE relname = 'saga_instances'`).Scan(&tuples); err != nil {
-			t.Fatal(err)
-		}
-		return tuples
-	}
-	j, err := pgjournal.New(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := reads()
-	got, err := j.ClaimPending(ctx, 10, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	read := reads() - before
+		`VACUUM ANALYZE saga_instances`)
+	got, read := claimCounting(t, pool, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+		FROM pg_stat_user_tables WHERE relname = 'saga_instances'`)
 	tenants := map[string]int{}
 	for _, inst := range got {
 		tenants[inst.TenantID.String()]++

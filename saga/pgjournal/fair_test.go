@@ -80,18 +80,7 @@ func TestClaimsAreSharedBetweenTenantsInTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	indexReads := func() int64 {
-		t.Helper()
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'saga_instances'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
+		return readStat(t, pool, `SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'saga_instances'`)
 	}
 	fair, err = pgjournal.New(pool, nil)
 	if err != nil {
