@@ -72,7 +72,7 @@ func TestStartStopStress(t *testing.T) {
 	assertExactlyOnce(t, db.Pool, ids)
 	// The stream reports a batch after the sink committed it: the last
 	// batch's report may come a moment after its rows are visible.
-	testkit.WaitFor(t, 10*time.Second, "the last batch's report", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the last batch's report", func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return m.events >= len(ids)

@@ -270,7 +270,9 @@ func (s *Server) start() error {
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	s.cmd, s.done = cmd, done
-	deadline := time.Now().Add(90 * time.Second)
+	// A node boots in seconds on an idle machine, but beside a loaded
+	// test suite it has taken more than 90.
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if c, err := amqp.DialConfig(s.AdminURL(), amqp.Config{Dial: amqp.DefaultDial(2 * time.Second)}); err == nil {
 			c.Close()
@@ -286,7 +288,7 @@ func (s *Server) start() error {
 		if time.Now().After(deadline) {
 			s.killLocked()
 			log, _ := os.ReadFile(filepath.Join(s.dir, "log", "stdout.log"))
-			return fmt.Errorf("rabbitmq-server not ready within 90s:\n%s", tailOf(string(log)))
+			return fmt.Errorf("rabbitmq-server not ready within 3m:\n%s", tailOf(string(log)))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
