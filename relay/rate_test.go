@@ -62,8 +62,9 @@ func writeTenantTriggers(t *testing.T, db *pgtest.DB, tenant uuid.UUID, eventTyp
 // waiting for the turns of a rate: 20/s step (15 seconds of turns) hold no
 // worker, so tenant B's one-step saga of another kind, and B's instance of a
 // step limited per tenant, finish while most of A's backlog still waits, on a
-// relay with two workers (well under a second on a quiet machine). A worker that waited for its turn instead kept both workers
-// waiting, and B's saga took as long as A's backlog.
+// relay with two workers (well under a second on a quiet machine). A worker
+// that waited for its turn instead kept both workers waiting, and B's saga
+// took as long as A's backlog.
 func TestRateTurnHoldsNoWorker(t *testing.T) {
 	testkit.SkipShort(t, "floods a rated step with 300 rows")
 	t.Parallel()
