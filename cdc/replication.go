@@ -275,7 +275,7 @@ func (r *receiver) receive(ctx context.Context) error {
 				// Catching up: the next messages are on their way. (The
 				// deadline is the same for every message until then:
 				// setting a new one costs a timer update.)
-				deadline = minTime(deadline, r.pendingSince.Add(catchUpWait))
+				deadline = minTime(deadline, r.pendingSince.Add(r.s.catchUpWait))
 			} else if r.offer() {
 				continue
 			} else {
@@ -567,7 +567,7 @@ func (r *receiver) holdBack() time.Duration {
 	if now.Sub(p.CommitTime) < catchUpAge {
 		return 0
 	}
-	return max(0, catchUpWait-now.Sub(r.pendingSince))
+	return max(0, r.s.catchUpWait-now.Sub(r.pendingSince))
 }
 
 // offerCaughtUp offers the pending batch unless it is held back.

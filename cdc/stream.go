@@ -32,6 +32,9 @@ type Stream struct {
 	// hardStop makes the next stop behave like a crash (tests): no final
 	// status update, no grace for the batch in flight.
 	hardStop atomic.Bool
+	// catchUpWait is how long a batch waits for more while the stream
+	// catches up (see receiver.holdBack): catchUpWait, longer in tests.
+	catchUpWait time.Duration
 
 	// health is what Health reports; throttle keeps a failure that
 	// repeats (a reconnect loop, a batch that keeps failing) to one log
@@ -107,7 +110,7 @@ func NewStream(cfg Config, sink Sink) (*Stream, error) {
 	if err != nil {
 		return nil, errorf(ErrConfig, "Config.DatabaseURL is not a valid PostgreSQL URL or keyword/value DSN")
 	}
-	s := &Stream{cfg: cfg, sink: sink, red: newRedactor(pc.Password), conn: pc}
+	s := &Stream{cfg: cfg, sink: sink, red: newRedactor(pc.Password), conn: pc, catchUpWait: catchUpWait}
 	s.log = slog.New(redact.Handler(cfg.Logger.Handler(), s.red.redactFunc())).With("slot", cfg.Slot)
 	s.throttle = logthrottle.New(s.log, 0)
 	return s, nil
