@@ -560,8 +560,8 @@ const (
 // stream catches up (zero: hand it over when the sink is free).
 func (r *receiver) holdBack() time.Duration {
 	p := r.pending
-	if len(p.Events) >= catchUpBatch {
-		return 0
+	if len(p.Events) >= min(catchUpBatch, r.s.cfg.MaxBatchEvents) {
+		return 0 // as large as it gets
 	}
 	now := time.Now()
 	if now.Sub(p.CommitTime) < catchUpAge {
