@@ -21,10 +21,10 @@ import (
 )
 
 // stepsScenario is scenario 3: sagas of three trivial steps run by the step
-// runner with its default settings, then pgbench running the shape of one
+// runner with its default settings, and pgbench running the shape of one
 // step (one INSERT plus one UPDATE by primary key per transaction, 8
-// clients) for the same time; repeated, the ratio is the median of the
-// paired ratios.
+// clients) for the same time, alternating in slices (stepsRun); repeated,
+// the ratio is the median of the passes' ratios.
 func (r *run) stepsScenario(ctx context.Context) error {
 	var runs []StepsResult
 	var peers []peerRun
@@ -84,6 +84,19 @@ func (r *run) stepsScenario(ctx context.Context) error {
 	return nil
 }
 
+// stepSlices is how many alternating parts a steps pass has: the
+// runner's sagas in that many slices, each followed by pgbench for as long
+// as the slice took. Both are bound by the WAL's fsyncs, whose latency on
+// a shared disk drifts by half within seconds (pg_test_fsync's fdatasync:
+// 95 to 162 µs in consecutive 2-second windows); a pass of 20 seconds of
+// ours then 20 of pgbench's paired the two across such a drift, and the
+// step ratio of one run went from 0.95 to 1.72. Slices a few seconds long
+// put both sides of a pair on the same disk.
+const stepSlices = 4
+
+// stepsRun is one pass of the step scenario: stepSlices pairs of a slice
+// of the sagas and pgbench for as long as it took, the pass's figures the
+// sums of its slices.
 func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	e := r.env
 	n := r.sz.stepSagas
@@ -93,15 +106,6 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	}
 	reg := benchRegistry(nil)
 	upd0, hot0 := e.instanceUpdates(ctx)
-	r.progress("steps: run %d/%d: starting %d sagas through the correlator", i+1, r.sz.repeats, n)
-	if err := seedSagas(ctx, e.pool, reg, e.slotName("seed"), n); err != nil {
-		return res, err
-	}
-	if _, err := e.pool.Exec(ctx, `ANALYZE saga_instances`); err != nil {
-		return res, err
-	}
-	e.checkpoint(ctx)
-
 	cfg := (&saga.RunnerConfig{}).WithDefaults()
 	res.Workers = cfg.Workers
 	pool, err := openRelayPool(ctx, e.url, cfg.Workers)
@@ -109,10 +113,6 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		return res, err
 	}
 	defer pool.Close()
-	var completed, claims, claimed, claimNanos atomic.Int64
-	var once sync.Once
-	done := make(chan struct{})
-	var doneAt time.Time
 	journal, err := pgjournal.New(pool, nil)
 	if err != nil {
 		return res, err
@@ -129,11 +129,112 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		tracer = tp
 		r.progress("steps: run %d/%d: tracing on (OTEL_* environment)", i+1, r.sz.repeats)
 	}
+	var took, pgTook time.Duration
+	var pgTx, serverMs, pgServerMs float64
+	var serverKnown bool
+	var claims, claimed int64
+	var claimNanos time.Duration
+	for k := range stepSlices {
+		size := n/stepSlices + min(1, max(0, n%stepSlices-k))
+		if size == 0 {
+			continue
+		}
+		seg, err := r.stepsSlice(ctx, journal, pool, reg, tracer, k, size)
+		if err != nil {
+			return res, fmt.Errorf("steps: run %d/%d, slice %d: %w", i+1, r.sz.repeats, k+1, err)
+		}
+		took += seg.took
+		claims, claimed, claimNanos = claims+seg.claims, claimed+seg.claimed, claimNanos+seg.claimNanos
+		steps := size * benchStepsPerSaga
+		if ms := e.serverMsPer(ctx, steps); ms != nil {
+			serverKnown = true
+			serverMs += *ms * float64(steps)
+		}
+		if k == stepSlices-1 {
+			res.Statements = e.topStatements(ctx, 8, steps)
+		}
+		e.resetStatements(ctx)
+		pg, err := e.runPgbenchSteps(ctx, seg.took, n)
+		if err != nil {
+			return res, err
+		}
+		tx := pg.TPS * pg.Duration.Seconds()
+		pgTx, pgTook = pgTx+tx, pgTook+pg.Duration
+		if ms := e.serverMsPer(ctx, max(1, int(tx))); ms != nil {
+			pgServerMs += *ms * tx
+		}
+		if k == stepSlices-1 {
+			res.PgbenchStatements = e.topStatements(ctx, 4, max(1, int(tx)))
+		}
+		res.PgbenchClients = pg.Clients
+		r.progress("steps: run %d/%d, slice %d/%d: %.0f steps/s over %s, pgbench %.0f tps",
+			i+1, r.sz.repeats, k+1, stepSlices, rate(steps, seg.took), seg.took.Round(10*time.Millisecond), pg.TPS)
+	}
+	var finished int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`).Scan(&finished); err != nil {
+		return res, err
+	}
+	if finished != n {
+		return res, fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
+	}
+	res.Seconds, res.StepsPerSec = took.Seconds(), rate(n*benchStepsPerSaga, took)
+	res.Claims, res.ClaimSeconds = int(claims), claimNanos.Seconds()
+	if claims > 0 {
+		res.PerClaim = float64(claimed) / float64(claims)
+	}
+	if serverKnown {
+		res.ServerMsPerStep = f64(serverMs / float64(n*benchStepsPerSaga))
+		res.PgbenchServerMsPerTx = f64(pgServerMs / max(1, pgTx))
+	}
+	if upd1, hot1 := e.instanceUpdates(ctx); upd1 > upd0 {
+		res.HotShare = float64(hot1-hot0) / float64(upd1-upd0)
+	}
+	res.PgbenchSeconds = pgTook.Seconds()
+	if pgTook > 0 {
+		res.PgbenchTPS = pgTx / pgTook.Seconds()
+	}
+	if res.PgbenchTPS > 0 {
+		res.Ratio = res.StepsPerSec / res.PgbenchTPS
+	}
+	r.progress("steps: run %d/%d: %.0f steps/s vs pgbench %.0f tps: ratio %.2f; %d claims of %.1f instances on average, %.1f s inside claim queries",
+		i+1, r.sz.repeats, res.StepsPerSec, res.PgbenchTPS, res.Ratio, res.Claims, res.PerClaim, res.ClaimSeconds)
+	return res, nil
+}
+
+// stepsSliceResult is what one slice of a steps pass measured.
+type stepsSliceResult struct {
+	took            time.Duration
+	claims, claimed int64
+	claimNanos      time.Duration
+}
+
+// stepsSlice starts size sagas through the correlator, then runs them with
+// a runner of the default settings until all have completed, with
+// pg_stat_statements reset at its start.
+func (r *run) stepsSlice(ctx context.Context, journal *pgjournal.Journal, pool *pgxpool.Pool, reg *saga.Registry, tracer trace.TracerProvider, slice, size int) (stepsSliceResult, error) {
+	e := r.env
+	var seg stepsSliceResult
+	// A slot name of its own: the correlator's checkpoint for a slot would
+	// take the next slice's synthetic LSNs for a replay.
+	if err := seedSagas(ctx, e.pool, reg, e.slotName(fmt.Sprintf("seed%d", slice)), size); err != nil {
+		return seg, err
+	}
+	// Vacuumed as pgbench's table is before its slice: otherwise the
+	// seed's inserts wake autovacuum at a moment of its own during some
+	// slices and not others.
+	if _, err := e.pool.Exec(ctx, `VACUUM ANALYZE saga_instances`); err != nil {
+		return seg, err
+	}
+	e.checkpoint(ctx)
+	var completed, claims, claimed, claimNanos atomic.Int64
+	var once sync.Once
+	done := make(chan struct{})
+	var doneAt time.Time
 	runner, err := saga.NewRunner(journal, pool, reg, &saga.RunnerConfig{
 		Logger: r.log.With("component", "runner"), TracerProvider: tracer,
 		Hooks: saga.Hooks{
 			OnTerminal: func(ev saga.TerminalEvent) {
-				if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(n) {
+				if ev.Status == saga.StatusCompleted && completed.Add(1) == int64(size) {
 					once.Do(func() { doneAt = time.Now(); close(done) })
 				}
 			},
@@ -145,51 +246,22 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		},
 	})
 	if err != nil {
-		return res, err
+		return seg, err
 	}
 	e.resetStatements(ctx)
-	r.progress("steps: run %d/%d: running them (%s)", i+1, r.sz.repeats, cfg)
 	began := time.Now()
 	if err := runner.Start(ctx); err != nil {
-		return res, err
+		return seg, err
 	}
-	if err := r.waitSagas(ctx, runner, done, &completed, n, "%d of %d sagas completed after %s"); err != nil {
-		return res, err
+	if err := r.waitSagas(ctx, runner, done, &completed, size, "%d of %d sagas completed after %s"); err != nil {
+		return seg, err
 	}
-	took := doneAt.Sub(began)
-	var finished int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`).Scan(&finished); err != nil {
-		return res, err
-	}
-	if finished != n {
-		return res, fmt.Errorf("%d of %d sagas COMPLETED in the database", finished, n)
-	}
-	res.Seconds, res.StepsPerSec = took.Seconds(), rate(n*benchStepsPerSaga, took)
-	res.Claims, res.ClaimSeconds = int(claims.Load()), time.Duration(claimNanos.Load()).Seconds()
-	if c := claims.Load(); c > 0 {
-		res.PerClaim = float64(claimed.Load()) / float64(c)
-	}
-	r.progress("steps: run %d/%d: %.0f steps/s; %d claims of %.1f instances on average, %.1f s inside claim queries; pgbench with the step's shape for %s",
-		i+1, r.sz.repeats, res.StepsPerSec, res.Claims, res.PerClaim, res.ClaimSeconds, took.Round(time.Second))
-	pool.Close() // a backend's statistics reach pg_stat when it exits
-	res.Statements = e.topStatements(ctx, 8, res.Sagas*res.StepsPerSaga)
-	res.ServerMsPerStep = e.serverMsPer(ctx, res.Sagas*res.StepsPerSaga)
-	if upd1, hot1 := e.instanceUpdates(ctx); upd1 > upd0 {
-		res.HotShare = float64(hot1-hot0) / float64(upd1-upd0)
-	}
-	e.resetStatements(ctx)
-	pg, err := e.runPgbenchSteps(ctx, took, n)
-	if err != nil {
-		return res, err
-	}
-	res.PgbenchStatements = e.topStatements(ctx, 4, max(1, int(pg.TPS*pg.Duration.Seconds())))
-	res.PgbenchServerMsPerTx = e.serverMsPer(ctx, max(1, int(pg.TPS*pg.Duration.Seconds())))
-	res.PgbenchTPS, res.PgbenchClients, res.PgbenchSeconds = pg.TPS, pg.Clients, pg.Duration.Seconds()
-	if pg.TPS > 0 {
-		res.Ratio = res.StepsPerSec / pg.TPS
-	}
-	r.progress("steps: run %d/%d: %.0f steps/s vs pgbench %.0f tps: ratio %.2f", i+1, r.sz.repeats, res.StepsPerSec, pg.TPS, res.Ratio)
-	return res, nil
+	seg.took = doneAt.Sub(began)
+	seg.claims, seg.claimed, seg.claimNanos = claims.Load(), claimed.Load(), time.Duration(claimNanos.Load())
+	// A backend's statistics reach pg_stat when it is idle for a while or
+	// exits: every connection of the slice is released before they are read.
+	pool.Reset()
+	return seg, nil
 }
 
 // openRelayPool sizes a pool as `relay run` does: a connection per worker

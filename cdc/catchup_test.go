@@ -14,8 +14,8 @@ import (
 
 // TestCatchUpHandsOverFewLargeBatches: a backlog of single-row transactions
 // written while the relay was down, and a sink that takes no time. Catching
-// up, the stream must hand it batches of many transactions (up to a
-// thousand events): handed over whenever the sink is free, a batch would
+// up, the stream must hand it full batches (MaxBatchEvents, a thousand
+// here): handed over whenever the sink is free, a batch would
 // hold only what was read while the sink took the previous one, here a
 // transaction or two, and a sink that commits would commit once per
 // transaction. Each batch still ends on a whole transaction, and every
@@ -69,10 +69,12 @@ func TestCatchUpHandsOverFewLargeBatches(t *testing.T) {
 	// The relay comes back once the newest of them is a second old, as
 	// after any outage: all of the backlog is behind it.
 	time.Sleep(1500 * time.Millisecond)
-	// The batch waits for more up to a second here, not 5 ms, so that
+	// The batch waits for more up to a second here, not 50 ms, so that
 	// what is measured is the hold, not how many rows this machine reads
-	// in 5 ms beside the rest of the suite.
-	s, err := cdc.NewStream(baseConfig(t, db), sink)
+	// in 50 ms beside the rest of the suite.
+	cfg := baseConfig(t, db)
+	cfg.MaxBatchEvents = 1000
+	s, err := cdc.NewStream(cfg, sink)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -538,30 +538,31 @@ const pendingPoll = time.Millisecond
 
 // While the stream is catching up (the pending batch's newest transaction
 // committed more than catchUpAge ago), a free sink does not get the
-// pending batch at once, but when it has catchUpBatch events or has waited
-// catchUpWait. Handed over at once, a batch holds the few transactions read
-// while the sink committed the previous one: a fast sink then commits every
-// few events, and on a backlog of single-row transactions those commits
-// take the CPU the decoding needs (14,578 commits for 200,000 events, at
-// two thirds of pg_recvlogical's rate). A stream that keeps up is never
-// held, and catchUpWait bounds the delay a backlog adds to its own
-// newest events. (The age is read on the relay's clock against the
-// server's: a relay whose clock runs catchUpAge ahead holds every batch
-// up to catchUpWait; one whose clock runs behind batches as if it kept
-// up. pgoutput reports no WAL end to compare positions with: its messages
-// carry their own position there.)
+// pending batch at once, but when it is full (MaxBatchEvents) or has waited
+// catchUpWait. Handed over at once, a batch holds what was read while the
+// sink took the previous one: on a backlog of single-row transactions a
+// fast sink then commits every one or two (14,578 commits for 200,000
+// events), the correlator takes a hundred or so starts a batch at half its
+// rate at a thousand, and those commits take the CPU the decoding needs.
+// A stream that keeps up is never held, and catchUpWait bounds the delay a
+// backlog adds to its newest events, which are a second late already. A
+// batch of heartbeats alone is never held: it carries nothing to
+// amortize, and it is what lets the slot advance. (The age is read on the
+// relay's clock against the server's: a relay whose clock runs catchUpAge
+// ahead holds every batch up to catchUpWait; one whose clock runs behind
+// batches as if it kept up. pgoutput reports no WAL end to compare
+// positions with: its messages carry their own position there.)
 const (
-	catchUpAge   = time.Second
-	catchUpBatch = 1000
-	catchUpWait  = 5 * time.Millisecond
+	catchUpAge  = time.Second
+	catchUpWait = 50 * time.Millisecond
 )
 
 // holdBack is how much longer the pending batch waits for more while the
 // stream catches up (zero: hand it over when the sink is free).
 func (r *receiver) holdBack() time.Duration {
 	p := r.pending
-	if len(p.Events) >= min(catchUpBatch, r.s.cfg.MaxBatchEvents) {
-		return 0 // as large as it gets
+	if p.Heartbeat || len(p.Events) >= r.s.cfg.MaxBatchEvents {
+		return 0
 	}
 	now := time.Now()
 	if now.Sub(p.CommitTime) < catchUpAge {
