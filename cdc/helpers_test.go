@@ -43,6 +43,8 @@ type recordingSink struct {
 	fresh   []bool
 	maxLen  int
 	events  []outbox.Event
+	// acked counts the events of every batch HandleBatch returned nil for.
+	acked int
 }
 
 const handledDDL = `CREATE TABLE IF NOT EXISTS cdc_handled (
@@ -113,12 +115,21 @@ func (s *recordingSink) HandleBatch(ctx context.Context, b cdc.Batch) error {
 		s.events = append(s.events, b.Events...)
 	}
 	s.maxLen = max(s.maxLen, len(b.Events))
+	s.acked += len(b.Events)
 	meta := b
 	meta.Events = nil
 	s.batches = append(s.batches, meta)
 	s.fresh = append(s.fresh, fresh)
 	s.mu.Unlock()
 	return nil
+}
+
+// ackedEvents is how many events HandleBatch reported committed, replays
+// included.
+func (s *recordingSink) ackedEvents() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.acked
 }
 
 func (s *recordingSink) snapshot() []cdc.Batch {
