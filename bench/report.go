@@ -233,9 +233,9 @@ type StepsResult struct {
 	ServerMsPerStep      *float64 `json:"server_ms_per_step"`
 	PgbenchServerMsPerTx *float64 `json:"pgbench_server_ms_per_tx"`
 	// Statements are the server's costliest statements during the last
-	// run (pg_stat_statements, when the server has it).
+	// slice of the last run (pg_stat_statements, when the server has it).
 	Statements []StatementCost `json:"statements,omitempty"`
-	// PgbenchStatements: the same for pgbench's run (per transaction).
+	// PgbenchStatements: the same for pgbench's slice (per transaction).
 	PgbenchStatements []StatementCost `json:"pgbench_statements,omitempty"`
 	// The runs behind the medians above.
 	StepsRuns   []float64 `json:"steps_runs,omitempty"`
@@ -801,7 +801,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			*st.ServerMsPerStep, mark(*st.ServerMsPerStep <= 0.25), fmtMs(st.PgbenchServerMsPerTx))
 	}
 	if st := r.Steps; st != nil && len(st.Statements) > 0 {
-		fmt.Fprintln(tw, "\n   server time per statement (last run, pg_stat_statements)\tcalls\tmean ms\tms per step\tWAL bytes/call\tstatement")
+		fmt.Fprintln(tw, "\n   server time per statement (last slice of the last run, pg_stat_statements)\tcalls\tmean ms\tms per step\tWAL bytes/call\tstatement")
 		for _, c := range st.Statements {
 			fmt.Fprintf(tw, "\t%d\t%.3f\t%.3f\t%.0f\t%s\n", c.Calls, c.MeanMs, c.PerStepMs, c.WALBytesPerCall, c.Query)
 		}

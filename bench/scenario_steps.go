@@ -135,16 +135,16 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 	var claims, claimed int64
 	var claimNanos time.Duration
 	for k := range stepSlices {
-		size := n/stepSlices + min(1, max(0, n%stepSlices-k))
+		size := n*(k+1)/stepSlices - n*k/stepSlices
 		if size == 0 {
 			continue
 		}
-		seg, err := r.stepsSlice(ctx, journal, pool, reg, tracer, k, size)
+		sl, err := r.stepsSlice(ctx, journal, pool, reg, tracer, k, size)
 		if err != nil {
 			return res, fmt.Errorf("steps: run %d/%d, slice %d: %w", i+1, r.sz.repeats, k+1, err)
 		}
-		took += seg.took
-		claims, claimed, claimNanos = claims+seg.claims, claimed+seg.claimed, claimNanos+seg.claimNanos
+		took += sl.took
+		claims, claimed, claimNanos = claims+sl.claims, claimed+sl.claimed, claimNanos+sl.claimNanos
 		steps := size * benchStepsPerSaga
 		if ms := e.serverMsPer(ctx, steps); ms != nil {
 			serverKnown = true
@@ -154,7 +154,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 			res.Statements = e.topStatements(ctx, 8, steps)
 		}
 		e.resetStatements(ctx)
-		pg, err := e.runPgbenchSteps(ctx, seg.took, n)
+		pg, err := e.runPgbenchSteps(ctx, sl.took, n)
 		if err != nil {
 			return res, err
 		}
@@ -168,7 +168,7 @@ func (r *run) stepsRun(ctx context.Context, i int) (StepsResult, error) {
 		}
 		res.PgbenchClients = pg.Clients
 		r.progress("steps: run %d/%d, slice %d/%d: %.0f steps/s over %s, pgbench %.0f tps",
-			i+1, r.sz.repeats, k+1, stepSlices, rate(steps, seg.took), seg.took.Round(10*time.Millisecond), pg.TPS)
+			i+1, r.sz.repeats, k+1, stepSlices, rate(steps, sl.took), sl.took.Round(10*time.Millisecond), pg.TPS)
 	}
 	var finished int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM saga_instances WHERE status = 'COMPLETED'`).Scan(&finished); err != nil {
@@ -213,17 +213,17 @@ type stepsSliceResult struct {
 // pg_stat_statements reset at its start.
 func (r *run) stepsSlice(ctx context.Context, journal *pgjournal.Journal, pool *pgxpool.Pool, reg *saga.Registry, tracer trace.TracerProvider, slice, size int) (stepsSliceResult, error) {
 	e := r.env
-	var seg stepsSliceResult
+	var out stepsSliceResult
 	// A slot name of its own: the correlator's checkpoint for a slot would
 	// take the next slice's synthetic LSNs for a replay.
 	if err := seedSagas(ctx, e.pool, reg, e.slotName(fmt.Sprintf("seed%d", slice)), size); err != nil {
-		return seg, err
+		return out, err
 	}
 	// Vacuumed as pgbench's table is before its slice: otherwise the
 	// seed's inserts wake autovacuum at a moment of its own during some
 	// slices and not others.
 	if _, err := e.pool.Exec(ctx, `VACUUM ANALYZE saga_instances`); err != nil {
-		return seg, err
+		return out, err
 	}
 	e.checkpoint(ctx)
 	var completed, claims, claimed, claimNanos atomic.Int64
@@ -246,22 +246,22 @@ func (r *run) stepsSlice(ctx context.Context, journal *pgjournal.Journal, pool *
 		},
 	})
 	if err != nil {
-		return seg, err
+		return out, err
 	}
 	e.resetStatements(ctx)
 	began := time.Now()
 	if err := runner.Start(ctx); err != nil {
-		return seg, err
+		return out, err
 	}
 	if err := r.waitSagas(ctx, runner, done, &completed, size, "%d of %d sagas completed after %s"); err != nil {
-		return seg, err
+		return out, err
 	}
-	seg.took = doneAt.Sub(began)
-	seg.claims, seg.claimed, seg.claimNanos = claims.Load(), claimed.Load(), time.Duration(claimNanos.Load())
+	out.took = doneAt.Sub(began)
+	out.claims, out.claimed, out.claimNanos = claims.Load(), claimed.Load(), time.Duration(claimNanos.Load())
 	// A backend's statistics reach pg_stat when it is idle for a while or
 	// exits: every connection of the slice is released before they are read.
 	pool.Reset()
-	return seg, nil
+	return out, nil
 }
 
 // openRelayPool sizes a pool as `relay run` does: a connection per worker

@@ -542,7 +542,7 @@ const pendingPoll = time.Millisecond
 // catchUpWait. Handed over at once, a batch holds what was read while the
 // sink took the previous one: on a backlog of single-row transactions a
 // fast sink then commits every one or two (14,578 commits for 200,000
-// events), the correlator takes a hundred or so starts a batch at half its
+// events), the correlator starts a hundred or so sagas a batch at half its
 // rate at a thousand, and those commits take the CPU the decoding needs.
 // A stream that keeps up is never held, and catchUpWait bounds the delay a
 // backlog adds to its newest events, which are a second late already. A
