@@ -82,6 +82,14 @@
 // record's primary key and the event's primary key, global_seq and
 // (xid, global_seq).
 //
+// A group's steps (AppendGroup) are one statement for the whole group: the
+// same three parts over arrays with a row per instance, each projection
+// fenced by its own version, and the events inserted in the group's order.
+// A statement's fixed cost (its executor's start and end, the index and
+// trigger set-up, the protocol's messages) is then paid once a group, not
+// once a step: BenchmarkGroupStepsCPU, groups of eight, goes from about 170
+// to 130 µs of server CPU a step.
+//
 // # Throughput
 //
 // BenchmarkAppendConcurrent, 8 writers each appending to its own instance in

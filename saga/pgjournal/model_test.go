@@ -295,6 +295,22 @@ func (m *model) Step(t *rapid.T) {
 	if err != nil || !inst.LeaseID.Valid {
 		t.Skip("no lease to write under")
 	}
+	ev, ok := m.runnerEvent(t, inst)
+	if !ok {
+		t.Skip("terminal")
+	}
+	lp := m.memToPG[inst.LeaseID.UUID]
+	vm, em := m.mem.Append(ctx, id, inst.LeaseID.UUID, ev)
+	vp, ep := m.pg.Append(ctx, id, lp, ev)
+	sameErr(t, fmt.Sprintf("append %s", ev.Kind), em, ep)
+	if vm != vp {
+		t.Fatalf("append: memory version %d, PostgreSQL %d", vm, vp)
+	}
+}
+
+// runnerEvent draws an event a runner holding inst's lease could write
+// next; false when inst has ended.
+func (m *model) runnerEvent(t *rapid.T, inst saga.Instance) (saga.Event, bool) {
 	var kinds []saga.EventKind
 	switch inst.Status {
 	case saga.StatusRunning:
@@ -302,7 +318,7 @@ func (m *model) Step(t *rapid.T) {
 	case saga.StatusCompensating:
 		kinds = []saga.EventKind{saga.EventStepCompensated, saga.EventCompensationSkipped, saga.EventCompensationFailed}
 	default:
-		t.Skip("terminal")
+		return saga.Event{}, false
 	}
 	if inst.OpenStep != nil {
 		// What a runner writes first when its claim reports the step.
@@ -319,12 +335,40 @@ func (m *model) Step(t *rapid.T) {
 	if ev.Kind == saga.EventStepInterrupted {
 		ev.Step = *inst.OpenStep
 	}
-	lp := m.memToPG[inst.LeaseID.UUID]
-	vm, em := m.mem.Append(ctx, id, inst.LeaseID.UUID, ev)
-	vp, ep := m.pg.Append(ctx, id, lp, ev)
-	sameErr(t, fmt.Sprintf("append %s", ev.Kind), em, ep)
-	if vm != vp {
-		t.Fatalf("append: memory version %d, PostgreSQL %d", vm, vp)
+	return ev, true
+}
+
+// AppendGroup appends an entry for each of two or three of the instances
+// in one group, some with Final: mostly what a runner holding the lease
+// would write (so that several entries of a group are written together, in
+// the group's one statement), now and then a random lease or event. Every
+// entry must be decided and written as the memory journal does.
+func (m *model) AppendGroup(t *rapid.T) {
+	ids := rapid.Permutation(m.ids).Draw(t, "group")[:rapid.IntRange(2, len(m.ids)).Draw(t, "group size")]
+	var em, ep []saga.GroupEntry
+	for _, id := range ids {
+		var lm, lp uuid.UUID
+		var ev saga.Event
+		inst, err := m.mem.Get(ctx, id)
+		ok := err == nil && inst.LeaseID.Valid && rapid.IntRange(0, 4).Draw(t, "as a runner") > 0
+		if ok {
+			lm, lp = inst.LeaseID.UUID, m.memToPG[inst.LeaseID.UUID]
+			ev, ok = m.runnerEvent(t, inst)
+		}
+		if !ok {
+			lm, lp = m.lease(t, id)
+			ev = m.event(t, id)
+		}
+		final := rapid.SampledFrom([]saga.Status{"", "", saga.StatusCompleted, saga.StatusFailed}).Draw(t, "final")
+		em = append(em, saga.GroupEntry{InstanceID: id, LeaseID: lm, Event: ev, Final: final, Reason: "r"})
+		ep = append(ep, saga.GroupEntry{InstanceID: id, LeaseID: lp, Event: ev, Final: final, Reason: "r"})
+	}
+	sameErr(t, "append group", m.mem.AppendGroup(ctx, em), m.pg.AppendGroup(ctx, ep))
+	for i := range em {
+		sameErr(t, fmt.Sprintf("group entry %d (%s)", i, em[i].Event.Kind), em[i].Err, ep[i].Err)
+		if em[i].Version != ep[i].Version {
+			t.Fatalf("group entry %d: memory version %d, PostgreSQL %d", i, em[i].Version, ep[i].Version)
+		}
 	}
 }
 

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/compensa/compensa/saga"
@@ -391,9 +393,9 @@ func decideAppend(r locked, leaseID uuid.UUID, ev saga.Event, final saga.Status,
 }
 
 // AppendGroup implements saga.GroupAppender in two round trips: the locking
-// read of every instance (sqlLockByIDs), then one batch with each written
-// entry's statement (and BEGIN and COMMIT riding along when the journal
-// opens the transaction itself).
+// read of every instance (sqlLockByIDs), then the written entries' one
+// statement (sqlWriteGroup; with BEGIN and COMMIT riding along when the
+// journal opens the transaction itself).
 func (j *Journal) AppendGroup(ctx context.Context, entries []saga.GroupEntry) error {
 	if len(entries) == 0 {
 		return nil
@@ -594,19 +596,32 @@ func (s *session) lockRead(ctx context.Context, lockSQL string, key, clock any) 
 
 // write stores each instance's transitions (trss, one slice per instance)
 // in one batch, with COMMIT riding along when the session opened its own
-// transaction; what names the write in errors.
+// transaction; what names the write in errors. Several instances with one
+// transition each (or a step and its terminal event) go in one statement,
+// sqlWriteGroup; otherwise each transition has its own.
 func (s *session) write(ctx context.Context, trss [][]saga.Transition, what string) (err error) {
 	b := &pgx.Batch{}
-	for _, trs := range trss {
-		queueWrite(b, trs)
+	together := len(trss) > 1 && !slices.ContainsFunc(trss, func(trs []saga.Transition) bool {
+		return len(trs) != 1 && !isPair(trs)
+	})
+	if together {
+		b.Queue(sqlWriteGroup, groupArgs(trss)...)
+	} else {
+		for _, trs := range trss {
+			queueWrite(b, trs)
+		}
 	}
 	if s.own() {
 		b.Queue("COMMIT")
 	}
 	br := s.q.SendBatch(ctx, b)
-	for _, trs := range trss {
-		if err = readWrite(br, trs); err != nil {
-			break
+	if together {
+		err = readGroup(br, trss)
+	} else {
+		for _, trs := range trss {
+			if err = readWrite(br, trs); err != nil {
+				break
+			}
 		}
 	}
 	if err == nil && s.own() {
@@ -787,6 +802,114 @@ func readPair(br pgx.BatchResults, first saga.Transition) error {
 		return fmt.Errorf("pgjournal: write %s: instance changed under its row lock (version %d expected): nothing was written", first.Instance.ID, first.Instance.Version-1)
 	}
 	return nil
+}
+
+// groupArgs are sqlWriteGroup's parameters for several instances' writes,
+// each one transition or a pair (a step and the terminal event after it): a
+// column of the projection after the last transition per parameter, then
+// the step records' columns, then the events' columns.
+func groupArgs(trss [][]saga.Transition) []any {
+	n := len(trss)
+	var (
+		id                                      = make([][16]byte, 0, n)
+		status, lastErr, compReason, pausedFrom = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		curStep, attempt                        = make([]int, 0, n), make([]int, 0, n)
+		openStep                                = make([]*int, 0, n)
+		ctxJSON, reply                          = make([][]byte, 0, n), make([][]byte, 0, n)
+		next, updated                           = make([]time.Time, 0, n), make([]time.Time, 0, n)
+		leaseExp, awaitUntil, completed, held   = make([]*time.Time, 0, n), make([]*time.Time, 0, n), make([]*time.Time, 0, n), make([]*time.Time, 0, n)
+		lease, awaitCorr                        = make([]pgtype.UUID, 0, n), make([]pgtype.UUID, 0, n)
+		version, read                           = make([]int64, 0, n), make([]int64, 0, n)
+		sID                                     [][16]byte
+		sSeq, sAttempts, sCompAttempts          []int
+		sName, sStatus, sLastErr                []string
+		sOutput                                 [][]byte
+		sStarted, sCompleted, sCompensated      []*time.Time
+		eID                                     = make([][16]byte, 0, n)
+		eVersion                                = make([]int64, 0, n)
+		eKind                                   = make([]string, 0, n)
+		eStep, eOrd                             = make([]int, 0, n), make([]int, 0, n)
+		ePayload                                = make([][]byte, 0, n)
+	)
+	for _, trs := range trss {
+		first, last := trs[0], trs[len(trs)-1]
+		in := last.Instance
+		id = append(id, in.ID)
+		status = append(status, string(in.Status))
+		curStep = append(curStep, in.CurrentStep)
+		ctxJSON = append(ctxJSON, jsonBytes(in.Context))
+		attempt = append(attempt, in.Attempt)
+		next = append(next, in.NextAttemptAt)
+		lastErr = append(lastErr, in.LastError)
+		lease = append(lease, uuidArg(in.LeaseID))
+		leaseExp = append(leaseExp, in.LeaseExpiresAt)
+		version = append(version, in.Version)
+		awaitCorr = append(awaitCorr, uuidArg(in.AwaitingCorrelationID))
+		awaitUntil = append(awaitUntil, in.AwaitingUntil)
+		reply = append(reply, jsonBytes(in.Reply))
+		compReason = append(compReason, in.CompensationReason)
+		updated = append(updated, in.UpdatedAt)
+		completed = append(completed, in.CompletedAt)
+		read = append(read, first.Instance.Version-1)
+		held = append(held, in.HeldSince)
+		pausedFrom = append(pausedFrom, string(in.PausedFrom))
+		openStep = append(openStep, in.OpenStep)
+		if st := first.Step; st != nil {
+			sID = append(sID, in.ID)
+			sSeq, sName, sStatus = append(sSeq, st.Sequence), append(sName, st.Name), append(sStatus, string(st.Status))
+			sAttempts, sCompAttempts = append(sAttempts, st.Attempts), append(sCompAttempts, st.CompensationAttempts)
+			sOutput, sLastErr = append(sOutput, jsonBytes(st.Output)), append(sLastErr, st.LastError)
+			sStarted, sCompleted, sCompensated = append(sStarted, st.StartedAt), append(sCompleted, st.CompletedAt), append(sCompensated, st.CompensatedAt)
+		}
+		for _, tr := range trs {
+			payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+			eID, eVersion, eKind = append(eID, in.ID), append(eVersion, tr.Instance.Version), append(eKind, string(tr.Event.Kind))
+			eStep, ePayload, eOrd = append(eStep, tr.Event.Step), append(ePayload, payload), append(eOrd, len(eOrd))
+		}
+	}
+	return []any{
+		id, status, curStep, ctxJSON, attempt, next, lastErr, lease, leaseExp, version, awaitCorr,
+		awaitUntil, reply, compReason, updated, completed, read, held, pausedFrom, openStep,
+		sID, sSeq, sName, sStatus, sAttempts, sCompAttempts, sOutput, sLastErr, sStarted, sCompleted, sCompensated,
+		eID, eVersion, eKind, eStep, ePayload, eOrd,
+	}
+}
+
+// readGroup reads sqlWriteGroup's result: every event of every instance, or
+// an error naming the first instance that got fewer (its version was not
+// the one read, so nothing of it was written).
+func readGroup(br pgx.BatchResults, trss [][]saga.Transition) error {
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("pgjournal: write a group of %d instances: %w", len(trss), err)
+	}
+	got := make(map[uuid.UUID]int, len(trss))
+	var id uuid.UUID
+	for rows.Next() {
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return fmt.Errorf("pgjournal: write a group of %d instances: %w", len(trss), err)
+		}
+		got[id]++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgjournal: write a group of %d instances: %w", len(trss), err)
+	}
+	for _, trs := range trss {
+		if in := trs[0].Instance; got[in.ID] != len(trs) {
+			return fmt.Errorf("pgjournal: write %s: instance changed under its row lock (version %d expected): nothing was written", in.ID, in.Version-1)
+		}
+	}
+	return nil
+}
+
+// jsonBytes is jsonArg for a parameter array's element: nil is SQL NULL.
+func jsonBytes(raw json.RawMessage) []byte {
+	if len(raw) == 0 {
+		return nil
+	}
+	return raw
 }
 
 // jsonArg passes absent JSON as SQL NULL.
