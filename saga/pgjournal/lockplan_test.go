@@ -140,3 +140,80 @@ func TestLockingReadIsPlannedOnceAndReadsByIndex(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupWriteReadsOnlyItsInstances: the group's write is planned once per
+// connection (in the journal's transaction, as one generic plan), here while
+// saga_instances holds four rows, and keeps reading only the group's own
+// index entries after the table has grown to 20,000: the plan a nearly empty
+// table suggests (every index entry, joined to the group's rows by hash)
+// must not be what a relay that has run for a month still executes.
+func TestGroupWriteReadsOnlyItsInstances(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	pool := oneConnPool(t, db.URL)
+	j, err := pgjournal.New(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No autovacuum: its ANALYZE would make the plan anew, with the table's
+	// new size, and hide the plan made while it was small.
+	if _, err := pool.Exec(ctx, `ALTER TABLE saga_instances SET (autovacuum_enabled = off)`); err != nil {
+		t.Fatal(err)
+	}
+	b := bundle{db: db, j: j}
+	insts := make([]saga.Instance, 4)
+	for i := range insts {
+		insts[i] = b.claimed(t, 10*time.Minute)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE saga_instances`); err != nil {
+		t.Fatal(err)
+	}
+	group := func(step int) {
+		t.Helper()
+		entries := make([]saga.GroupEntry, len(insts))
+		for i, in := range insts {
+			entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: stepDone(step)}
+		}
+		if err := j.AppendGroup(ctx, entries); err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range entries {
+			if e.Err != nil {
+				t.Fatalf("step %d, entry %d: %v", step, i, e.Err)
+			}
+		}
+	}
+	group(0) // the write's plan is made here
+
+	const others = 20000
+	if _, err := pool.Exec(ctx, `INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, status, completed_at)
+		SELECT gen_random_uuid(), 'other', 1, gen_random_uuid(), 'COMPLETED', clock_timestamp() FROM generate_series(1, $1::int)`, others); err != nil {
+		t.Fatal(err)
+	}
+	read := func() int64 {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'saga_instances'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	const rounds = 5
+	before := read()
+	for s := 1; s <= rounds; s++ {
+		group(s)
+	}
+	// Each round reads each of its instances by primary key twice (the
+	// locking read and the write) and a few more for its neighbours; a
+	// plan that walked the whole index would read 20,000 a round.
+	if got, most := read()-before, int64(rounds*len(insts)*10); got > most {
+		t.Fatalf("%d group writes read %d index entries of saga_instances (%d instances in the table), want at most %d: the write walks the table's index instead of reading its group's rows",
+			rounds, got, others+len(insts), most)
+	}
+}

@@ -340,10 +340,16 @@ RETURNING global_seq`
 // one or two per instance, in version order). Step records and events are
 // joined to the rows the UPDATE returned, so an instance whose version was
 // not the one read gets nothing written, and the caller, counting the
-// returned events, fails the whole write. One statement for a group of N
+// returned events, reports the write failed (which cannot happen under the
+// row lock the locking read took). One statement for a group of N
 // instances costs its executor's start and end once instead of N times.
 // The events are inserted in the order of $37 (the position the separate
-// statements had), so their global_seq keeps that order.
+// statements had), so their global_seq keeps that order. The UPDATE names
+// its rows by id = ANY($1) as well as by the join: the journal's
+// transaction plans it once per connection (force_generic_plan), and the
+// plan made while saga_instances is nearly empty would otherwise join the
+// group to a walk of the table's whole primary key, and keep doing so as
+// the table grows.
 const sqlWriteGroup = `
 WITH v AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::int[], $4::jsonb[], $5::int[], $6::timestamptz[],
@@ -363,7 +369,7 @@ u AS (
 		updated_at = v.updated_at, completed_at = v.completed_at, held_since = v.held_since,
 		paused_from = NULLIF(v.paused_from, '')::saga_status, open_step = v.open_step
 	FROM v
-	WHERE i.id = v.id AND i.current_version = v.read
+	WHERE i.id = ANY($1::uuid[]) AND i.id = v.id AND i.current_version = v.read
 	RETURNING i.id, v.read, v.updated_at
 ),
 st AS (
