@@ -71,21 +71,7 @@ func TestLockingReadIsPlannedOnceAndReadsByIndex(t *testing.T) {
 		}
 	}()
 
-	group := func(step int) {
-		t.Helper()
-		entries := make([]saga.GroupEntry, len(insts))
-		for i, in := range insts {
-			entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: stepDone(step)}
-		}
-		if err := j.AppendGroup(ctx, entries); err != nil {
-			t.Fatal(err)
-		}
-		for i, e := range entries {
-			if e.Err != nil {
-				t.Fatalf("step %d, entry %d: %v", step, i, e.Err)
-			}
-		}
-	}
+	group := func(step int) { appendGroupStep(t, j, insts, step) }
 	group(0) // the plan is made here, with saga_steps empty
 
 	if _, err := pool.Exec(ctx, `INSERT INTO saga_steps (saga_instance_id, sequence, step_name, status)
@@ -168,52 +154,42 @@ func TestGroupWriteReadsOnlyItsInstances(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE saga_instances`); err != nil {
 		t.Fatal(err)
 	}
-	group := func(step int) {
-		t.Helper()
-		entries := make([]saga.GroupEntry, len(insts))
-		for i, in := range insts {
-			entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: stepDone(step)}
-		}
-		if err := j.AppendGroup(ctx, entries); err != nil {
-			t.Fatal(err)
-		}
-		for i, e := range entries {
-			if e.Err != nil {
-				t.Fatalf("step %d, entry %d: %v", step, i, e.Err)
-			}
-		}
-	}
-	group(0) // the write's plan is made here
+	appendGroupStep(t, j, insts, 0) // the write's plan is made here
 
 	const others = 20000
 	if _, err := pool.Exec(ctx, `INSERT INTO saga_instances (tenant_id, saga_name, saga_version, trigger_event_id, status, completed_at)
 		SELECT gen_random_uuid(), 'other', 1, gen_random_uuid(), 'COMPLETED', clock_timestamp() FROM generate_series(1, $1::int)`, others); err != nil {
 		t.Fatal(err)
 	}
-	read := func() int64 {
-		t.Helper()
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		if err := pool.QueryRow(ctx, `SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'saga_instances'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	const read = `SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'saga_instances'`
 	const rounds = 5
-	before := read()
+	before := readStat(t, pool, read)
 	for s := 1; s <= rounds; s++ {
-		group(s)
+		appendGroupStep(t, j, insts, s)
 	}
 	// Each round reads each of its instances by primary key twice (the
 	// locking read and the write) and a few more for its neighbours; a
 	// plan that walked the whole index would read 20,000 a round.
-	if got, most := read()-before, int64(rounds*len(insts)*10); got > most {
+	if got, most := readStat(t, pool, read)-before, int64(rounds*len(insts)*10); got > most {
 		t.Fatalf("%d group writes read %d index entries of saga_instances (%d instances in the table), want at most %d: the write walks the table's index instead of reading its group's rows",
 			rounds, got, others+len(insts), most)
+	}
+}
+
+// appendGroupStep appends step_completed for step to every instance of
+// insts in one group, and fails the test on any refusal.
+func appendGroupStep(t *testing.T, j *pgjournal.Journal, insts []saga.Instance, step int) {
+	t.Helper()
+	entries := make([]saga.GroupEntry, len(insts))
+	for i, in := range insts {
+		entries[i] = saga.GroupEntry{InstanceID: in.ID, LeaseID: in.LeaseID.UUID, Event: stepDone(step)}
+	}
+	if err := j.AppendGroup(ctx, entries); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range entries {
+		if e.Err != nil {
+			t.Fatalf("step %d, entry %d: %v", step, i, e.Err)
+		}
 	}
 }
