@@ -85,9 +85,12 @@ func scenarioFuzz(t *testing.T, r *report) {
 
 // runFuzz runs one fuzz target for d. A short minimisation: the fuzzer
 // otherwise spends up to a minute shrinking each new large input, time taken
-// from fuzzing.
+// from fuzzing. The deadline leaves room for building the instrumented test
+// binary first: beside make test's other suites on two cores, that build
+// alone took over five minutes for cdc and correlator, and a run killed
+// before it fuzzed anything reports a failure with no input.
 func runFuzz(root, pkg, name string, d time.Duration) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), d+15*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-fuzz", "^"+name+"$", "-fuzztime", d.String(), "-fuzzminimizetime", "200x",
 		"-parallel", strconv.Itoa(max(1, runtime.NumCPU()/2)), pkg)
