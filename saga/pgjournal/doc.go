@@ -87,8 +87,10 @@
 // fenced by its own version, and the events inserted in the group's order.
 // A statement's fixed cost (its executor's start and end, the index and
 // trigger set-up, the protocol's messages) is then paid once a group, not
-// once a step: BenchmarkGroupStepsCPU, groups of eight, goes from about 170
-// to 130 µs of server CPU a step.
+// once a step: BenchmarkGroupStepsCPU, groups of eight, went from about 170
+// to 130 µs of server CPU a step when the statement first joined its rows
+// by the group alone (the id = ANY lookup it now adds was within that
+// benchmark's noise).
 //
 // # Throughput
 //
