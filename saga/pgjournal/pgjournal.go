@@ -779,8 +779,13 @@ func stepArgs(args []any, tr saga.Transition) []any {
 
 // eventArgs appends an event's kind, step and payload.
 func eventArgs(args []any, tr saga.Transition) []any {
+	return append(args, string(tr.Event.Kind), tr.Event.Step, eventPayload(tr))
+}
+
+// eventPayload is the journal entry's payload column for tr's event.
+func eventPayload(tr saga.Transition) []byte {
 	payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
-	return append(args, string(tr.Event.Kind), tr.Event.Step, payload)
+	return payload
 }
 
 // readPair reads sqlWritePair's result: two events, or none when the
@@ -862,7 +867,7 @@ func groupArgs(trss [][]saga.Transition) []any {
 			sStarted, sCompleted, sCompensated = append(sStarted, st.StartedAt), append(sCompleted, st.CompletedAt), append(sCompensated, st.CompensatedAt)
 		}
 		for _, tr := range trs {
-			payload, _ := json.Marshal(tr.Event.Event) // an Event always marshals
+			payload := eventPayload(tr)
 			eID, eVersion, eKind = append(eID, in.ID), append(eVersion, tr.Instance.Version), append(eKind, string(tr.Event.Kind))
 			eStep, ePayload, eOrd = append(eStep, tr.Event.Step), append(ePayload, payload), append(eOrd, len(eOrd))
 		}
