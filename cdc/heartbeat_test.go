@@ -9,16 +9,21 @@ import (
 )
 
 // With the outbox idle and another table writing 256 MB of WAL, heartbeats
-// keep the slot's retained WAL (pg_current_wal_lsn() − restart_lsn) small.
+// keep the slot's confirmed position close behind the server's, and so let
+// PostgreSQL release the WAL the slot retained (pg_current_wal_lsn() −
+// restart_lsn).
 //
-// PostgreSQL moves a slot's restart_lsn only where it logged the running
-// transactions: at checkpoints and every 15 s from the background writer.
-// However promptly the relay confirms, a slot retains the WAL written since
-// the last such record; the test runs on a cluster of its own whose
-// max_wal_size makes checkpoints come about every 16 MB, as a busy
-// production server's would, and which no other test writes to. The writer
-// keeps to 10 MB/s (36 GB an hour, a heavy load) so that the checkpointer
-// keeps its pace.
+// The relay's part is the confirmation: without heartbeats an idle outbox
+// never moves confirmed_flush_lsn, and the slot retains everything written.
+// How far restart_lsn then trails is PostgreSQL's part: it moves only to a
+// record of the running transactions (logged at the end of each checkpoint
+// and every 15 s), and not past one while a transaction that began before it
+// is still open, as the writer's often is. Under a loaded machine's slow
+// checkpoints that is several checkpoint intervals, so the test bounds the
+// confirmation lag while the writer runs, and the retained WAL once it has
+// stopped and a checkpoint has logged the running transactions. The cluster
+// is the test's own, with checkpoints about every 16 MB as a busy server's
+// would come; the writer keeps to 10 MB/s (36 GB an hour, a heavy load).
 func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 	testkit.SkipShort(t, "watches an idle slot across heartbeats")
 	t.Parallel()
@@ -35,27 +40,38 @@ func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	ckpt0 := checkpointLSN(t, db.Pool, db.Slot)
-	const target, limit, rate = 256 << 20, 64 << 20, 10 << 20
-	var written, worst int64
+	const target, limit, settled, rate = 256 << 20, 64 << 20, 16 << 20, 10 << 20
+	var written, worstLag, worstRetained int64
 	began := time.Now()
 	for written < target {
 		exec(t, db.Pool, `INSERT INTO filler (pad) SELECT repeat(md5(g::text), 30) FROM generate_series(1, 4000) g`)
-		var now, retained int64
-		err := db.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_wal_lsn() - restart_lsn
-			FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&now, &retained)
+		var now, lag, retained int64
+		err := db.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
+				pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn
+			FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&now, &lag, &retained)
 		if err != nil {
 			t.Fatal(err)
 		}
 		written = now - from
-		worst = max(worst, retained)
+		worstLag, worstRetained = max(worstLag, lag), max(worstRetained, retained)
 		if ahead := time.Duration(float64(written)/rate*float64(time.Second)) - time.Since(began); ahead > 0 {
 			time.Sleep(ahead)
 		}
 	}
-	t.Logf("wrote %d MB of WAL in %s; the slot retained at most %d MB", written>>20, time.Since(began).Round(time.Millisecond), worst>>20)
-	if worst >= limit {
-		t.Fatalf("the slot retained up to %d MB of WAL while the outbox was idle, want < %d MB", worst>>20, limit>>20)
+	t.Logf("wrote %d MB of WAL in %s; confirmed_flush_lsn trailed by at most %d MB, the slot retained at most %d MB",
+		written>>20, time.Since(began).Round(time.Millisecond), worstLag>>20, worstRetained>>20)
+	if worstLag >= limit {
+		t.Fatalf("confirmed_flush_lsn trailed the server by up to %d MB while the outbox was idle, want < %d MB", worstLag>>20, limit>>20)
 	}
+	var retained int64
+	testkit.WaitFor(t, 30*time.Second, "the slot to release the idle WAL", func() bool {
+		exec(t, db.Pool, `CHECKPOINT`)
+		if err := db.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots WHERE slot_name = $1`,
+			db.Slot).Scan(&retained); err != nil {
+			t.Fatal(err)
+		}
+		return retained < settled
+	})
 	if n := countHandled(t, db.Pool); n != 0 {
 		t.Fatalf("%d events handled from an idle outbox", n)
 	}
