@@ -5,16 +5,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/compensa/compensa/test/pgtest"
 	"github.com/compensa/compensa/test/testkit"
 )
 
-// With the outbox idle and another table writing 256 MB of WAL, heartbeats
-// keep the slot's confirmed position close behind the server's, and so let
-// PostgreSQL release the WAL the slot retained (pg_current_wal_lsn() −
-// restart_lsn).
+// With the outbox idle and another table writing 256 MB of WAL, the relay
+// keeps the slot's confirmed position close behind the server's, so that
+// PostgreSQL releases the WAL the slot retained (pg_current_wal_lsn() −
+// restart_lsn), and its heartbeats move the sink's checkpoint.
 //
-// The relay's part is the confirmation: without heartbeats an idle outbox
-// never moves confirmed_flush_lsn, and the slot retains everything written.
+// The relay's part is the confirmation: of the empty transactions the other
+// table's writes decode to, and of heartbeats when nothing arrives at all.
 // How far restart_lsn then trails is PostgreSQL's part: it moves only to a
 // record of the running transactions (logged at the end of each checkpoint
 // and every 15 s), and not past one while a transaction that began before it
@@ -45,13 +46,7 @@ func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 	began := time.Now()
 	for written < target {
 		exec(t, db.Pool, `INSERT INTO filler (pad) SELECT repeat(md5(g::text), 30) FROM generate_series(1, 4000) g`)
-		var now, lag, retained int64
-		err := db.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
-				pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn
-			FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&now, &lag, &retained)
-		if err != nil {
-			t.Fatal(err)
-		}
+		now, lag, retained := slotDistances(t, db)
 		written = now - from
 		worstLag, worstRetained = max(worstLag, lag), max(worstRetained, retained)
 		if ahead := time.Duration(float64(written)/rate*float64(time.Second)) - time.Since(began); ahead > 0 {
@@ -63,13 +58,9 @@ func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 	if worstLag >= limit {
 		t.Fatalf("confirmed_flush_lsn trailed the server by up to %d MB while the outbox was idle, want < %d MB", worstLag>>20, limit>>20)
 	}
-	var retained int64
 	testkit.WaitFor(t, 30*time.Second, "the slot to release the idle WAL", func() bool {
 		exec(t, db.Pool, `CHECKPOINT`)
-		if err := db.Pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots WHERE slot_name = $1`,
-			db.Slot).Scan(&retained); err != nil {
-			t.Fatal(err)
-		}
+		_, _, retained := slotDistances(t, db)
 		return retained < settled
 	})
 	if n := countHandled(t, db.Pool); n != 0 {
@@ -91,4 +82,17 @@ func TestHeartbeatKeepsSlotAdvancingWhileOutboxIdle(t *testing.T) {
 	if !lag.Leader || lag.LastCommit.IsZero() || lag.Seconds > 10 {
 		t.Fatalf("Lag() = %+v: want leader with a recent commit", lag)
 	}
+}
+
+// slotDistances reads the server's WAL position and how far db's slot trails
+// it: its confirmed position (lag) and the WAL it retains.
+func slotDistances(t *testing.T, db *pgtest.DB) (now, lag, retained int64) {
+	t.Helper()
+	err := db.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn,
+			pg_current_wal_lsn() - confirmed_flush_lsn, pg_current_wal_lsn() - restart_lsn
+		FROM pg_replication_slots WHERE slot_name = $1`, db.Slot).Scan(&now, &lag, &retained)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now, lag, retained
 }
